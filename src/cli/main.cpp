@@ -1,2 +1,56 @@
+// The `zerotrain` command: dispatches to subcommands; the only place that turns a
+// zt::Error into an exit code.
 #include <cstdio>
-int main() { std::puts("zerotrain"); return 0; }
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "cli/commands.h"
+#include "zerotrain/error.h"
+
+namespace {
+struct Subcommand {
+  const char* name;
+  const char* help;
+  int (*fn)(int, char**);
+};
+int cmd_bench(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "adam") == 0) return zt::cli::cmd_bench_adam(argc - 1, argv + 1);
+  std::fprintf(stderr, "usage: zerotrain bench adam [options]   (CPU Adam microbenchmark)\n");
+  return 2;
+}
+const Subcommand kSubcommands[] = {
+    {"train", "train a model with a DeepSpeed JSON config", zt::cli::cmd_train},
+    {"launch", "start N ranks on this node: launch -n N [--] PROGRAM ARGS...", zt::cli::cmd_launch},
+    {"check-config", "validate a DeepSpeed config and print it resolved", zt::cli::cmd_check_config},
+    {"bench", "benchmarks: bench adam", cmd_bench},
+};
+void usage(std::FILE* out) {
+  std::fprintf(out, "zerotrain: DeepSpeed's ZeRO training engine in C++\n\nusage: zerotrain <command> [args]\n\ncommands:\n");
+  for (const auto& s : kSubcommands) std::fprintf(out, "  %-14s %s\n", s.name, s.help);
+  std::fprintf(out, "\nzerotrain <command> --help shows a command's options.\n");
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
+    usage(stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  for (const auto& s : kSubcommands) {
+    if (std::strcmp(argv[1], s.name) == 0) {
+      try {
+        return s.fn(argc - 1, argv + 1);
+      } catch (const zt::Error& e) {
+        std::fprintf(stderr, "zerotrain %s: error: %s\n", s.name, e.what());
+        return 1;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "zerotrain %s: unexpected error: %s\n", s.name, e.what());
+        return 1;
+      }
+    }
+  }
+  std::fprintf(stderr, "zerotrain: unknown command '%s'\n\n", argv[1]);
+  usage(stderr);
+  return 2;
+}

@@ -1,0 +1,11 @@
+// Subcommands of the `zerotrain` executable. Each takes the arguments after its own
+// name (argv[0] is the subcommand name) and returns the process exit code; errors are
+// thrown as zt::Error and turned into exit codes by main().
+#pragma once
+
+namespace zt::cli {
+int cmd_launch(int argc, char** argv);        // zerotrain launch -n N [--] PROGRAM ARGS...
+int cmd_check_config(int argc, char** argv);  // zerotrain check-config CONFIG.json [--world N]
+int cmd_train(int argc, char** argv);         // zerotrain train --config ... --model ...
+int cmd_bench_adam(int argc, char** argv);    // zerotrain bench adam ...
+}  // namespace zt::cli
