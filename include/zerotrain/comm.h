@@ -1,0 +1,100 @@
+// zerotrain communication: rank discovery and Group, a set of ranks that runs
+// collectives on flat tensors. CPU tensors go through MPI, CUDA tensors through NCCL.
+//
+// [Stream Rules] (referenced from the engine and the NCCL backend)
+//  * Every Group owns one CUDA "comm stream" per device. A collective on CUDA tensors
+//    records an event on the caller's current stream, makes the comm stream wait on it,
+//    and enqueues the NCCL call on the comm stream: the host never waits.
+//  * The returned Work holds a "done" event recorded on the comm stream after the call.
+//    Work::wait() makes the caller's *current* stream wait on that event (no host
+//    sync); Work::synchronize() blocks the host, with the group's timeout.
+//  * Tensors handed to an asynchronous collective are marked with record_stream on the
+//    comm stream, so the caching allocator does not reuse them before the collective
+//    ends, even if the caller drops its reference.
+//  * CPU (MPI) collectives use non-blocking MPI calls; Work::wait() polls them with the
+//    group's timeout. MPI only progresses while a rank is inside MPI, so CPU overlap is
+//    correctness-only.
+//
+// Timeouts: every blocking wait has a deadline (Group timeout, default 600 s, env
+// ZT_COMM_TIMEOUT in seconds). A missed deadline throws CommError naming the
+// collective, the group, the rank and the sequence number; the group is then broken
+// and every later call on it throws at once.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace zt::comm {
+
+// Where this process sits, read from the environment of `zerotrain launch`, torchrun,
+// OpenMPI's mpirun or Slurm's srun (first match wins, in that order).
+struct RankInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string source = "single";  // "zerotrain", "torchrun", "openmpi", "slurm", "single"
+};
+RankInfo discover_rank();
+
+enum class ReduceOp { kSum, kAvg, kMax, kMin };
+const char* reduce_op_name(ReduceOp op);
+
+// A pending collective. Destroying a Work without waiting is allowed (CUDA: stream
+// order still holds); CPU works are completed by the group before its next call.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // CUDA: current stream waits on the collective (no host block). CPU: blocks with the
+  // group's timeout. Throws CommError on timeout or backend failure.
+  virtual void wait() = 0;
+  // Blocks the host until the collective has finished (with the group's timeout).
+  virtual void synchronize() = 0;
+  // True once the collective has finished; never blocks.
+  virtual bool completed() = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+class Group {
+ public:
+  virtual ~Group() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const std::string& name() const = 0;
+  virtual std::chrono::milliseconds timeout() const = 0;
+  virtual void set_timeout(std::chrono::milliseconds t) = 0;
+
+  // All collectives operate on contiguous tensors of one dtype, all on CPU or all on
+  // the same CUDA device; `async=false` waits (see Work::wait) before returning.
+  // In place: every rank ends with op(all ranks' t).
+  virtual WorkPtr all_reduce(at::Tensor& t, ReduceOp op = ReduceOp::kSum, bool async = false) = 0;
+  // input has size()*output.numel() elements; rank r receives op over ranks of
+  // input[r*n : (r+1)*n].
+  virtual WorkPtr reduce_scatter(at::Tensor& output, const at::Tensor& input,
+                                 ReduceOp op = ReduceOp::kSum, bool async = false) = 0;
+  // output has size()*input.numel() elements; output[r*n:(r+1)*n] = rank r's input.
+  virtual WorkPtr all_gather(at::Tensor& output, const at::Tensor& input, bool async = false) = 0;
+  virtual WorkPtr broadcast(at::Tensor& t, int root, bool async = false) = 0;
+  // input and output have size()*n elements; output[r*n:(r+1)*n] = rank r's input[me*n:...].
+  virtual WorkPtr all_to_all(at::Tensor& output, const at::Tensor& input, bool async = false) = 0;
+  virtual void barrier() = 0;
+
+  // Collective over this group: ranks passing the same color form a sub-group, ordered
+  // by key (then by rank). A rank passing color < 0 gets nullptr.
+  virtual std::shared_ptr<Group> split(int color, int key) = 0;
+
+  // Number of collectives issued on this group (for diagnosis).
+  virtual int64_t sequence() const = 0;
+};
+using GroupPtr = std::shared_ptr<Group>;
+
+// The group of all ranks. Initializes MPI on first use (thread level MULTIPLE where
+// available). With world size 1 and no launcher it works without mpirun.
+GroupPtr world_group();
+// Ends MPI cleanly if nothing failed (call at the end of main; skipped after errors).
+void finalize();
+
+}  // namespace zt::comm

@@ -1,0 +1,367 @@
+// Group: MPI for CPU tensors, NCCL (src/comm/nccl.cpp) for CUDA tensors.
+// See [Stream Rules] in include/zerotrain/comm.h.
+#include <mpi.h>
+
+#include <ATen/ATen.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "comm/nccl.h"
+#include "zerotrain/comm.h"
+#include "zerotrain/error.h"
+
+namespace zt::comm {
+namespace {
+
+std::atomic<bool> g_failed{false};  // a collective failed: skip MPI_Finalize (it would hang)
+
+std::string mpi_error_string(int code) {
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, buf, &len);
+  return std::string(buf, len);
+}
+#define ZT_MPI_CHECK(call, what)                                                                  \
+  do {                                                                                            \
+    int _rc = (call);                                                                             \
+    if (_rc != MPI_SUCCESS) {                                                                     \
+      g_failed = true;                                                                            \
+      throw CommError(::zt::detail::cat(what, " failed in MPI: ", mpi_error_string(_rc), " (",    \
+                                        __FILE__, ":", __LINE__, ")"));                           \
+    }                                                                                             \
+  } while (0)
+
+// --- 16-bit float reductions: MPI has no bf16/fp16 types, so they travel as uint16 with
+// user-defined operators (accumulating pairwise in fp32, like a ring would).
+template <typename T, int kOp>
+void reduce16(void* in, void* inout, int* len, MPI_Datatype*) {
+  auto* a = static_cast<const T*>(in);
+  auto* b = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    float x = static_cast<float>(a[i]), y = static_cast<float>(b[i]);
+    float r = kOp == 0 ? x + y : kOp == 1 ? (x > y ? x : y) : (x < y ? x : y);
+    b[i] = static_cast<T>(r);
+  }
+}
+struct MpiOps {
+  MPI_Op bf16[3];
+  MPI_Op f16[3];
+};
+MpiOps& mpi_ops() {
+  static MpiOps ops = [] {
+    MpiOps o{};
+    MPI_Op_create(&reduce16<c10::BFloat16, 0>, 1, &o.bf16[0]);
+    MPI_Op_create(&reduce16<c10::BFloat16, 1>, 1, &o.bf16[1]);
+    MPI_Op_create(&reduce16<c10::BFloat16, 2>, 1, &o.bf16[2]);
+    MPI_Op_create(&reduce16<c10::Half, 0>, 1, &o.f16[0]);
+    MPI_Op_create(&reduce16<c10::Half, 1>, 1, &o.f16[1]);
+    MPI_Op_create(&reduce16<c10::Half, 2>, 1, &o.f16[2]);
+    return o;
+  }();
+  return ops;
+}
+
+MPI_Datatype mpi_type(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return MPI_FLOAT;
+    case at::kDouble: return MPI_DOUBLE;
+    case at::kLong: return MPI_INT64_T;
+    case at::kInt: return MPI_INT32_T;
+    case at::kShort: return MPI_INT16_T;
+    case at::kChar: return MPI_INT8_T;
+    case at::kByte: return MPI_UINT8_T;
+    case at::kBool: return MPI_UINT8_T;
+    case at::kHalf:
+    case at::kBFloat16: return MPI_UINT16_T;
+    default: throw CommError(detail::cat("dtype ", c10::toString(t), " is not supported by the MPI backend"));
+  }
+}
+MPI_Op mpi_op(ReduceOp op, at::ScalarType t) {
+  int idx = op == ReduceOp::kMax ? 1 : op == ReduceOp::kMin ? 2 : 0;  // avg = sum then divide
+  if (t == at::kBFloat16) return mpi_ops().bf16[idx];
+  if (t == at::kHalf) return mpi_ops().f16[idx];
+  ZT_CHECK_T(t != at::kBool || op == ReduceOp::kMax || op == ReduceOp::kMin, CommError,
+             "bool tensors reduce with max or min only");
+  return idx == 1 ? MPI_MAX : idx == 2 ? MPI_MIN : MPI_SUM;
+}
+
+class GroupImpl;
+
+// A non-blocking MPI collective. Keeps its tensors alive until completion.
+class MpiWork : public Work {
+ public:
+  MpiWork(GroupImpl* g, std::string what, std::vector<at::Tensor> keep, at::Tensor avg_target, int divisor)
+      : group_(g), what_(std::move(what)), keep_(std::move(keep)), avg_target_(std::move(avg_target)),
+        divisor_(divisor) {}
+  ~MpiWork() override;
+  MPI_Request* request() { return &req_; }
+  void wait() override;
+  void synchronize() override { wait(); }
+  bool completed() override;
+
+ private:
+  void finish();
+  GroupImpl* group_;
+  std::string what_;
+  std::vector<at::Tensor> keep_;
+  at::Tensor avg_target_;
+  int divisor_;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+  bool done_ = false;
+};
+
+class GroupImpl : public Group, public std::enable_shared_from_this<GroupImpl> {
+ public:
+  GroupImpl(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    const char* t = std::getenv("ZT_COMM_TIMEOUT");
+    timeout_ = std::chrono::milliseconds(static_cast<int64_t>((t ? std::atof(t) : 600.0) * 1000));
+  }
+  ~GroupImpl() override {
+    nccl_.reset();
+    if (!g_failed && comm_ != MPI_COMM_NULL) {
+      int fin = 0;
+      MPI_Finalized(&fin);
+      if (!fin) MPI_Comm_free(&comm_);
+    }
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+  void set_timeout(std::chrono::milliseconds t) override {
+    timeout_ = t;
+    if (nccl_) nccl_->set_timeout(t);
+  }
+  int64_t sequence() const override { return seq_; }
+
+  // Describes a collective for error messages.
+  std::string describe(const std::string& coll, const at::Tensor& t) const {
+    return detail::cat(coll, " #", seq_, " (", t.numel(), " x ", c10::toString(t.scalar_type()), ") on rank ", rank_,
+                       " of group '", name_, "' (size ", size_, ")");
+  }
+  void check_usable(const std::string& what) const {
+    ZT_CHECK_T(broken_.empty(), CommError, what, ": group '", name_, "' is unusable after an earlier failure: ", broken_);
+  }
+  void mark_broken(const std::string& why) {
+    broken_ = why;
+    g_failed = true;
+  }
+
+  void check_tensors(const char* coll, std::initializer_list<const at::Tensor*> ts) {
+    const at::Tensor& first = **ts.begin();
+    for (const at::Tensor* t : ts) {
+      ZT_CHECK_T(t->defined() && t->is_contiguous(), CommError, coll, ": tensors must be defined and contiguous");
+      ZT_CHECK_T(t->device() == first.device(), CommError, coll, ": tensors on different devices (", t->device(),
+                 " vs ", first.device(), ")");
+      ZT_CHECK_T(t->scalar_type() == first.scalar_type(), CommError, coll, ": tensors of different dtypes");
+    }
+  }
+
+  NcclComm& nccl(const at::Tensor& t) {
+#ifdef ZT_WITH_CUDA
+    if (!nccl_) nccl_ = NcclComm::create(comm_, rank_, size_, t.device().index(), name_, timeout_);
+    ZT_CHECK_T(nccl_->device() == t.device().index(), CommError, "group '", name_, "' was created on cuda:",
+               nccl_->device(), " but got a tensor on ", t.device());
+    return *nccl_;
+#else
+    throw CommError("CUDA tensor given to a zerotrain build without CUDA/NCCL");
+#endif
+  }
+
+  // Wraps an MPI collective: issues `post(request)` and returns the work.
+  template <typename Post>
+  WorkPtr mpi_collective(const char* coll, const at::Tensor& shape_of, std::vector<at::Tensor> keep,
+                         at::Tensor avg_target, bool async, Post post) {
+    std::string what = describe(coll, shape_of);
+    check_usable(what);
+    ++seq_;
+    auto w = std::make_shared<MpiWork>(this, what, std::move(keep), std::move(avg_target), size_);
+    ZT_MPI_CHECK(post(w->request()), what);
+    if (!async) w->wait();
+    return w;
+  }
+
+  WorkPtr all_reduce(at::Tensor& t, ReduceOp op, bool async) override {
+    check_tensors("all_reduce", {&t});
+    if (t.is_cuda()) return nccl(t).all_reduce(t, op, async, describe("all_reduce", t));
+    MPI_Datatype dt = mpi_type(t.scalar_type());
+    MPI_Op mop = mpi_op(op, t.scalar_type());
+    return mpi_collective("all_reduce", t, {t}, op == ReduceOp::kAvg ? t : at::Tensor(), async, [&](MPI_Request* r) {
+      return MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(t.numel()), dt, mop, comm_, r);
+    });
+  }
+  WorkPtr reduce_scatter(at::Tensor& out, const at::Tensor& in, ReduceOp op, bool async) override {
+    check_tensors("reduce_scatter", {&out, &in});
+    ZT_CHECK_T(in.numel() == out.numel() * size_, CommError, "reduce_scatter: input has ", in.numel(),
+               " elements, expected output (", out.numel(), ") x group size (", size_, ")");
+    if (out.is_cuda()) return nccl(out).reduce_scatter(out, in, op, async, describe("reduce_scatter", in));
+    MPI_Datatype dt = mpi_type(in.scalar_type());
+    MPI_Op mop = mpi_op(op, in.scalar_type());
+    return mpi_collective("reduce_scatter", in, {out, in}, op == ReduceOp::kAvg ? out : at::Tensor(), async,
+                          [&](MPI_Request* r) {
+                            return MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(),
+                                                             static_cast<int>(out.numel()), dt, mop, comm_, r);
+                          });
+  }
+  WorkPtr all_gather(at::Tensor& out, const at::Tensor& in, bool async) override {
+    check_tensors("all_gather", {&out, &in});
+    ZT_CHECK_T(out.numel() == in.numel() * size_, CommError, "all_gather: output has ", out.numel(),
+               " elements, expected input (", in.numel(), ") x group size (", size_, ")");
+    if (out.is_cuda()) return nccl(out).all_gather(out, in, async, describe("all_gather", in));
+    MPI_Datatype dt = mpi_type(in.scalar_type());
+    return mpi_collective("all_gather", in, {out, in}, {}, async, [&](MPI_Request* r) {
+      int n = static_cast<int>(in.numel());
+      return MPI_Iallgather(in.data_ptr(), n, dt, out.data_ptr(), n, dt, comm_, r);
+    });
+  }
+  WorkPtr broadcast(at::Tensor& t, int root, bool async) override {
+    check_tensors("broadcast", {&t});
+    ZT_CHECK_T(root >= 0 && root < size_, CommError, "broadcast: root ", root, " is not a rank of group '", name_,
+               "' (size ", size_, ")");
+    if (t.is_cuda()) return nccl(t).broadcast(t, root, async, describe("broadcast", t));
+    MPI_Datatype dt = mpi_type(t.scalar_type());
+    return mpi_collective("broadcast", t, {t}, {}, async, [&](MPI_Request* r) {
+      return MPI_Ibcast(t.data_ptr(), static_cast<int>(t.numel()), dt, root, comm_, r);
+    });
+  }
+  WorkPtr all_to_all(at::Tensor& out, const at::Tensor& in, bool async) override {
+    check_tensors("all_to_all", {&out, &in});
+    ZT_CHECK_T(out.numel() == in.numel() && in.numel() % size_ == 0, CommError, "all_to_all: input (", in.numel(),
+               ") and output (", out.numel(), ") must have the same size, divisible by the group size ", size_);
+    if (out.is_cuda()) return nccl(out).all_to_all(out, in, async, describe("all_to_all", in));
+    MPI_Datatype dt = mpi_type(in.scalar_type());
+    return mpi_collective("all_to_all", in, {out, in}, {}, async, [&](MPI_Request* r) {
+      int n = static_cast<int>(in.numel() / size_);
+      return MPI_Ialltoall(in.data_ptr(), n, dt, out.data_ptr(), n, dt, comm_, r);
+    });
+  }
+  void barrier() override {
+    at::Tensor none = at::empty({0});
+    std::string what = describe("barrier", none);
+    check_usable(what);
+    ++seq_;
+    auto w = std::make_shared<MpiWork>(this, what, std::vector<at::Tensor>{}, at::Tensor(), size_);
+    ZT_MPI_CHECK(MPI_Ibarrier(comm_, w->request()), what);
+    w->wait();
+  }
+  std::shared_ptr<Group> split(int color, int key) override {
+    check_usable("split");
+    MPI_Comm sub = MPI_COMM_NULL;
+    ZT_MPI_CHECK(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub), "split of group '" + name_ + "'");
+    if (sub == MPI_COMM_NULL) return nullptr;
+    return std::make_shared<GroupImpl>(sub, detail::cat(name_, "/", color));
+  }
+
+ private:
+  MPI_Comm comm_;
+  std::string name_;
+  int rank_ = 0, size_ = 1;
+  std::chrono::milliseconds timeout_{600000};
+  int64_t seq_ = 0;
+  std::string broken_;
+  std::unique_ptr<NcclComm> nccl_;
+  friend class MpiWork;
+};
+
+MpiWork::~MpiWork() {
+  // A work dropped unwaited is completed here, so its buffers stay valid until MPI is
+  // done with them (errors are swallowed: a destructor must not throw).
+  if (!done_ && req_ != MPI_REQUEST_NULL && !g_failed) {
+    try {
+      wait();
+    } catch (...) {
+    }
+  }
+}
+
+bool MpiWork::completed() {
+  if (done_) return true;
+  int flag = 0;
+  ZT_MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE), what_);
+  if (flag) finish();
+  return done_;
+}
+
+void MpiWork::wait() {
+  if (done_) return;
+  auto start = std::chrono::steady_clock::now();
+  auto deadline = start + group_->timeout_;
+  int spins = 0;
+  while (!completed()) {
+    auto now = std::chrono::steady_clock::now();
+    if (now > deadline) {
+      std::string msg = detail::cat(
+          what_, " timed out after ", std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count() / 1000.0,
+          " s: a peer rank did not join this collective (it exited, hung, or issued a different collective). "
+          "Check the other ranks' logs; raise the limit with ZT_COMM_TIMEOUT=<seconds> if a rank is just slow.");
+      group_->mark_broken(msg);
+      done_ = true;  // abandoned: MPI still owns the buffers, keep them alive forever
+      new std::vector<at::Tensor>(std::move(keep_));  // intentional leak, see above
+      throw CommError(msg);
+    }
+    if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(spins > 20000 ? 1000 : 50));
+  }
+}
+
+void MpiWork::finish() {
+  done_ = true;
+  if (avg_target_.defined()) {
+    if (at::isFloatingType(avg_target_.scalar_type())) {
+      avg_target_.div_(divisor_);
+    } else {
+      avg_target_.div_(divisor_, "floor");
+    }
+  }
+  keep_.clear();
+}
+
+std::once_flag g_init_once;
+GroupPtr g_world;
+
+}  // namespace
+
+GroupPtr world_group() {
+  std::call_once(g_init_once, [] {
+    RankInfo info = discover_rank();
+    ZT_CHECK_T(info.source != "torchrun" || info.world_size == 1, CommError,
+               "this process was started by torchrun with WORLD_SIZE=", info.world_size,
+               ", but zerotrain's CPU collectives and rendezvous run over MPI: start the ranks with "
+               "`zerotrain launch -n N -- PROGRAM`, mpirun or srun instead");
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+      int provided = 0;
+      ZT_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm dup = MPI_COMM_NULL;
+    ZT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "MPI_Comm_dup");
+    int size = 0, rank = 0;
+    MPI_Comm_size(dup, &size);
+    MPI_Comm_rank(dup, &rank);
+    ZT_CHECK_T(size == info.world_size && rank == info.rank, CommError, "the ", info.source,
+               " environment says rank ", info.rank, " of ", info.world_size, " but MPI says rank ", rank, " of ",
+               size, ": start multi-rank runs with `zerotrain launch -n N`, mpirun or srun");
+    mpi_ops();
+    g_world = std::make_shared<GroupImpl>(dup, "world");
+  });
+  return g_world;
+}
+
+void finalize() {
+  if (g_failed) return;  // MPI_Finalize waits for peers that may be gone
+  g_world.reset();
+  int inited = 0, fin = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&fin);
+  if (inited && !fin) MPI_Finalize();
+}
+
+}  // namespace zt::comm

@@ -1,0 +1,179 @@
+// NCCL backend. See [Stream Rules] in include/zerotrain/comm.h.
+#ifdef ZT_WITH_CUDA
+#include "comm/nccl.h"
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "zerotrain/error.h"
+
+namespace zt::comm {
+namespace {
+
+#define ZT_NCCL_CHECK(call, what)                                                                         \
+  do {                                                                                                    \
+    ncclResult_t _r = (call);                                                                             \
+    if (_r != ncclSuccess && _r != ncclInProgress)                                                        \
+      throw CommError(::zt::detail::cat(what, " failed in NCCL ", NCCL_MAJOR, ".", NCCL_MINOR, ".",       \
+                                        NCCL_PATCH, ": ", ncclGetErrorString(_r), " (", ncclGetLastError(nullptr), \
+                                        ") at ", __FILE__, ":", __LINE__));                               \
+  } while (0)
+
+ncclDataType_t nccl_type(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return ncclFloat32;
+    case at::kHalf: return ncclFloat16;
+    case at::kBFloat16: return ncclBfloat16;
+    case at::kDouble: return ncclFloat64;
+    case at::kLong: return ncclInt64;
+    case at::kInt: return ncclInt32;
+    case at::kChar: return ncclInt8;
+    case at::kByte:
+    case at::kBool: return ncclUint8;
+    default: throw CommError(detail::cat("dtype ", c10::toString(t), " is not supported by the NCCL backend"));
+  }
+}
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kMin: return ncclMin;
+  }
+  return ncclSum;
+}
+
+class NcclWork : public Work {
+ public:
+  NcclWork(ncclComm_t comm, int device, std::string what, std::chrono::milliseconds timeout)
+      : comm_(comm), device_(device), what_(std::move(what)), timeout_(timeout) {}
+  at::cuda::CUDAEvent& done() { return done_; }
+  void wait() override {
+    c10::cuda::CUDAGuard g(device_);
+    done_.block(at::cuda::getCurrentCUDAStream(device_));
+  }
+  bool completed() override { return done_.query(); }
+  void synchronize() override {
+    auto start = std::chrono::steady_clock::now();
+    while (!done_.query()) {
+      ncclResult_t async_err = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async_err);
+      if (async_err != ncclSuccess && async_err != ncclInProgress) {
+        throw CommError(detail::cat(what_, " failed asynchronously in NCCL: ", ncclGetErrorString(async_err)));
+      }
+      if (std::chrono::steady_clock::now() - start > timeout_) {
+        ncclCommAbort(comm_);
+        throw CommError(detail::cat(what_, " timed out after ", timeout_.count() / 1000.0,
+                                    " s: a peer rank did not join this collective; the NCCL communicator was "
+                                    "aborted. Raise the limit with ZT_COMM_TIMEOUT=<seconds> if a rank is just slow."));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+ private:
+  ncclComm_t comm_;
+  int device_;
+  std::string what_;
+  std::chrono::milliseconds timeout_;
+  at::cuda::CUDAEvent done_{cudaEventDisableTiming};
+};
+
+class NcclCommImpl : public NcclComm {
+ public:
+  NcclCommImpl(ncclComm_t c, int device, std::chrono::milliseconds timeout)
+      : comm_(c), device_(device), timeout_(timeout), stream_(c10::cuda::getStreamFromPool(true, device)) {}
+  ~NcclCommImpl() override {
+    if (comm_) ncclCommDestroy(comm_);
+  }
+  int device() const override { return device_; }
+  void set_timeout(std::chrono::milliseconds t) override { timeout_ = t; }
+
+  // Orders the comm stream after the caller's stream, runs `launch`, records done.
+  template <typename Launch>
+  WorkPtr run(const std::string& what, std::initializer_list<at::Tensor> tensors, bool async, Launch launch) {
+    c10::cuda::CUDAGuard g(device_);
+    auto cur = at::cuda::getCurrentCUDAStream(device_);
+    at::cuda::CUDAEvent ready(cudaEventDisableTiming);
+    ready.record(cur);
+    ready.block(stream_);
+    ZT_NCCL_CHECK(launch(stream_.stream()), what);
+    auto w = std::make_shared<NcclWork>(comm_, device_, what, timeout_);
+    w->done().record(stream_);
+    for (const auto& t : tensors) t.record_stream(stream_);
+    if (!async) w->wait();
+    return w;
+  }
+
+  WorkPtr all_reduce(at::Tensor& t, ReduceOp op, bool async, const std::string& what) override {
+    return run(what, {t}, async, [&](cudaStream_t s) {
+      return ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t.scalar_type()), nccl_op(op), comm_, s);
+    });
+  }
+  WorkPtr reduce_scatter(at::Tensor& out, const at::Tensor& in, ReduceOp op, bool async,
+                         const std::string& what) override {
+    return run(what, {out, in}, async, [&](cudaStream_t s) {
+      return ncclReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), nccl_type(in.scalar_type()), nccl_op(op),
+                               comm_, s);
+    });
+  }
+  WorkPtr all_gather(at::Tensor& out, const at::Tensor& in, bool async, const std::string& what) override {
+    return run(what, {out, in}, async, [&](cudaStream_t s) {
+      return ncclAllGather(in.data_ptr(), out.data_ptr(), in.numel(), nccl_type(in.scalar_type()), comm_, s);
+    });
+  }
+  WorkPtr broadcast(at::Tensor& t, int root, bool async, const std::string& what) override {
+    return run(what, {t}, async, [&](cudaStream_t s) {
+      return ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t.scalar_type()), root, comm_, s);
+    });
+  }
+  WorkPtr all_to_all(at::Tensor& out, const at::Tensor& in, bool async, const std::string& what) override {
+    return run(what, {out, in}, async, [&](cudaStream_t s) -> ncclResult_t {
+      int n = 0;
+      ncclCommCount(comm_, &n);
+      size_t chunk = in.numel() / n;
+      size_t bytes = chunk * in.element_size();
+      auto dt = nccl_type(in.scalar_type());
+      ncclResult_t r = ncclGroupStart();
+      if (r != ncclSuccess) return r;
+      for (int p = 0; p < n; ++p) {
+        ncclSend(static_cast<const char*>(in.data_ptr()) + p * bytes, chunk, dt, p, comm_, s);
+        ncclRecv(static_cast<char*>(out.data_ptr()) + p * bytes, chunk, dt, p, comm_, s);
+      }
+      return ncclGroupEnd();
+    });
+  }
+
+ private:
+  ncclComm_t comm_;
+  int device_;
+  std::chrono::milliseconds timeout_;
+  c10::cuda::CUDAStream stream_;
+};
+
+}  // namespace
+
+std::unique_ptr<NcclComm> NcclComm::create(MPI_Comm mpi_comm, int rank, int size, int device,
+                                           const std::string& name, std::chrono::milliseconds timeout) {
+  // NVLink multicast (NVLS) stays off: it can take a shared host's GPUs out of service.
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  ncclUniqueId id;
+  if (rank == 0) ZT_NCCL_CHECK(ncclGetUniqueId(&id), "ncclGetUniqueId for group '" + name + "'");
+  int rc = MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, mpi_comm);
+  ZT_CHECK_T(rc == MPI_SUCCESS, CommError, "broadcast of the NCCL unique id for group '", name, "' failed");
+  c10::cuda::CUDAGuard g(device);
+  ncclComm_t comm = nullptr;
+  ZT_NCCL_CHECK(ncclCommInitRank(&comm, size, id, rank), detail::cat("ncclCommInitRank (group '", name, "', rank ",
+                                                                     rank, " of ", size, ", cuda:", device, ")"));
+  return std::make_unique<NcclCommImpl>(comm, device, timeout);
+}
+
+}  // namespace zt::comm
+#endif  // ZT_WITH_CUDA

@@ -1,0 +1,32 @@
+// NCCL communicator of one Group on one CUDA device. Private to src/comm.
+// See [Stream Rules] in include/zerotrain/comm.h.
+#pragma once
+#include <mpi.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "zerotrain/comm.h"
+
+namespace zt::comm {
+
+class NcclComm {
+ public:
+  virtual ~NcclComm() = default;
+#ifdef ZT_WITH_CUDA
+  // Collective over `mpi_comm`: rank 0 makes the NCCL unique id, MPI broadcasts it.
+  static std::unique_ptr<NcclComm> create(MPI_Comm mpi_comm, int rank, int size, int device,
+                                          const std::string& name, std::chrono::milliseconds timeout);
+#endif
+  virtual int device() const = 0;
+  virtual void set_timeout(std::chrono::milliseconds t) = 0;
+  virtual WorkPtr all_reduce(at::Tensor& t, ReduceOp op, bool async, const std::string& what) = 0;
+  virtual WorkPtr reduce_scatter(at::Tensor& out, const at::Tensor& in, ReduceOp op, bool async,
+                                 const std::string& what) = 0;
+  virtual WorkPtr all_gather(at::Tensor& out, const at::Tensor& in, bool async, const std::string& what) = 0;
+  virtual WorkPtr broadcast(at::Tensor& t, int root, bool async, const std::string& what) = 0;
+  virtual WorkPtr all_to_all(at::Tensor& out, const at::Tensor& in, bool async, const std::string& what) = 0;
+};
+
+}  // namespace zt::comm
