@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -95,9 +96,9 @@ class GroupImpl;
 // A non-blocking MPI collective. Keeps its tensors alive until completion.
 class MpiWork : public Work {
  public:
-  MpiWork(GroupImpl* g, std::string what, std::vector<at::Tensor> keep, at::Tensor avg_target, int divisor)
-      : group_(g), what_(std::move(what)), keep_(std::move(keep)), avg_target_(std::move(avg_target)),
-        divisor_(divisor) {}
+  // on_finish runs once the request completed (e.g. divide for avg, copy out of a temp).
+  MpiWork(GroupImpl* g, std::string what, std::vector<at::Tensor> keep, std::function<void()> on_finish)
+      : group_(g), what_(std::move(what)), keep_(std::move(keep)), on_finish_(std::move(on_finish)) {}
   ~MpiWork() override;
   MPI_Request* request() { return &req_; }
   void wait() override;
@@ -109,8 +110,7 @@ class MpiWork : public Work {
   GroupImpl* group_;
   std::string what_;
   std::vector<at::Tensor> keep_;
-  at::Tensor avg_target_;
-  int divisor_;
+  std::function<void()> on_finish_;
   MPI_Request req_ = MPI_REQUEST_NULL;
   bool done_ = false;
 };
@@ -148,10 +148,25 @@ class GroupImpl : public Group, public std::enable_shared_from_this<GroupImpl> {
   }
   void check_usable(const std::string& what) const {
     ZT_CHECK_T(broken_.empty(), CommError, what, ": group '", name_, "' is unusable after an earlier failure: ", broken_);
+    ZT_CHECK_T(!nccl_ || !nccl_->aborted(), CommError, what, ": group '", name_,
+               "' is unusable: its NCCL communicator was aborted after an earlier timeout");
   }
   void mark_broken(const std::string& why) {
     broken_ = why;
     g_failed = true;
+  }
+
+  static bool overlaps(const at::Tensor& a, const at::Tensor& b) {
+    auto a0 = static_cast<const char*>(a.data_ptr()), b0 = static_cast<const char*>(b.data_ptr());
+    return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+  }
+  std::function<void()> avg_divider(ReduceOp op, at::Tensor t) const {
+    if (op != ReduceOp::kAvg) return {};
+    int n = size_;
+    return [t, n]() mutable {
+      if (at::isFloatingType(t.scalar_type())) t.div_(n);
+      else t.div_(n, "floor");
+    };
   }
 
   void check_tensors(const char* coll, std::initializer_list<const at::Tensor*> ts) {
@@ -161,12 +176,23 @@ class GroupImpl : public Group, public std::enable_shared_from_this<GroupImpl> {
       ZT_CHECK_T(t->device() == first.device(), CommError, coll, ": tensors on different devices (", t->device(),
                  " vs ", first.device(), ")");
       ZT_CHECK_T(t->scalar_type() == first.scalar_type(), CommError, coll, ": tensors of different dtypes");
+      // MPI counts are int: a larger count would be silently truncated.
+      ZT_CHECK_T(t->is_cuda() || t->numel() <= std::numeric_limits<int>::max(), CommError, coll, ": CPU tensor of ",
+                 t->numel(), " elements is over MPI's limit of ", std::numeric_limits<int>::max(),
+                 " per call; split it into chunks");
     }
   }
 
-  NcclComm& nccl(const at::Tensor& t) {
+  NcclComm& nccl(const at::Tensor& t, const std::string& what) {
 #ifdef ZT_WITH_CUDA
-    if (!nccl_) nccl_ = NcclComm::create(comm_, rank_, size_, t.device().index(), name_, timeout_);
+    if (!nccl_) {
+      try {
+        nccl_ = NcclComm::create(comm_, rank_, size_, t.device().index(), what, timeout_);
+      } catch (const CommError& e) {
+        mark_broken(e.what());
+        throw;
+      }
+    }
     ZT_CHECK_T(nccl_->device() == t.device().index(), CommError, "group '", name_, "' was created on cuda:",
                nccl_->device(), " but got a tensor on ", t.device());
     return *nccl_;
@@ -175,14 +201,24 @@ class GroupImpl : public Group, public std::enable_shared_from_this<GroupImpl> {
 #endif
   }
 
+  // Wraps an NCCL collective: checks, counts and runs `launch(comm, what)`.
+  template <typename Launch>
+  WorkPtr nccl_collective(const char* coll, const at::Tensor& shape_of, Launch launch) {
+    std::string what = describe(coll, shape_of);
+    check_usable(what);
+    NcclComm& c = nccl(shape_of, what);
+    ++seq_;
+    return launch(c, what);
+  }
+
   // Wraps an MPI collective: issues `post(request)` and returns the work.
   template <typename Post>
   WorkPtr mpi_collective(const char* coll, const at::Tensor& shape_of, std::vector<at::Tensor> keep,
-                         at::Tensor avg_target, bool async, Post post) {
+                         std::function<void()> on_finish, bool async, Post post) {
     std::string what = describe(coll, shape_of);
     check_usable(what);
     ++seq_;
-    auto w = std::make_shared<MpiWork>(this, what, std::move(keep), std::move(avg_target), size_);
+    auto w = std::make_shared<MpiWork>(this, what, std::move(keep), std::move(on_finish));
     ZT_MPI_CHECK(post(w->request()), what);
     if (!async) w->wait();
     return w;
@@ -190,10 +226,14 @@ class GroupImpl : public Group, public std::enable_shared_from_this<GroupImpl> {
 
   WorkPtr all_reduce(at::Tensor& t, ReduceOp op, bool async) override {
     check_tensors("all_reduce", {&t});
-    if (t.is_cuda()) return nccl(t).all_reduce(t, op, async, describe("all_reduce", t));
+    if (t.is_cuda()) {
+      return nccl_collective("all_reduce", t, [&](NcclComm& c, const std::string& w) {
+        return c.all_reduce(t, op, async, w);
+      });
+    }
     MPI_Datatype dt = mpi_type(t.scalar_type());
     MPI_Op mop = mpi_op(op, t.scalar_type());
-    return mpi_collective("all_reduce", t, {t}, op == ReduceOp::kAvg ? t : at::Tensor(), async, [&](MPI_Request* r) {
+    return mpi_collective("all_reduce", t, {t}, avg_divider(op, t), async, [&](MPI_Request* r) {
       return MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(t.numel()), dt, mop, comm_, r);
     });
   }
@@ -201,31 +241,53 @@ class GroupImpl : public Group, public std::enable_shared_from_this<GroupImpl> {
     check_tensors("reduce_scatter", {&out, &in});
     ZT_CHECK_T(in.numel() == out.numel() * size_, CommError, "reduce_scatter: input has ", in.numel(),
                " elements, expected output (", out.numel(), ") x group size (", size_, ")");
-    if (out.is_cuda()) return nccl(out).reduce_scatter(out, in, op, async, describe("reduce_scatter", in));
+    if (out.is_cuda()) {
+      return nccl_collective("reduce_scatter", in, [&](NcclComm& c, const std::string& w) {
+        return c.reduce_scatter(out, in, op, async, w);
+      });
+    }
     MPI_Datatype dt = mpi_type(in.scalar_type());
     MPI_Op mop = mpi_op(op, in.scalar_type());
-    return mpi_collective("reduce_scatter", in, {out, in}, op == ReduceOp::kAvg ? out : at::Tensor(), async,
-                          [&](MPI_Request* r) {
-                            return MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(),
-                                                             static_cast<int>(out.numel()), dt, mop, comm_, r);
-                          });
+    // MPI forbids overlapping send/receive buffers (its in-place form puts the result at
+    // the start, not at this rank's offset): reduce into a temporary, then copy.
+    at::Tensor dst = overlaps(out, in) ? at::empty_like(out) : out;
+    std::function<void()> avg = avg_divider(op, dst);
+    std::function<void()> finish = [avg, dst, out]() mutable {
+      if (avg) avg();
+      if (!dst.is_same(out)) out.copy_(dst);
+    };
+    return mpi_collective("reduce_scatter", in, {out, in, dst}, finish, async, [&](MPI_Request* r) {
+      return MPI_Ireduce_scatter_block(in.data_ptr(), dst.data_ptr(), static_cast<int>(out.numel()), dt, mop, comm_, r);
+    });
   }
   WorkPtr all_gather(at::Tensor& out, const at::Tensor& in, bool async) override {
     check_tensors("all_gather", {&out, &in});
     ZT_CHECK_T(out.numel() == in.numel() * size_, CommError, "all_gather: output has ", out.numel(),
                " elements, expected input (", in.numel(), ") x group size (", size_, ")");
-    if (out.is_cuda()) return nccl(out).all_gather(out, in, async, describe("all_gather", in));
+    if (out.is_cuda()) {
+      return nccl_collective("all_gather", in, [&](NcclComm& c, const std::string& w) {
+        return c.all_gather(out, in, async, w);
+      });
+    }
     MPI_Datatype dt = mpi_type(in.scalar_type());
+    // In place (input is this rank's slot of output) maps to MPI_IN_PLACE.
+    const bool in_place = in.data_ptr() == static_cast<char*>(out.data_ptr()) + rank_ * in.numel() * in.element_size();
+    ZT_CHECK_T(in_place || !overlaps(out, in), CommError,
+               "all_gather: input overlaps output but is not this rank's slot of it");
     return mpi_collective("all_gather", in, {out, in}, {}, async, [&](MPI_Request* r) {
       int n = static_cast<int>(in.numel());
-      return MPI_Iallgather(in.data_ptr(), n, dt, out.data_ptr(), n, dt, comm_, r);
+      return MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data_ptr(), n, dt, out.data_ptr(), n, dt, comm_, r);
     });
   }
   WorkPtr broadcast(at::Tensor& t, int root, bool async) override {
     check_tensors("broadcast", {&t});
     ZT_CHECK_T(root >= 0 && root < size_, CommError, "broadcast: root ", root, " is not a rank of group '", name_,
                "' (size ", size_, ")");
-    if (t.is_cuda()) return nccl(t).broadcast(t, root, async, describe("broadcast", t));
+    if (t.is_cuda()) {
+      return nccl_collective("broadcast", t, [&](NcclComm& c, const std::string& w) {
+        return c.broadcast(t, root, async, w);
+      });
+    }
     MPI_Datatype dt = mpi_type(t.scalar_type());
     return mpi_collective("broadcast", t, {t}, {}, async, [&](MPI_Request* r) {
       return MPI_Ibcast(t.data_ptr(), static_cast<int>(t.numel()), dt, root, comm_, r);
@@ -235,7 +297,11 @@ class GroupImpl : public Group, public std::enable_shared_from_this<GroupImpl> {
     check_tensors("all_to_all", {&out, &in});
     ZT_CHECK_T(out.numel() == in.numel() && in.numel() % size_ == 0, CommError, "all_to_all: input (", in.numel(),
                ") and output (", out.numel(), ") must have the same size, divisible by the group size ", size_);
-    if (out.is_cuda()) return nccl(out).all_to_all(out, in, async, describe("all_to_all", in));
+    if (out.is_cuda()) {
+      return nccl_collective("all_to_all", in, [&](NcclComm& c, const std::string& w) {
+        return c.all_to_all(out, in, async, w);
+      });
+    }
     MPI_Datatype dt = mpi_type(in.scalar_type());
     return mpi_collective("all_to_all", in, {out, in}, {}, async, [&](MPI_Request* r) {
       int n = static_cast<int>(in.numel() / size_);
@@ -247,7 +313,7 @@ class GroupImpl : public Group, public std::enable_shared_from_this<GroupImpl> {
     std::string what = describe("barrier", none);
     check_usable(what);
     ++seq_;
-    auto w = std::make_shared<MpiWork>(this, what, std::vector<at::Tensor>{}, at::Tensor(), size_);
+    auto w = std::make_shared<MpiWork>(this, what, std::vector<at::Tensor>{}, std::function<void()>{});
     ZT_MPI_CHECK(MPI_Ibarrier(comm_, w->request()), what);
     w->wait();
   }
@@ -256,7 +322,9 @@ class GroupImpl : public Group, public std::enable_shared_from_this<GroupImpl> {
     MPI_Comm sub = MPI_COMM_NULL;
     ZT_MPI_CHECK(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub), "split of group '" + name_ + "'");
     if (sub == MPI_COMM_NULL) return nullptr;
-    return std::make_shared<GroupImpl>(sub, detail::cat(name_, "/", color));
+    auto g = std::make_shared<GroupImpl>(sub, detail::cat(name_, "/", color));
+    g->timeout_ = timeout_;  // the parent's, which may have been set after ZT_COMM_TIMEOUT was read
+    return g;
   }
 
  private:
@@ -312,13 +380,8 @@ void MpiWork::wait() {
 
 void MpiWork::finish() {
   done_ = true;
-  if (avg_target_.defined()) {
-    if (at::isFloatingType(avg_target_.scalar_type())) {
-      avg_target_.div_(divisor_);
-    } else {
-      avg_target_.div_(divisor_, "floor");
-    }
-  }
+  if (on_finish_) on_finish_();
+  on_finish_ = nullptr;
   keep_.clear();
 }
 
@@ -326,6 +389,8 @@ std::once_flag g_init_once;
 GroupPtr g_world;
 
 }  // namespace
+
+void note_comm_failure() { g_failed = true; }
 
 GroupPtr world_group() {
   std::call_once(g_init_once, [] {

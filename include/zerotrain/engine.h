@@ -1,0 +1,120 @@
+// zerotrain's training engine: DeepSpeed's three calls on a LibTorch module.
+//
+//   auto engine = zt::initialize(model, zt::Config::from_file("ds_config.json", world));
+//   for (...) {
+//     auto loss = engine->forward([&] { return model->loss(x, y); });
+//     engine->backward(loss);
+//     engine->step();          // a no-op except at the gradient-accumulation boundary
+//   }
+//
+// The engine owns the parameters' storage from initialize() on: every trainable
+// parameter becomes a view into one flat buffer of the compute dtype (fp32 / bf16 /
+// fp16), gradients land in flat buffers, and the fp32 master weights and optimizer
+// state exist only for this rank's shard (ZeRO stage >= 1). Do not replace parameter
+// tensors after initialize().
+#pragma once
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "zerotrain/comm.h"
+#include "zerotrain/config.h"
+
+namespace zt {
+
+// Memory and time of one phase of one step on this rank.
+struct PhaseStats {
+  double ms = 0;               // wall time (CUDA: measured with events on the compute stream)
+  int64_t mem_after = 0;       // bytes allocated when the phase ended
+  int64_t mem_peak = 0;        // peak bytes allocated during the phase
+};
+
+// Bytes of model state this rank holds, by kind (what the ZeRO formulas count).
+struct ModelStateBytes {
+  int64_t params = 0;     // compute-dtype parameters (full, or this rank's shard)
+  int64_t grads = 0;      // gradient buffers (full, or this rank's shard)
+  int64_t master = 0;     // fp32 master weights
+  int64_t optimizer = 0;  // optimizer state (Adam: exp_avg + exp_avg_sq)
+  int64_t total() const { return params + grads + master + optimizer; }
+};
+
+// Everything the engine knows about one optimizer step (one accumulation boundary).
+struct StepReport {
+  int64_t step = 0;           // global step after this one (skipped steps count, like DeepSpeed)
+  int64_t micro_steps = 0;    // micro-batches in this step
+  double loss = 0;            // mean loss over the step's micro-batches on this rank
+  double lr = 0;
+  double loss_scale = 1;
+  bool skipped = false;       // overflow: parameters unchanged
+  double grad_norm = 0;       // global norm before clipping (0 when not computed)
+  PhaseStats forward, backward, step_phase;
+  ModelStateBytes model_state;
+  int64_t buckets = 0;                     // gradient buckets reduced in this step
+  int64_t buckets_before_backward_end = 0; // of those, launched while backward still ran
+  double exposed_comm_ms = 0;              // time the step waited for gradient communication
+  nlohmann::json to_json() const;
+};
+
+struct EngineOptions {
+  // Trainable tensors the engine manages; empty = all parameters of the model that
+  // require grad. Other parameters are left as they are (frozen).
+  std::vector<torch::Tensor> params;
+  // Group of data-parallel ranks; null = all ranks (comm::world_group()).
+  comm::GroupPtr group;
+  // Device; unset = cuda:LOCAL_RANK when CUDA is available, else CPU.
+  std::optional<torch::Device> device;
+  // Where JSON-lines metrics go (one object per step); empty = none.
+  std::string metrics_path;
+  // Print the per-step line every steps_per_print steps (rank 0).
+  bool print = true;
+  // FLOPs per sample (forward + backward) for TFLOP/s and MFU in the report; 0 = unknown.
+  double flops_per_sample = 0;
+  double peak_tflops = 0;  // per device, for MFU; 0 = not reported
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  // Runs the user's forward (returns the loss) and times it as the forward phase.
+  virtual torch::Tensor forward(const std::function<torch::Tensor()>& fn) = 0;
+  // Scales the loss (1/gradient_accumulation_steps, and the fp16 loss scale) and runs
+  // backward; gradient reduction overlaps it (stages 0 and 2).
+  virtual void backward(const torch::Tensor& loss) = 0;
+  // At the accumulation boundary: reduce (stage 1), unscale, overflow check, clip,
+  // optimizer step on this rank's shard, all-gather updated parameters. Elsewhere a
+  // no-op. Returns true when this call was a boundary.
+  virtual bool step() = 0;
+
+  virtual bool was_step_skipped() const = 0;
+  virtual double get_lr() const = 0;
+  virtual double loss_scale() const = 0;
+  virtual int64_t global_steps() const = 0;
+  virtual int64_t micro_steps() const = 0;
+  virtual bool is_gradient_accumulation_boundary() const = 0;
+  virtual const Config& config() const = 0;
+  virtual torch::Device device() const = 0;
+  virtual at::ScalarType compute_dtype() const = 0;
+  virtual const comm::GroupPtr& group() const = 0;
+  virtual ModelStateBytes model_state_bytes() const = 0;
+  // The report of the last completed step (valid after the first boundary).
+  virtual const StepReport& last_report() const = 0;
+
+  // fp32 master copy of every managed parameter, full size (collective: every rank of
+  // the group must call it). For evaluation, tests and checkpoint export.
+  virtual std::vector<torch::Tensor> gather_master_params() = 0;
+};
+
+// Wraps `model`: moves it to the device, casts it to the config's compute dtype, makes
+// every rank start from rank 0's parameters, and partitions per zero_optimization.stage.
+std::unique_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model, const Config& config,
+                                   EngineOptions options = {});
+
+// The device a rank should use: cuda:LOCAL_RANK when CUDA is available, else CPU.
+torch::Device default_device();
+
+}  // namespace zt

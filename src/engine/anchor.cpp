@@ -1,2 +1,0 @@
-#include "zerotrain/error.h"
-namespace zt { void zt_link_anchor() {} }

@@ -1,0 +1,384 @@
+#include "zero/zero_optimizer.h"
+
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#ifdef ZT_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+
+#include "zerotrain/error.h"
+
+namespace zt::zero {
+namespace {
+constexpr int64_t kAlign = 64;  // elements: shard boundaries stay 128-byte aligned in bf16
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+}  // namespace
+
+ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr group, ZeroOptions options)
+    : opt_(std::move(options)), group_(std::move(group)) {
+  ZT_CHECK_T(opt_.stage >= 0 && opt_.stage <= 2, ConfigError, "zero_optimization.stage ", opt_.stage,
+             " is handled elsewhere");
+  ZT_CHECK_T(!params.empty(), ConfigError, "the model has no trainable parameters to optimize");
+  rank_ = group_->rank();
+  world_ = group_->size();
+  owns_all_ = opt_.stage == 0;
+
+  // Layout order: reverse of the user's order, the order gradients become ready.
+  const int n = static_cast<int>(params.size());
+  std::vector<int64_t> numels;
+  for (int i = n - 1; i >= 0; --i) {
+    params_.push_back(params[i]);
+    user_index_.push_back(i);
+    numels.push_back(params[i].numel());
+  }
+  layout_ = make_flat_layout(numels, std::max<int64_t>(1, opt_.reduce_bucket_numel), world_, kAlign);
+
+  torch::NoGradGuard no_grad;
+  auto topt = torch::TensorOptions().device(opt_.device);
+  flat_param_ = torch::zeros({layout_.total_numel}, topt.dtype(opt_.dtype));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto& p = params_[i];
+    ZT_CHECK_T(p.device() == opt_.device && p.scalar_type() == opt_.dtype, InternalError,
+               "parameter not on the engine's device/dtype");
+    auto view = flat_param_.narrow(0, layout_.params[i].offset, layout_.params[i].numel);
+    view.copy_(p.detach().reshape(-1));
+    p.set_data(view.view(p.sizes()));
+  }
+  // Every rank starts from rank 0's parameters (as DeepSpeed does at initialize).
+  if (world_ > 1) group_->broadcast(flat_param_, 0);
+
+  const int64_t owned = owns_all_ ? layout_.total_numel : layout_.shard_numel;
+  master_ = torch::empty({owned}, topt.dtype(at::kFloat));
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    owned_view(master_, b).copy_(owns_all_ ? bucket_view(flat_param_, b) : shard_view(flat_param_, b));
+  }
+  const std::string type = lower(opt_.optimizer.type);
+  if (type == "sgd") {
+    if (opt_.optimizer.params.momentum != 0) momentum_buf_ = torch::zeros({owned}, topt.dtype(at::kFloat));
+  } else {
+    exp_avg_ = torch::zeros({owned}, topt.dtype(at::kFloat));
+    exp_avg_sq_ = torch::zeros({owned}, topt.dtype(at::kFloat));
+  }
+  step_t_ = torch::zeros({}, topt.dtype(at::kFloat));
+
+  if (opt_.stage <= 1) {
+    flat_grad_ = torch::zeros({layout_.total_numel}, topt.dtype(opt_.dtype));
+    for (size_t i = 0; i < params_.size(); ++i) {
+      params_[i].mutable_grad() =
+          flat_grad_.narrow(0, layout_.params[i].offset, layout_.params[i].numel).view(params_[i].sizes());
+    }
+  } else {
+    grad_shard_ = torch::zeros({layout_.shard_numel}, topt.dtype(opt_.dtype));
+    staging_.resize(layout_.buckets.size());
+    deferred_.resize(layout_.buckets.size());
+  }
+  pending_.assign(layout_.buckets.size(), 0);
+  launched_.assign(layout_.buckets.size(), false);
+
+  // Gradient-ready hooks: after autograd accumulated a parameter's gradient.
+  if (opt_.stage == 2 || (opt_.stage == 0 && world_ > 1)) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
+      ZT_ASSERT(acc != nullptr, "parameter without a gradient accumulator");
+      int idx = static_cast<int>(i);
+      acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, idx](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+            on_grad_ready(idx);
+            return outputs;
+          }));
+      accumulators_.push_back(std::move(acc));
+    }
+  }
+}
+
+ZeroOptimizer::~ZeroOptimizer() = default;
+
+torch::Tensor ZeroOptimizer::bucket_view(const torch::Tensor& flat, int b) const {
+  const Bucket& B = layout_.buckets[b];
+  return flat.narrow(0, B.offset, B.numel);
+}
+torch::Tensor ZeroOptimizer::shard_view(const torch::Tensor& flat, int b) const {
+  const Bucket& B = layout_.buckets[b];
+  return flat.narrow(0, B.shard_offset(rank_), B.shard_numel);
+}
+torch::Tensor ZeroOptimizer::owned_view(const torch::Tensor& owned, int b) const {
+  const Bucket& B = layout_.buckets[b];
+  if (owns_all_) return owned.narrow(0, B.offset, B.numel);
+  return owned.narrow(0, layout_.shard_buffer_offsets[b], B.shard_numel);
+}
+
+void ZeroOptimizer::begin_backward(bool boundary, bool first_micro_step) {
+  first_micro_ = first_micro_step;
+  reducing_ = opt_.stage == 2 || (opt_.stage == 0 && boundary && world_ > 1 && opt_.overlap_comm);
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    pending_[b] = layout_.buckets[b].num_params;
+    launched_[b] = false;
+  }
+  in_backward_ = true;
+}
+
+void ZeroOptimizer::on_grad_ready(int i) {
+  if (opt_.stage == 2) {
+    // Move the fresh gradient into the bucket's staging buffer and free it.
+    torch::NoGradGuard no_grad;
+    auto& p = params_[i];
+    const ParamSlot& s = layout_.params[i];
+    ZT_CHECK_T(!launched_[s.bucket], TrainingError, "a gradient of parameter ", user_index_[i],
+               " (shape ", p.sizes(), ") arrived after its bucket was reduced: the parameter was used twice "
+               "in one backward across a re-entrant boundary, which ZeRO stage 2 cannot reduce");
+    auto& stage = staging_[s.bucket];
+    if (!stage.defined()) stage = torch::zeros({layout_.buckets[s.bucket].numel}, flat_param_.options());
+    const Bucket& B = layout_.buckets[s.bucket];
+    stage.narrow(0, s.offset - B.offset, s.numel).copy_(p.grad().reshape(-1));
+    p.mutable_grad().reset();
+  }
+  if (!reducing_) return;
+  const int b = layout_.params[i].bucket;
+  if (--pending_[b] == 0) launch_bucket(b);
+}
+
+void ZeroOptimizer::launch_bucket(int b) {
+  launched_[b] = true;
+  ++buckets_launched_;
+  if (in_backward_) ++buckets_in_backward_;
+  const double pre = opt_.prescale_gradients ? opt_.gradient_predivide_factor : 1.0;
+  // Averaging: plain mean (avg) unless gradients are prescaled (DeepSpeed:
+  // divide by predivide_factor before the sum, multiply by predivide/world after).
+  const comm::ReduceOp op = opt_.prescale_gradients ? comm::ReduceOp::kSum : comm::ReduceOp::kAvg;
+  torch::NoGradGuard no_grad;
+  if (opt_.stage == 0) {
+    auto t = bucket_view(flat_grad_, b);
+    if (pre != 1.0) t.div_(pre);
+    works_.push_back(group_->all_reduce(t, op, /*async=*/true));
+    return;
+  }
+  // Stage 2: reduce-scatter the staged bucket into this rank's gradient shard.
+  auto& stage = staging_[b];
+  if (!stage.defined()) stage = torch::zeros({layout_.buckets[b].numel}, flat_param_.options());
+  if (pre != 1.0) stage.div_(pre);
+  auto dst = owned_view(grad_shard_, b);
+  torch::Tensor out = first_micro_ ? dst : torch::empty_like(dst);
+  works_.push_back(group_->reduce_scatter(out, stage, op, /*async=*/true));
+  if (!first_micro_) deferred_[b] = out;
+  stage = torch::Tensor();  // the group keeps it alive until the collective is done
+}
+
+double ZeroOptimizer::end_backward() {
+  in_backward_ = false;
+  torch::NoGradGuard no_grad;
+  if (reducing_) {
+    // Buckets whose parameters got no gradient in this backward (unused parameters):
+    // their gradient is zero; reduce them so every rank issues the same collectives.
+    for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+      if (!launched_[b]) launch_bucket(static_cast<int>(b));
+    }
+  }
+  auto start = std::chrono::steady_clock::now();
+#ifdef ZT_WITH_CUDA
+  std::optional<at::cuda::CUDAEvent> before, after;
+  if (opt_.device.is_cuda() && !works_.empty()) {
+    before.emplace(cudaEventDefault);
+    before->record(at::cuda::getCurrentCUDAStream(opt_.device.index()));
+  }
+#endif
+  for (auto& w : works_) w->wait();
+  works_.clear();
+  double exposed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+#ifdef ZT_WITH_CUDA
+  if (before) {
+    after.emplace(cudaEventDefault);
+    after->record(at::cuda::getCurrentCUDAStream(opt_.device.index()));
+    after->synchronize();
+    exposed_ms = before->elapsed_time(*after);
+  }
+#endif
+  const double post = opt_.prescale_gradients ? opt_.gradient_predivide_factor / world_ : 1.0;
+  for (size_t b = 0; b < deferred_.size(); ++b) {
+    if (deferred_[b].defined()) {
+      if (post != 1.0) deferred_[b].mul_(post);
+      owned_view(grad_shard_, b).add_(deferred_[b]);
+      deferred_[b] = torch::Tensor();
+    } else if (reducing_ && opt_.stage == 2 && first_micro_ && post != 1.0) {
+      owned_view(grad_shard_, b).mul_(post);
+    }
+  }
+  if (reducing_ && opt_.stage == 0 && post != 1.0) flat_grad_.mul_(post);
+  return exposed_ms;
+}
+
+torch::Tensor ZeroOptimizer::owned_grad_fp32() {
+  if (opt_.stage == 2) return grad_shard_.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+  if (owns_all_) return flat_grad_.to(at::kFloat, false, true);
+  auto g = torch::empty({layout_.shard_numel}, master_.options());
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) owned_view(g, b).copy_(shard_view(flat_grad_, b));
+  return g;
+}
+
+StepOutcome ZeroOptimizer::step(const StepInputs& in) {
+  torch::NoGradGuard no_grad;
+  StepOutcome out;
+  const double pre = opt_.prescale_gradients ? opt_.gradient_predivide_factor : 1.0;
+  const comm::ReduceOp op = opt_.prescale_gradients ? comm::ReduceOp::kSum : comm::ReduceOp::kAvg;
+  // Stage 0 without overlap (or a single rank): all-reduce now; stage 1: reduce-scatter.
+  if (world_ > 1 && (opt_.stage == 1 || (opt_.stage == 0 && !reducing_))) {
+    if (pre != 1.0) flat_grad_.div_(pre);
+    for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+      auto full = bucket_view(flat_grad_, b);
+      if (opt_.stage == 0) {
+        works_.push_back(group_->all_reduce(full, op, true));
+      } else {
+        auto mine = shard_view(flat_grad_, b);
+        works_.push_back(group_->reduce_scatter(mine, full, op, true));
+      }
+    }
+    for (auto& w : works_) w->wait();
+    works_.clear();
+    if (pre != 1.0) flat_grad_.mul_(pre / world_);
+  }
+
+  auto g = owned_grad_fp32();  // (owned) fp32
+  if (in.loss_scale != 1.0) g.mul_(1.0 / in.loss_scale);
+  // One number carries both the overflow check and the clipping norm: the sum of squares
+  // is inf/NaN exactly when some gradient is.
+  auto sq = g.square().sum().to(at::kDouble).reshape({1});
+  if (!owns_all_ && world_ > 1) group_->all_reduce(sq, comm::ReduceOp::kSum);
+  const double total_sq = sq.item<double>();
+  if (!std::isfinite(total_sq)) {
+    out.overflow = true;
+    return out;
+  }
+  out.grad_norm = std::sqrt(total_sq);
+  if (in.clip > 0) {
+    const double coef = in.clip / (out.grad_norm + 1e-6);
+    if (coef < 1.0) g.mul_(coef);
+  }
+  apply_optimizer(g, in);
+  refresh_params();
+  return out;
+}
+
+void ZeroOptimizer::apply_optimizer(torch::Tensor& g, const StepInputs& in) {
+  const auto& P = opt_.optimizer.params;
+  const std::string type = lower(opt_.optimizer.type);
+  if (type == "sgd") {
+    const double mom = in.momentum.value_or(P.momentum);
+    if (P.weight_decay != 0) g.add_(master_, P.weight_decay);
+    if (momentum_buf_.defined()) {
+      if (in.step == 1) {
+        momentum_buf_.copy_(g);
+      } else {
+        momentum_buf_.mul_(mom).add_(g, 1.0 - P.dampening);
+      }
+      if (P.nesterov) {
+        g.add_(momentum_buf_, mom);
+      } else {
+        g = momentum_buf_;
+      }
+    }
+    master_.add_(g, -in.lr);
+    return;
+  }
+  // Adam / AdamW (adam_w_mode: decoupled weight decay).
+  const bool adamw = type == "adamw" || P.adam_w_mode;
+  const double beta1 = in.momentum.value_or(P.betas[0]);
+  const double beta2 = P.betas[1];
+  if (P.bias_correction) {
+    step_t_.fill_(static_cast<double>(in.step));
+    std::vector<at::Tensor> ps{master_}, gs{g}, ms{exp_avg_}, vs{exp_avg_sq_}, steps{step_t_};
+    if (adamw) {
+      at::_fused_adamw_(ps, gs, ms, vs, {}, steps, in.lr, beta1, beta2, P.weight_decay, P.eps, false, false);
+    } else {
+      at::_fused_adam_(ps, gs, ms, vs, {}, steps, in.lr, beta1, beta2, P.weight_decay, P.eps, false, false);
+    }
+    return;
+  }
+  if (adamw) {
+    master_.mul_(1.0 - in.lr * P.weight_decay);
+  } else if (P.weight_decay != 0) {
+    g.add_(master_, P.weight_decay);
+  }
+  exp_avg_.lerp_(g, 1.0 - beta1);
+  exp_avg_sq_.mul_(beta2).addcmul_(g, g, 1.0 - beta2);
+  master_.addcdiv_(exp_avg_, exp_avg_sq_.sqrt().add_(P.eps), -in.lr);
+}
+
+void ZeroOptimizer::refresh_params() {
+  // Cast the updated fp32 shard into the compute-dtype parameters.
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    (owns_all_ ? bucket_view(flat_param_, b) : shard_view(flat_param_, b)).copy_(owned_view(master_, b));
+  }
+  if (owns_all_ || world_ == 1) return;
+  // Stages 1-2: all-gather every bucket in place, at most allgather_bucket_size elements
+  // in flight at once.
+  int64_t in_flight = 0;
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    auto full = bucket_view(flat_param_, b);
+    auto mine = shard_view(flat_param_, b);
+    if (in_flight > 0 && in_flight + full.numel() > opt_.allgather_bucket_numel) {
+      for (auto& w : works_) w->wait();
+      works_.clear();
+      in_flight = 0;
+    }
+    works_.push_back(group_->all_gather(full, mine, true));
+    in_flight += full.numel();
+  }
+  for (auto& w : works_) w->wait();
+  works_.clear();
+}
+
+void ZeroOptimizer::zero_grad() {
+  torch::NoGradGuard no_grad;
+  if (flat_grad_.defined()) {
+    flat_grad_.zero_();
+    // Re-attach the views in case user code replaced or reset a .grad.
+    for (size_t i = 0; i < params_.size(); ++i) {
+      auto& g = params_[i].mutable_grad();
+      auto view = flat_grad_.narrow(0, layout_.params[i].offset, layout_.params[i].numel);
+      if (!g.defined() || g.data_ptr() != view.data_ptr()) g = view.view(params_[i].sizes());
+    }
+  }
+  if (grad_shard_.defined()) grad_shard_.zero_();
+}
+
+ModelStateBytes ZeroOptimizer::state_bytes() const {
+  auto nb = [](const torch::Tensor& t) -> int64_t { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; };
+  ModelStateBytes m;
+  m.params = nb(flat_param_);
+  m.grads = nb(flat_grad_) + nb(grad_shard_);
+  m.master = nb(master_);
+  m.optimizer = nb(exp_avg_) + nb(exp_avg_sq_) + nb(momentum_buf_);
+  return m;
+}
+
+std::vector<torch::Tensor> ZeroOptimizer::gather_master_params() {
+  torch::NoGradGuard no_grad;
+  torch::Tensor full;
+  if (owns_all_) {
+    full = master_;
+  } else {
+    full = torch::empty({layout_.total_numel}, master_.options());
+    for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+      auto out = bucket_view(full, b);
+      auto in = owned_view(master_, b).clone();
+      group_->all_gather(out, in);
+    }
+  }
+  std::vector<torch::Tensor> result(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    result[user_index_[i]] =
+        full.narrow(0, layout_.params[i].offset, layout_.params[i].numel).view(params_[i].sizes()).clone();
+  }
+  return result;
+}
+
+}  // namespace zt::zero
