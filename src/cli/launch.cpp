@@ -47,6 +47,25 @@ bool on_path(const std::string& prog) {
   return false;
 }
 
+// The program a rank would exec: a path (with '/') must be an executable file, a bare
+// name must be on PATH. Checked here so a typo gives one clear line instead of N
+// failing ranks.
+void check_runnable(const std::string& prog) {
+  if (prog.find('/') != std::string::npos) {
+    ZT_CHECK(access(prog.c_str(), X_OK) == 0, "launch: cannot run '", prog, "': no such executable file (",
+             std::strerror(errno), ")");
+  } else {
+    ZT_CHECK(on_path(prog), "launch: cannot run '", prog, "': not found on PATH (give a path, e.g. ./", prog, ")");
+  }
+}
+
+// "-n" values: a whole positive number, nothing else.
+int parse_nproc(const char* v) {
+  char* end = nullptr;
+  long n = std::strtol(v, &end, 10);
+  return (end != v && *end == '\0' && n >= 1 && n <= 1 << 20) ? static_cast<int>(n) : -1;
+}
+
 void launch_usage(std::FILE* out) {
   std::fprintf(out,
                "usage: zerotrain launch -n N [--] PROGRAM [ARGS...]\n\n"
@@ -54,7 +73,7 @@ void launch_usage(std::FILE* out) {
                "RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE; rank r uses GPU r when GPUs\n"
                "exist. Output lines are prefixed with [rank r]. If a rank fails, the others are\n"
                "ended and launch exits non-zero naming the rank and its exit code.\n"
-               "Multi-node: use mpirun or srun directly (see README).\n");
+               "Multi-node: use mpirun or srun directly (see docs/comm.md).\n");
 }
 
 }  // namespace
@@ -68,10 +87,11 @@ int cmd_launch(int argc, char** argv) {
       launch_usage(stdout);
       return 0;
     } else if (a == "-n" || a == "--nproc") {
+      if (i + 1 >= argc) launch_usage(stderr);
       ZT_CHECK(i + 1 < argc, "launch: -n needs a number");
-      n = std::atoi(argv[++i]);
+      n = parse_nproc(argv[++i]);
     } else if (a.rfind("-n", 0) == 0 && a.size() > 2 && a[2] != '-') {
-      n = std::atoi(a.c_str() + 2);
+      n = parse_nproc(a.c_str() + 2);
     } else if (a == "--") {
       ++i;
       break;
@@ -82,8 +102,10 @@ int cmd_launch(int argc, char** argv) {
       break;
     }
   }
+  if (n < 1 || i >= argc) launch_usage(stderr);
   ZT_CHECK(n >= 1, "launch: give the number of ranks with -n N (N >= 1)");
   ZT_CHECK(i < argc, "launch: no program given (zerotrain launch -n N -- PROGRAM ARGS...)");
+  check_runnable(argv[i]);
   ZT_CHECK(on_path("mpirun"), "launch: mpirun (OpenMPI) not found on PATH: run `make setup` or install openmpi-bin");
 
   // NVLink multicast stays off in every rank (it can take a shared host's GPUs down).

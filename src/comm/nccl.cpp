@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <thread>
 
@@ -50,10 +51,24 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
+// The communicator handle, shared by NcclCommImpl and its works: a Work may outlive the
+// Group, and after ncclCommAbort (which frees the communicator) nobody may touch the
+// handle again, ncclCommDestroy included.
+struct NcclHandle {
+  explicit NcclHandle(ncclComm_t c) : comm(c) {}
+  ~NcclHandle() {
+    if (comm != nullptr && !aborted) ncclCommDestroy(comm);
+  }
+  NcclHandle(const NcclHandle&) = delete;
+  NcclHandle& operator=(const NcclHandle&) = delete;
+  ncclComm_t comm;
+  std::atomic<bool> aborted{false};
+};
+
 class NcclWork : public Work {
  public:
-  NcclWork(ncclComm_t comm, int device, std::string what, std::chrono::milliseconds timeout)
-      : comm_(comm), device_(device), what_(std::move(what)), timeout_(timeout) {}
+  NcclWork(std::shared_ptr<NcclHandle> h, int device, std::string what, std::chrono::milliseconds timeout)
+      : h_(std::move(h)), device_(device), what_(std::move(what)), timeout_(timeout) {}
   at::cuda::CUDAEvent& done() { return done_; }
   void wait() override {
     c10::cuda::CUDAGuard g(device_);
@@ -63,13 +78,16 @@ class NcclWork : public Work {
   void synchronize() override {
     auto start = std::chrono::steady_clock::now();
     while (!done_.query()) {
+      ZT_CHECK_T(!h_->aborted, CommError, what_, ": the NCCL communicator was aborted after an earlier timeout");
       ncclResult_t async_err = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async_err);
+      ncclCommGetAsyncError(h_->comm, &async_err);
       if (async_err != ncclSuccess && async_err != ncclInProgress) {
+        note_comm_failure();
         throw CommError(detail::cat(what_, " failed asynchronously in NCCL: ", ncclGetErrorString(async_err)));
       }
       if (std::chrono::steady_clock::now() - start > timeout_) {
-        ncclCommAbort(comm_);
+        if (!h_->aborted.exchange(true)) ncclCommAbort(h_->comm);
+        note_comm_failure();
         throw CommError(detail::cat(what_, " timed out after ", timeout_.count() / 1000.0,
                                     " s: a peer rank did not join this collective; the NCCL communicator was "
                                     "aborted. Raise the limit with ZT_COMM_TIMEOUT=<seconds> if a rank is just slow."));
@@ -79,7 +97,7 @@ class NcclWork : public Work {
   }
 
  private:
-  ncclComm_t comm_;
+  std::shared_ptr<NcclHandle> h_;
   int device_;
   std::string what_;
   std::chrono::milliseconds timeout_;
@@ -89,23 +107,23 @@ class NcclWork : public Work {
 class NcclCommImpl : public NcclComm {
  public:
   NcclCommImpl(ncclComm_t c, int device, std::chrono::milliseconds timeout)
-      : comm_(c), device_(device), timeout_(timeout), stream_(c10::cuda::getStreamFromPool(true, device)) {}
-  ~NcclCommImpl() override {
-    if (comm_) ncclCommDestroy(comm_);
-  }
+      : h_(std::make_shared<NcclHandle>(c)), comm_(c), device_(device), timeout_(timeout),
+        stream_(c10::cuda::getStreamFromPool(true, device)) {}
   int device() const override { return device_; }
+  bool aborted() const override { return h_->aborted; }
   void set_timeout(std::chrono::milliseconds t) override { timeout_ = t; }
 
   // Orders the comm stream after the caller's stream, runs `launch`, records done.
   template <typename Launch>
   WorkPtr run(const std::string& what, std::initializer_list<at::Tensor> tensors, bool async, Launch launch) {
+    ZT_CHECK_T(!h_->aborted, CommError, what, ": the NCCL communicator was aborted after an earlier timeout");
     c10::cuda::CUDAGuard g(device_);
     auto cur = at::cuda::getCurrentCUDAStream(device_);
     at::cuda::CUDAEvent ready(cudaEventDisableTiming);
     ready.record(cur);
     ready.block(stream_);
     ZT_NCCL_CHECK(launch(stream_.stream()), what);
-    auto w = std::make_shared<NcclWork>(comm_, device_, what, timeout_);
+    auto w = std::make_shared<NcclWork>(h_, device_, what, timeout_);
     w->done().record(stream_);
     for (const auto& t : tensors) t.record_stream(stream_);
     if (!async) w->wait();
@@ -152,7 +170,8 @@ class NcclCommImpl : public NcclComm {
   }
 
  private:
-  ncclComm_t comm_;
+  std::shared_ptr<NcclHandle> h_;
+  ncclComm_t comm_;  // == h_->comm, valid while !h_->aborted
   int device_;
   std::chrono::milliseconds timeout_;
   c10::cuda::CUDAStream stream_;
@@ -161,17 +180,45 @@ class NcclCommImpl : public NcclComm {
 }  // namespace
 
 std::unique_ptr<NcclComm> NcclComm::create(MPI_Comm mpi_comm, int rank, int size, int device,
-                                           const std::string& name, std::chrono::milliseconds timeout) {
+                                           const std::string& what, std::chrono::milliseconds timeout) {
   // NVLink multicast (NVLS) stays off: it can take a shared host's GPUs out of service.
   setenv("NCCL_NVLS_ENABLE", "0", 1);
-  ncclUniqueId id;
-  if (rank == 0) ZT_NCCL_CHECK(ncclGetUniqueId(&id), "ncclGetUniqueId for group '" + name + "'");
-  int rc = MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, mpi_comm);
-  ZT_CHECK_T(rc == MPI_SUCCESS, CommError, "broadcast of the NCCL unique id for group '", name, "' failed");
+  // Heap-allocated: if the broadcast times out, MPI may still write it later (leaked then).
+  auto id = std::make_unique<ncclUniqueId>();
+  if (rank == 0) ZT_NCCL_CHECK(ncclGetUniqueId(id.get()), "ncclGetUniqueId for " + what);
+  // Non-blocking MPI calls polled against the deadline: a peer that never issues its
+  // first CUDA collective must give a CommError, not a hang (blocking MPI calls and
+  // ncclCommInitRank have no timeout). The barrier makes sure every rank holds the id
+  // before any rank enters the blocking ncclCommInitRank (the root's broadcast may
+  // complete before the others have joined).
+  auto start = std::chrono::steady_clock::now();
+  auto wait_for = [&](MPI_Request req, const char* step) {
+    for (int done = 0; !done;) {
+      int rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+      ZT_CHECK_T(rc == MPI_SUCCESS, CommError, step, " for ", what, " failed in MPI (code ", rc, ")");
+      if (done) break;
+      if (std::chrono::steady_clock::now() - start > timeout) {
+        (void)id.release();  // intentional leak, see above
+        note_comm_failure();
+        throw CommError(detail::cat(what, " timed out after ", timeout.count() / 1000.0,
+                                    " s while setting up NCCL (", step, "): a peer rank did not join its first CUDA "
+                                    "collective (it exited, hung, or issued a different collective). Raise the limit "
+                                    "with ZT_COMM_TIMEOUT=<seconds> if a rank is just slow."));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  };
+  MPI_Request req = MPI_REQUEST_NULL;
+  int rc = MPI_Ibcast(id.get(), sizeof(ncclUniqueId), MPI_BYTE, 0, mpi_comm, &req);
+  ZT_CHECK_T(rc == MPI_SUCCESS, CommError, "broadcast of the NCCL unique id for ", what, " failed");
+  wait_for(req, "broadcast of the NCCL unique id");
+  rc = MPI_Ibarrier(mpi_comm, &req);
+  ZT_CHECK_T(rc == MPI_SUCCESS, CommError, "barrier before ncclCommInitRank for ", what, " failed");
+  wait_for(req, "barrier before ncclCommInitRank");
   c10::cuda::CUDAGuard g(device);
   ncclComm_t comm = nullptr;
-  ZT_NCCL_CHECK(ncclCommInitRank(&comm, size, id, rank), detail::cat("ncclCommInitRank (group '", name, "', rank ",
-                                                                     rank, " of ", size, ", cuda:", device, ")"));
+  ZT_NCCL_CHECK(ncclCommInitRank(&comm, size, *id, rank),
+                detail::cat("ncclCommInitRank for ", what, " (rank ", rank, " of ", size, ", cuda:", device, ")"));
   return std::make_unique<NcclCommImpl>(comm, device, timeout);
 }
 

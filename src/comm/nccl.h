@@ -15,11 +15,16 @@ class NcclComm {
  public:
   virtual ~NcclComm() = default;
 #ifdef ZT_WITH_CUDA
-  // Collective over `mpi_comm`: rank 0 makes the NCCL unique id, MPI broadcasts it.
+  // Collective over `mpi_comm`: rank 0 makes the NCCL unique id, MPI broadcasts it
+  // (within `timeout`: a peer that never gets here gives CommError, not a hang).
+  // `what` names the collective that needs the communicator, for error messages.
   static std::unique_ptr<NcclComm> create(MPI_Comm mpi_comm, int rank, int size, int device,
-                                          const std::string& name, std::chrono::milliseconds timeout);
+                                          const std::string& what, std::chrono::milliseconds timeout);
 #endif
   virtual int device() const = 0;
+  // True once a timed-out Work::synchronize() aborted the communicator; it then refuses
+  // new collectives.
+  virtual bool aborted() const = 0;
   virtual void set_timeout(std::chrono::milliseconds t) = 0;
   virtual WorkPtr all_reduce(at::Tensor& t, ReduceOp op, bool async, const std::string& what) = 0;
   virtual WorkPtr reduce_scatter(at::Tensor& out, const at::Tensor& in, ReduceOp op, bool async,
@@ -28,5 +33,9 @@ class NcclComm {
   virtual WorkPtr broadcast(at::Tensor& t, int root, bool async, const std::string& what) = 0;
   virtual WorkPtr all_to_all(at::Tensor& out, const at::Tensor& in, bool async, const std::string& what) = 0;
 };
+
+// Records that a collective failed, so finalize() skips MPI_Finalize (it would wait for
+// peers that may be gone). Defined in group.cpp.
+void note_comm_failure();
 
 }  // namespace zt::comm

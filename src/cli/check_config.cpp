@@ -1,0 +1,149 @@
+// zerotrain check-config CONFIG.json [--world N]: validates a DeepSpeed config the way
+// zerotrain reads it and prints it resolved (stdout: pretty JSON, every default filled;
+// stderr: batch sizes, precision, "auto" keys, settings not supported yet).
+// Exit 0: valid and runnable; 1: errors or settings not supported yet; 2: bad usage.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "zerotrain/config.h"
+#include "zerotrain/error.h"
+
+namespace zt::cli {
+namespace {
+
+void usage(std::FILE* out) {
+  std::fprintf(out,
+               "usage: zerotrain check-config CONFIG.json [--world N]\n\n"
+               "Validates a DeepSpeed JSON config and prints it resolved: every key with the value\n"
+               "zerotrain uses (DeepSpeed's defaults filled, batch sizes derived for N data-parallel\n"
+               "ranks). Errors name the key path and the fix. Keys left as \"auto\" for the launcher\n"
+               "(batch sizes, gradient_clipping) are reported and shown as \"auto\".\n\n"
+               "options:\n"
+               "  --world N   data-parallel world size used to derive batch sizes (default 1)\n"
+               "  --help      this text\n\n"
+               "exit status: 0 valid, 1 errors or settings not supported yet, 2 bad usage\n");
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& i : items) out += (out.empty() ? "" : ", ") + i;
+  return out;
+}
+
+nlohmann::json::json_pointer pointer(const std::string& dotted) {
+  std::string p;
+  size_t start = 0;
+  while (true) {
+    size_t dot = dotted.find('.', start);
+    p += "/" + dotted.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return nlohmann::json::json_pointer(p);
+}
+
+const char* dtype_name(const Config& c) {
+  if (c.fp16.enabled) return "fp16 compute, fp32 master weights";
+  if (c.bf16.enabled) return "bf16 compute, fp32 master weights";
+  return "fp32";
+}
+
+}  // namespace
+
+int cmd_check_config(int argc, char** argv) {
+  std::string path;
+  int world = 1;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      usage(stdout);
+      return 0;
+    }
+    std::string value;
+    if (a == "--world" || a == "-n") {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "check-config: %s needs a number\n", a.c_str());
+        return 2;
+      }
+      value = argv[++i];
+    } else if (a.rfind("--world=", 0) == 0) {
+      value = a.substr(8);
+    } else if (!a.empty() && a[0] == '-') {
+      std::fprintf(stderr, "check-config: unknown option '%s'\n\n", a.c_str());
+      usage(stderr);
+      return 2;
+    } else if (path.empty()) {
+      path = a;
+      continue;
+    } else {
+      std::fprintf(stderr, "check-config: one config at a time ('%s' and '%s')\n", path.c_str(), a.c_str());
+      return 2;
+    }
+    char* end = nullptr;
+    long n = std::strtol(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || n < 1 || n > 1 << 20) {
+      std::fprintf(stderr, "check-config: --world takes a positive integer, got '%s'\n", value.c_str());
+      return 2;
+    }
+    world = static_cast<int>(n);
+  }
+  if (path.empty()) {
+    usage(stderr);
+    return 2;
+  }
+
+  nlohmann::json json = Config::read_json_file(path);
+  ZT_CHECK_T(json.is_object(), ConfigError, path, ": a DeepSpeed config is a JSON object ({...})");
+  // "auto" keys that need a value from the launcher get placeholders so that everything
+  // else can still be checked; they print as "auto".
+  std::vector<std::string> left, defaulted;
+  nlohmann::json probe = json;
+  for (const auto& a : Config::auto_keys(json)) {
+    if (!a.needs_value) continue;
+    left.push_back(a.path);
+    if (a.path.find('.') == std::string::npos) {
+      probe.erase(a.path);
+    } else {
+      probe[pointer(a.path)] = 1;
+    }
+  }
+  if (!probe.contains("train_batch_size") && !probe.contains("train_micro_batch_size_per_gpu") && !left.empty())
+    probe["train_micro_batch_size_per_gpu"] = 1;
+  bool batch_left = false;
+  for (const auto& k : left)
+    batch_left = batch_left || k == "train_batch_size" || k == "train_micro_batch_size_per_gpu" ||
+                 k == "gradient_accumulation_steps";
+
+  Config c = Config::parse(probe, world, path);
+  nlohmann::json out = c.to_json();
+  for (const auto& k : left) out[pointer(k)] = "auto";
+  std::printf("%s\n", out.dump(2).c_str());
+
+  if (batch_left) {
+    std::fprintf(stderr, "batch: not resolved (\"auto\"): filled by zerotrain train from its flags\n");
+  } else {
+    std::fprintf(stderr,
+                 "batch: train_batch_size %lld = train_micro_batch_size_per_gpu %lld x "
+                 "gradient_accumulation_steps %lld x world size %d\n",
+                 static_cast<long long>(c.train_batch_size), static_cast<long long>(c.train_micro_batch_size_per_gpu),
+                 static_cast<long long>(c.gradient_accumulation_steps), world);
+  }
+  std::fprintf(stderr, "precision: %s; ZeRO stage %lld\n", dtype_name(c),
+               static_cast<long long>(c.zero_optimization.stage));
+  if (!left.empty()) std::fprintf(stderr, "\"auto\" keys left for the launcher: %s\n", join(left).c_str());
+  if (!c.auto_defaulted.empty())
+    std::fprintf(stderr, "\"auto\" keys that took DeepSpeed's default: %s\n", join(c.auto_defaulted).c_str());
+  if (!c.not_supported_yet.empty()) {
+    std::fprintf(stderr, "%s: %zu setting%s not supported yet by zerotrain:\n", path.c_str(),
+                 c.not_supported_yet.size(), c.not_supported_yet.size() == 1 ? "" : "s");
+    for (const auto& m : c.not_supported_yet) std::fprintf(stderr, "  - %s\n", m.c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "OK: %s is valid for zerotrain (world size %d)\n", path.c_str(), world);
+  return 0;
+}
+
+}  // namespace zt::cli

@@ -1,0 +1,298 @@
+// `zerotrain train`: GPT-2 on a text file or random tokens, through the engine.
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "cli/commands.h"
+#include "data/loader.h"
+#include "data/sampler.h"
+#include "data/token_dataset.h"
+#include "models/gpt2.h"
+#include "zerotrain/comm.h"
+#include "zerotrain/config.h"
+#include "zerotrain/engine.h"
+#include "zerotrain/error.h"
+
+namespace zt::cli {
+namespace {
+
+const char* kTrainUsage =
+    "usage: zerotrain train --config CONFIG.json --model NAME [options]\n\n"
+    "  --model NAME        gpt2-tiny | gpt2 | gpt2-medium | gpt2-large | gpt2-xl\n"
+    "  --layers/--embd/--heads/--vocab N   override the named size\n"
+    "  --data PATH|random  a text file (byte tokens) or random tokens (default: random)\n"
+    "  --steps N           optimizer steps (default 20)\n"
+    "  --seq N             sequence length (default: min(1024, model positions))\n"
+    "  --micro-batch N     fills train_micro_batch_size_per_gpu when the config says \"auto\" or omits it\n"
+    "  --grad-accum N      fills gradient_accumulation_steps when \"auto\"\n"
+    "  --clip X            fills gradient_clipping when \"auto\" (default 1.0)\n"
+    "  --checkpoint-activations   recompute each block in backward (activation_checkpointing section applies)\n"
+    "  --metrics PATH      JSON lines, one object per step (rank 0)\n"
+    "  --summary PATH      one JSON object with the run's totals (rank 0)\n"
+    "  --print-every N     print 'Epoch E, Step S, Loss: L' every N steps (default: steps_per_print)\n"
+    "  --warmup N          steps left out of the throughput figures (default 2)\n"
+    "  --peak-tflops X     per-device peak for MFU (default: 989 on H100/H200, else none)\n"
+    "  --seed N            model init and data order (default 1234)\n"
+    "Run N ranks with: zerotrain launch -n N -- zerotrain train ...\n";
+
+struct Args {
+  std::string config, model = "gpt2-tiny", data = "random", metrics, summary;
+  int64_t steps = 20, seq = 0, micro = 0, accum = 0, layers = 0, embd = 0, heads = 0, vocab = 0, print_every = 0,
+          warmup = 2, seed = 1234;
+  double clip = 1.0, peak_tflops = -1;
+  bool checkpoint = false;
+  bool help = false;
+};
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  auto need = [&](int& i) -> std::string {
+    ZT_CHECK_T(i + 1 < argc, ConfigError, "train: ", argv[i], " needs a value");
+    return argv[++i];
+  };
+  auto num = [&](int& i) -> int64_t {
+    std::string flag = argv[i], v = need(i);
+    try {
+      size_t pos = 0;
+      double d = std::stod(v, &pos);
+      ZT_CHECK_T(pos == v.size() && d >= 0 && d == static_cast<double>(static_cast<int64_t>(d)), ConfigError, "x");
+      return static_cast<int64_t>(d);
+    } catch (const std::exception&) {
+      throw ConfigError("train: " + flag + " needs a non-negative integer, got '" + v + "'");
+    }
+  };
+  for (int i = 1; i < argc; ++i) {
+    std::string f = argv[i];
+    if (f == "-h" || f == "--help") {
+      a.help = true;
+      return a;
+    } else if (f == "--config") a.config = need(i);
+    else if (f == "--model") a.model = need(i);
+    else if (f == "--data") a.data = need(i);
+    else if (f == "--metrics") a.metrics = need(i);
+    else if (f == "--summary") a.summary = need(i);
+    else if (f == "--steps") a.steps = num(i);
+    else if (f == "--seq") a.seq = num(i);
+    else if (f == "--micro-batch") a.micro = num(i);
+    else if (f == "--grad-accum") a.accum = num(i);
+    else if (f == "--layers") a.layers = num(i);
+    else if (f == "--embd") a.embd = num(i);
+    else if (f == "--heads") a.heads = num(i);
+    else if (f == "--vocab") a.vocab = num(i);
+    else if (f == "--print-every") a.print_every = num(i);
+    else if (f == "--warmup") a.warmup = num(i);
+    else if (f == "--seed") a.seed = num(i);
+    else if (f == "--clip") a.clip = std::stod(need(i));
+    else if (f == "--peak-tflops") a.peak_tflops = std::stod(need(i));
+    else if (f == "--checkpoint-activations") a.checkpoint = true;
+    else throw ConfigError("train: unknown option '" + f + "' (see zerotrain train --help)");
+  }
+  ZT_CHECK_T(!a.config.empty(), ConfigError, "train: --config CONFIG.json is required (see zerotrain train --help)");
+  ZT_CHECK_T(a.steps >= 1, ConfigError, "train: --steps must be at least 1");
+  return a;
+}
+
+// Fills the top-level "auto" keys (as Hugging Face's trainer does) from the flags.
+void fill_auto(nlohmann::json& j, const Args& a) {
+  auto is_auto = [&](const char* k) { return j.contains(k) && j[k].is_string() && j[k] == "auto"; };
+  if (is_auto("train_micro_batch_size_per_gpu") ||
+      (!j.contains("train_micro_batch_size_per_gpu") && !j.contains("train_batch_size"))) {
+    j["train_micro_batch_size_per_gpu"] = a.micro > 0 ? a.micro : 8;
+  } else if (a.micro > 0) {
+    j["train_micro_batch_size_per_gpu"] = a.micro;
+  }
+  if (is_auto("gradient_accumulation_steps")) j["gradient_accumulation_steps"] = a.accum > 0 ? a.accum : 1;
+  else if (a.accum > 0) j["gradient_accumulation_steps"] = a.accum;
+  if (is_auto("train_batch_size") || (a.micro > 0 || a.accum > 0)) j.erase("train_batch_size");
+  if (is_auto("gradient_clipping")) j["gradient_clipping"] = a.clip;
+}
+
+double detect_peak_tflops(const torch::Device& d) {
+#ifdef ZT_WITH_CUDA
+  if (d.is_cuda()) {
+    // H100/H200 SXM dense bf16 (and fp16) tensor-core peak.
+    return 989.0;
+  }
+#endif
+  return 0;
+}
+
+}  // namespace
+
+int cmd_train(int argc, char** argv) {
+  Args a = parse_args(argc, argv);
+  if (a.help) {
+    std::fputs(kTrainUsage, stdout);
+    return 0;
+  }
+  auto group = comm::world_group();
+  const int rank = group->rank(), world = group->size();
+
+  nlohmann::json j = Config::read_json_file(a.config);
+  fill_auto(j, a);
+  Config cfg = Config::from_json(j, world, a.config);
+
+  models::GPT2Config mc = models::named_gpt2(a.model);
+  if (a.layers) mc.n_layer = a.layers;
+  if (a.embd) mc.n_embd = a.embd;
+  if (a.heads) mc.n_head = a.heads;
+  if (a.vocab) mc.vocab_size = a.vocab;
+  const int64_t seq = a.seq > 0 ? a.seq : std::min<int64_t>(1024, mc.n_positions);
+  ZT_CHECK_T(seq <= mc.n_positions, ConfigError, "train: --seq ", seq, " exceeds the model's ", mc.n_positions,
+             " positions");
+  const bool text = a.data != "random";
+  ZT_CHECK_T(!text || mc.vocab_size >= 256, ConfigError, "train: a text file needs a vocabulary of at least 256 "
+             "(byte tokens); --vocab ", mc.vocab_size, " is too small");
+
+  torch::manual_seed(static_cast<uint64_t>(a.seed));
+  models::GPT2 model(mc);
+  if (a.checkpoint || cfg.activation_checkpointing.number_checkpoints || cfg.activation_checkpointing.cpu_checkpointing) {
+    model->set_activation_checkpointing(true, cfg.activation_checkpointing.number_checkpoints,
+                                        cfg.activation_checkpointing.cpu_checkpointing);
+  }
+  const double flops_per_token = model->flops_per_token(seq);
+
+  EngineOptions eo;
+  eo.metrics_path = a.metrics;
+  eo.flops_per_sample = flops_per_token * static_cast<double>(seq);
+  auto engine = initialize(model.ptr(), cfg, eo);
+  const torch::Device device = engine->device();
+  const double peak = a.peak_tflops >= 0 ? a.peak_tflops : detect_peak_tflops(device);
+
+  std::shared_ptr<const data::Dataset> ds;
+  if (text) ds = std::make_shared<data::TokenDataset>(a.data, seq);
+  else ds = std::make_shared<data::RandomTokenDataset>(mc.vocab_size, seq, static_cast<uint64_t>(a.seed));
+  data::DistributedSampler sampler(ds->size(), rank, world, /*shuffle=*/true, static_cast<uint64_t>(a.seed));
+  data::Loader loader(ds, sampler, cfg.train_micro_batch_size_per_gpu, device);
+
+  if (rank == 0) {
+    std::printf("[zerotrain] %s: %.1fM parameters (%lld layers, %lld embd, %lld heads, vocab %lld), seq %lld | "
+                "ZeRO stage %lld, %s, %d rank(s) on %s | batch %lld = micro %lld x accum %lld x %d ranks | data %s\n",
+                a.model.c_str(), model->num_params() / 1e6, static_cast<long long>(mc.n_layer),
+                static_cast<long long>(mc.n_embd), static_cast<long long>(mc.n_head),
+                static_cast<long long>(mc.vocab_size), static_cast<long long>(seq),
+                static_cast<long long>(cfg.zero_optimization.stage), c10::toString(engine->compute_dtype()), world,
+                device.str().c_str(), static_cast<long long>(cfg.train_batch_size),
+                static_cast<long long>(cfg.train_micro_batch_size_per_gpu),
+                static_cast<long long>(cfg.gradient_accumulation_steps), world, a.data.c_str());
+    std::fflush(stdout);
+  }
+
+  const int64_t print_every = a.print_every > 0 ? a.print_every : std::max<int64_t>(1, cfg.steps_per_print);
+  const double tokens_per_step = static_cast<double>(cfg.train_batch_size) * static_cast<double>(seq);
+  double timed_ms = 0, first_loss = 0, last_loss = 0;
+  int64_t timed_steps = 0;
+  PhaseStats peak_fwd, peak_bwd, peak_step;
+  std::map<std::string, double> phase_ms_sum{{"forward", 0}, {"backward", 0}, {"step", 0}};
+  for (int64_t s = 0; s < a.steps; ++s) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (int64_t k = 0; k < cfg.gradient_accumulation_steps; ++k) {
+      auto [x, y] = loader.next();
+      auto loss = engine->forward([&] { return model->loss(x, y); });
+      engine->backward(loss);
+      engine->step();
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const StepReport& r = engine->last_report();
+    if (s == 0) first_loss = r.loss;
+    last_loss = r.loss;
+    if (s >= a.warmup) {
+      timed_ms += ms;
+      ++timed_steps;
+      phase_ms_sum["forward"] += r.forward.ms;
+      phase_ms_sum["backward"] += r.backward.ms;
+      phase_ms_sum["step"] += r.step_phase.ms;
+    }
+    auto upd = [](PhaseStats& m, const PhaseStats& p) {
+      m.mem_peak = std::max(m.mem_peak, p.mem_peak);
+      m.mem_after = std::max(m.mem_after, p.mem_after);
+    };
+    upd(peak_fwd, r.forward);
+    upd(peak_bwd, r.backward);
+    upd(peak_step, r.step_phase);
+    if (rank == 0 && ((s + 1) % print_every == 0 || s == 0 || s + 1 == a.steps)) {
+      std::printf("Epoch %lld, Step %lld, Loss: %.6f  (%.1f ms, lr %.3g%s)\n",
+                  static_cast<long long>(loader.epoch() + 1), static_cast<long long>(s), r.loss, ms, r.lr,
+                  r.skipped ? ", skipped" : "");
+      std::fflush(stdout);
+    }
+  }
+
+  // Totals. Peak memory: max over ranks (one all-reduce).
+  auto mem = torch::tensor({peak_fwd.mem_peak, peak_bwd.mem_peak, peak_step.mem_peak, peak_fwd.mem_after,
+                            peak_bwd.mem_after, peak_step.mem_after},
+                           torch::kLong);
+  group->all_reduce(mem, comm::ReduceOp::kMax);
+  const double ms_per_iter = timed_steps ? timed_ms / timed_steps : 0;
+  const double tokens_per_s = ms_per_iter > 0 ? tokens_per_step / (ms_per_iter / 1000.0) : 0;
+  const double tflops = tokens_per_s * flops_per_token / world / 1e12;
+  const ModelStateBytes msb = engine->model_state_bytes();
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  if (rank == 0) {
+    auto m = mem.accessor<int64_t, 1>();
+    std::printf("\n[zerotrain] per-phase report (rank max; %lld timed steps after %lld warm-up)\n",
+                static_cast<long long>(timed_steps), static_cast<long long>(std::min(a.warmup, a.steps)));
+    std::printf("  phase     ms/step   peak GiB   after GiB\n");
+    const char* names[3] = {"forward", "backward", "step"};
+    for (int p = 0; p < 3; ++p) {
+      std::printf("  %-9s %7.2f   %8.3f   %9.3f\n", names[p], timed_steps ? phase_ms_sum[names[p]] / timed_steps : 0.0,
+                  m[p] / gib, m[p + 3] / gib);
+    }
+    std::printf("  model states per rank: params %.3f, grads %.3f, fp32 master %.3f, optimizer %.3f = %.3f GiB\n",
+                msb.params / gib, msb.grads / gib, msb.master / gib, msb.optimizer / gib, msb.total() / gib);
+    std::printf("  %.1f ms/iteration, %.0f tokens/s", ms_per_iter, tokens_per_s);
+    if (device.is_cuda()) {
+      std::printf(", %.1f TFLOP/s per GPU", tflops);
+      if (peak > 0) std::printf(", MFU %.1f%% (of %.0f TFLOP/s; 6N+12LCT FLOPs per token)", 100 * tflops / peak, peak);
+    }
+    std::printf("\n  loss %.4f -> %.4f (%.1f%% lower)\n", first_loss, last_loss,
+                first_loss > 0 ? 100 * (1 - last_loss / first_loss) : 0.0);
+    std::fflush(stdout);
+    if (!a.summary.empty()) {
+      nlohmann::json sj = {
+          {"framework", "zerotrain"},
+          {"model", a.model},
+          {"n_params", model->num_params()},
+          {"world", world},
+          {"stage", cfg.zero_optimization.stage},
+          {"dtype", c10::toString(engine->compute_dtype())},
+          {"micro_batch", cfg.train_micro_batch_size_per_gpu},
+          {"grad_accum", cfg.gradient_accumulation_steps},
+          {"seq", seq},
+          {"steps", a.steps},
+          {"timed_steps", timed_steps},
+          {"device", device.str()},
+          {"ms_per_iter", ms_per_iter},
+          {"tokens_per_s", tokens_per_s},
+          {"tflops_per_gpu", tflops},
+          {"mfu", peak > 0 ? tflops / peak : 0.0},
+          {"activation_checkpointing", model->activation_checkpointing()},
+          {"phase_ms",
+           {{"forward", timed_steps ? phase_ms_sum["forward"] / timed_steps : 0},
+            {"backward", timed_steps ? phase_ms_sum["backward"] / timed_steps : 0},
+            {"step", timed_steps ? phase_ms_sum["step"] / timed_steps : 0}}},
+          {"phase_mem_gib",
+           {{"forward", {{"peak", m[0] / gib}, {"after", m[3] / gib}}},
+            {"backward", {{"peak", m[1] / gib}, {"after", m[4] / gib}}},
+            {"step", {{"peak", m[2] / gib}, {"after", m[5] / gib}}}}},
+          {"peak_gib", std::max({m[0], m[1], m[2]}) / gib},
+          {"model_state_gib", msb.total() / gib},
+          {"loss_first", first_loss},
+          {"loss_last", last_loss},
+      };
+      std::ofstream f(a.summary, std::ios::app);
+      ZT_CHECK(f.good(), "cannot write ", a.summary);
+      f << sj.dump() << "\n";
+    }
+  }
+  engine.reset();
+  comm::finalize();
+  return 0;
+}
+
+}  // namespace zt::cli

@@ -1,0 +1,90 @@
+#include "models/checkpoint.h"
+
+#include "zerotrain/error.h"
+
+namespace zt::models {
+namespace {
+
+thread_local int t_recompute_depth = 0;
+
+// The autograd context stores IValues only; fn travels in a capsule.
+struct FnHolder : torch::CustomClassHolder {
+  explicit FnHolder(CheckpointFn f) : fn(std::move(f)) {}
+  CheckpointFn fn;
+};
+
+struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
+  // `anchor` is an empty tensor that requires grad when x does not: without
+  // it the output would not require grad, backward would never run, and the parameters
+  // inside fn would silently get no gradient (e.g. a frozen embedding feeding block 0).
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, torch::Tensor anchor,
+                               c10::intrusive_ptr<FnHolder> holder, bool cpu_checkpointing) {
+    // Function::apply already runs forward with grad mode off: fn saves no activations.
+    torch::Tensor y = holder->fn(x);
+    ctx->saved_data["fn"] = c10::IValue::make_capsule(holder);
+    ctx->saved_data["x_requires_grad"] = x.requires_grad();
+    if (cpu_checkpointing && x.is_cuda()) {
+      // Pinned destination + non_blocking: the D2H copy is queued on the current stream
+      // and the host does not wait; backward's H2D copy is queued on the same stream
+      // after it, so nobody reads the host copy before it is complete.
+      auto host = torch::empty(x.sizes(), x.options().device(torch::kCPU).pinned_memory(true));
+      host.copy_(x, /*non_blocking=*/true);
+      ctx->saved_data["x_host"] = host;
+      ctx->saved_data["x_device"] = c10::IValue(x.device());
+    } else {
+      ctx->save_for_backward({x});
+    }
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    if (!grad_out[0].defined()) return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    torch::Tensor x;
+    auto it = ctx->saved_data.find("x_host");
+    if (it != ctx->saved_data.end()) {
+      x = it->second.toTensor().to(ctx->saved_data["x_device"].toDevice(), /*non_blocking=*/true);
+    } else {
+      x = ctx->get_saved_variables()[0];
+    }
+    auto holder = ctx->saved_data["fn"].toCapsule();
+    auto* fn_holder = static_cast<FnHolder*>(holder.get());
+    const bool x_requires_grad = ctx->saved_data["x_requires_grad"].toBool();
+
+    torch::Tensor x_in = x.detach().requires_grad_(x_requires_grad);
+    torch::Tensor y;
+    {
+      torch::AutoGradMode grad_on(true);
+      ++t_recompute_depth;
+      try {
+        y = fn_holder->fn(x_in);
+      } catch (...) {
+        --t_recompute_depth;
+        throw;
+      }
+      --t_recompute_depth;
+    }
+    ZT_CHECK_T(y.requires_grad(), zt::InternalError,
+               "checkpointed function's recomputed output does not require grad: fn must depend on "
+               "its input or on parameters that require grad");
+    // Reentrant backward: accumulates into parameter .grad (firing their hooks) and into
+    // x_in.grad, which is this node's gradient for x.
+    torch::autograd::backward({y}, {grad_out[0]});
+    torch::Tensor gx = x_requires_grad ? x_in.grad() : torch::Tensor();
+    return {gx, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor checkpoint(const CheckpointFn& fn, const torch::Tensor& x, bool cpu_checkpointing) {
+  if (!torch::GradMode::is_enabled()) return fn(x);
+  auto holder = c10::make_intrusive<FnHolder>(fn);
+  // Always defined: the autograd node records metadata for every tensor input.
+  auto anchor = torch::empty({0}, x.options().requires_grad(!x.requires_grad()));
+  return CheckpointFunction::apply(x, anchor, holder, cpu_checkpointing);
+}
+
+bool in_checkpoint_recompute() { return t_recompute_depth > 0; }
+
+}  // namespace zt::models

@@ -1,0 +1,30 @@
+// Activation checkpointing for LibTorch, which has no torch.utils.checkpoint.
+//
+// checkpoint(fn, x) returns fn(x) but keeps only x for backward: forward runs fn with
+// grad disabled (no activations saved); backward re-runs fn on a detached copy of x with
+// grad enabled and back-propagates through it with torch::autograd::backward, so
+// parameter .grad accumulate and parameter hooks fire exactly as without checkpointing
+// (a ZeRO engine's gradient hooks rely on that). This is PyTorch's reentrant variant.
+//
+// Contract for fn: a deterministic function of x and module state (no dropout or other
+// RNG: the RNG state is not replayed), returning one tensor; it is called once in forward
+// and once more in backward, from the autograd engine's thread for that device.
+#pragma once
+#include <torch/torch.h>
+
+#include <functional>
+
+namespace zt::models {
+
+using CheckpointFn = std::function<torch::Tensor(const torch::Tensor&)>;
+
+// y = fn(x), recomputed in backward. With cpu_checkpointing the saved x goes to pinned
+// host memory (non_blocking copy on the current stream, brought back on the current
+// stream in backward) when x is a CUDA tensor; on CPU it is kept as is.
+// When grad mode is off this is just fn(x).
+torch::Tensor checkpoint(const CheckpointFn& fn, const torch::Tensor& x, bool cpu_checkpointing = false);
+
+// True while a checkpointed fn is being re-run inside backward, on this thread.
+bool in_checkpoint_recompute();
+
+}  // namespace zt::models

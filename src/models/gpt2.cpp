@@ -1,0 +1,294 @@
+#include "models/gpt2.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "models/checkpoint.h"
+#include "zerotrain/error.h"
+
+namespace zt::models {
+namespace F = torch::nn::functional;
+
+namespace {
+
+constexpr double kInitStd = 0.02;
+constexpr double kLayerNormEps = 1e-5;
+
+struct NamedConfig {
+  const char* name;
+  GPT2Config cfg;
+};
+// The four OpenAI sizes (vocab 50257, context 1024) plus a byte-level toy.
+const NamedConfig kNamedConfigs[] = {
+    {"gpt2-tiny", {2, 4, 128, 256, 256}},
+    {"gpt2", {12, 12, 768, 50257, 1024}},
+    {"gpt2-medium", {24, 16, 1024, 50257, 1024}},
+    {"gpt2-large", {36, 20, 1280, 50257, 1024}},
+    {"gpt2-xl", {48, 25, 1600, 50257, 1024}},
+};
+
+void validate(const GPT2Config& c, const std::string& where) {
+  ZT_CHECK_T(c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0 && c.vocab_size > 0 && c.n_positions > 0,
+             zt::ConfigError, where, ": GPT-2 sizes must be positive (n_layer=", c.n_layer, ", n_head=", c.n_head,
+             ", n_embd=", c.n_embd, ", vocab_size=", c.vocab_size, ", n_positions=", c.n_positions, ")");
+  ZT_CHECK_T(c.n_embd % c.n_head == 0, zt::ConfigError, where, ": n_embd (", c.n_embd,
+             ") must be divisible by n_head (", c.n_head, ")");
+}
+
+torch::nn::LayerNorm make_ln(int64_t c) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({c}).eps(kLayerNormEps).elementwise_affine(true));
+}
+
+}  // namespace
+
+GPT2Config named_gpt2(const std::string& name) {
+  for (const auto& nc : kNamedConfigs)
+    if (name == nc.name) return nc.cfg;
+  std::string known;
+  for (const auto& nc : kNamedConfigs) known += std::string(known.empty() ? "" : ", ") + nc.name;
+  throw zt::ConfigError(zt::detail::cat("unknown GPT-2 model '", name, "': known models are ", known));
+}
+
+std::vector<std::string> gpt2_names() {
+  std::vector<std::string> out;
+  for (const auto& nc : kNamedConfigs) out.emplace_back(nc.name);
+  return out;
+}
+
+GPT2Config gpt2_config_from_hf_json(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path p(path);
+  if (fs::is_directory(p)) p /= "config.json";
+  std::ifstream in(p);
+  ZT_CHECK_T(in.good(), zt::ConfigError, "cannot open GPT-2 config '", p.string(), "'");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw zt::ConfigError(zt::detail::cat("GPT-2 config '", p.string(), "' is not valid JSON: ", e.what()));
+  }
+  const std::string where = p.string();
+  auto get_int = [&](const char* key, std::optional<const char*> alt = std::nullopt) -> int64_t {
+    if (j.contains(key) && j[key].is_number_integer()) return j[key].get<int64_t>();
+    if (alt && j.contains(*alt) && j[*alt].is_number_integer()) return j[*alt].get<int64_t>();
+    throw zt::ConfigError(zt::detail::cat(where, ": missing integer field '", key, "'"));
+  };
+  if (j.contains("model_type") && j["model_type"].is_string())
+    ZT_CHECK_T(j["model_type"] == "gpt2", zt::ConfigError, where, ": model_type is '",
+               j["model_type"].get<std::string>(), "', expected 'gpt2'");
+  GPT2Config c;
+  c.n_layer = get_int("n_layer");
+  c.n_head = get_int("n_head");
+  c.n_embd = get_int("n_embd");
+  c.vocab_size = get_int("vocab_size");
+  c.n_positions = get_int("n_positions", "n_ctx");
+  validate(c, where);
+
+  // Reject what this implementation would silently compute differently.
+  if (j.contains("activation_function")) {
+    auto act = j["activation_function"].get<std::string>();
+    ZT_CHECK_T(act == "gelu_new" || act == "gelu_pytorch_tanh", zt::ConfigError, where,
+               ": activation_function '", act, "' is not supported (only the tanh GELU: gelu_new)");
+  }
+  if (j.contains("layer_norm_epsilon")) {
+    double eps = j["layer_norm_epsilon"].get<double>();
+    ZT_CHECK_T(std::abs(eps - kLayerNormEps) < 1e-12, zt::ConfigError, where, ": layer_norm_epsilon ", eps,
+               " is not supported (only 1e-5)");
+  }
+  if (j.contains("n_inner") && !j["n_inner"].is_null())
+    ZT_CHECK_T(j["n_inner"].get<int64_t>() == 4 * c.n_embd, zt::ConfigError, where, ": n_inner ",
+               j["n_inner"].get<int64_t>(), " is not supported (only 4*n_embd = ", 4 * c.n_embd, ")");
+  auto require_bool = [&](const char* key, bool expected) {
+    if (j.contains(key) && j[key].is_boolean())
+      ZT_CHECK_T(j[key].get<bool>() == expected, zt::ConfigError, where, ": ", key, "=",
+                 j[key].get<bool>() ? "true" : "false", " is not supported (only ", expected ? "true" : "false", ")");
+  };
+  require_bool("tie_word_embeddings", true);
+  require_bool("scale_attn_weights", true);
+  require_bool("scale_attn_by_inverse_layer_idx", false);
+  require_bool("reorder_and_upcast_attn", false);
+  return c;
+}
+
+std::string gpt2_config_to_hf_json(const GPT2Config& c) {
+  nlohmann::json j;
+  j["architectures"] = {"GPT2LMHeadModel"};
+  j["model_type"] = "gpt2";
+  j["n_layer"] = c.n_layer;
+  j["n_head"] = c.n_head;
+  j["n_embd"] = c.n_embd;
+  j["vocab_size"] = c.vocab_size;
+  j["n_positions"] = c.n_positions;
+  j["n_ctx"] = c.n_positions;
+  j["n_inner"] = nullptr;
+  j["activation_function"] = "gelu_new";
+  j["layer_norm_epsilon"] = kLayerNormEps;
+  j["initializer_range"] = kInitStd;
+  // zerotrain's GPT-2 has no dropout; say so, so HF in train mode computes the same.
+  j["resid_pdrop"] = 0.0;
+  j["embd_pdrop"] = 0.0;
+  j["attn_pdrop"] = 0.0;
+  j["scale_attn_weights"] = true;
+  j["scale_attn_by_inverse_layer_idx"] = false;
+  j["reorder_and_upcast_attn"] = false;
+  j["tie_word_embeddings"] = true;
+  j["use_cache"] = true;
+  // OpenAI's <|endoftext|> (50256) only exists in the BPE vocabulary; null stops
+  // transformers from defaulting to it for smaller vocabularies.
+  j["bos_token_id"] = c.vocab_size > 50256 ? nlohmann::json(50256) : nlohmann::json(nullptr);
+  j["eos_token_id"] = j["bos_token_id"];
+  return j.dump(2) + "\n";
+}
+
+int64_t gpt2_num_params(const GPT2Config& c) {
+  const int64_t C = c.n_embd;
+  return c.vocab_size * C + c.n_positions * C + c.n_layer * (12 * C * C + 13 * C) + 2 * C;
+}
+
+int64_t gpt2_num_params_non_embedding(const GPT2Config& c) { return gpt2_num_params(c) - c.n_positions * c.n_embd; }
+
+double gpt2_flops_per_token(const GPT2Config& c, int64_t seq) {
+  return 6.0 * static_cast<double>(gpt2_num_params_non_embedding(c)) +
+         12.0 * static_cast<double>(c.n_layer) * static_cast<double>(c.n_embd) * static_cast<double>(seq);
+}
+
+// ---- modules ------------------------------------------------------------------------
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPT2Config& cfg) : n_head(cfg.n_head) {
+  c_attn = register_module("c_attn", torch::nn::Linear(cfg.n_embd, 3 * cfg.n_embd));
+  c_proj = register_module("c_proj", torch::nn::Linear(cfg.n_embd, cfg.n_embd));
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hs = C / n_head;
+  auto qkv = c_attn(x).split(C, /*dim=*/2);  // 3 x (B, T, C)
+  auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head, hs}).transpose(1, 2); };
+  auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);  // (B, nh, T, hs)
+  auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+  y = y.transpose(1, 2).contiguous().view({B, T, C});  // (B, T, C)
+  return c_proj(y);
+}
+
+MLPImpl::MLPImpl(const GPT2Config& cfg) {
+  c_fc = register_module("c_fc", torch::nn::Linear(cfg.n_embd, 4 * cfg.n_embd));
+  c_proj = register_module("c_proj", torch::nn::Linear(4 * cfg.n_embd, cfg.n_embd));
+}
+
+torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
+  return c_proj(torch::gelu(c_fc(x), "tanh"));  // (B, T, 4C) inside
+}
+
+BlockImpl::BlockImpl(const GPT2Config& cfg) {
+  ln_1 = register_module("ln_1", make_ln(cfg.n_embd));
+  attn = register_module("attn", CausalSelfAttention(cfg));
+  ln_2 = register_module("ln_2", make_ln(cfg.n_embd));
+  mlp = register_module("mlp", MLP(cfg));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  auto h1 = x + attn(ln_1(x));
+  return h1 + mlp(ln_2(h1));
+}
+
+GPT2Impl::GPT2Impl(const GPT2Config& cfg) : cfg_(cfg) {
+  validate(cfg, "GPT2Config");
+  wte = register_module("wte", torch::nn::Embedding(cfg.vocab_size, cfg.n_embd));
+  wpe = register_module("wpe", torch::nn::Embedding(cfg.n_positions, cfg.n_embd));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < cfg.n_layer; ++i) {
+    blocks_.emplace_back(cfg);
+    h->push_back(blocks_.back());
+  }
+  ln_f = register_module("ln_f", make_ln(cfg.n_embd));
+  reset_parameters();
+}
+
+void GPT2Impl::reset_parameters() {
+  torch::NoGradGuard no_grad;
+  const double proj_std = kInitStd / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer));
+  auto init_linear = [](torch::nn::Linear& l, double std) {
+    l->weight.normal_(0.0, std);
+    l->bias.zero_();
+  };
+  auto init_ln = [](torch::nn::LayerNorm& ln) {
+    ln->weight.fill_(1.0);
+    ln->bias.zero_();
+  };
+  wte->weight.normal_(0.0, kInitStd);
+  wpe->weight.normal_(0.0, kInitStd);
+  for (auto& b : blocks_) {
+    init_ln(b->ln_1);
+    init_ln(b->ln_2);
+    init_linear(b->attn->c_attn, kInitStd);
+    init_linear(b->attn->c_proj, proj_std);
+    init_linear(b->mlp->c_fc, kInitStd);
+    init_linear(b->mlp->c_proj, proj_std);
+  }
+  init_ln(ln_f);
+}
+
+torch::Tensor GPT2Impl::run_block(int64_t i, const torch::Tensor& x) {
+  // Captures by value: a checkpointed body lives in the autograd graph until backward.
+  auto body = [blk = blocks_[static_cast<size_t>(i)].ptr(), hooks = hooks_, i](const torch::Tensor& t) {
+    const bool recompute = in_checkpoint_recompute();
+    if (hooks.pre_forward) hooks.pre_forward(i, recompute);
+    auto y = blk->forward(t);
+    if (hooks.post_forward) hooks.post_forward(i, recompute);
+    return y;
+  };
+  if (ckpt_enabled_ && i < ckpt_count_ && torch::GradMode::is_enabled()) return checkpoint(body, x, ckpt_cpu_);
+  return body(x);
+}
+
+torch::Tensor GPT2Impl::forward(const torch::Tensor& idx) {
+  ZT_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong, "GPT2: idx must be (B, T) int64, got ",
+           idx.sizes(), " ", idx.scalar_type());
+  const int64_t T = idx.size(1);
+  ZT_CHECK(T <= cfg_.n_positions, "GPT2: sequence length ", T, " exceeds n_positions ", cfg_.n_positions);
+  auto pos = torch::arange(T, idx.options());  // (T)
+  auto x = wte(idx) + wpe(pos);                 // (B, T, C)
+  for (int64_t i = 0; i < cfg_.n_layer; ++i) x = run_block(i, x);
+  x = ln_f(x);
+  return F::linear(x, wte->weight);  // (B, T, V): LM head tied to wte
+}
+
+torch::Tensor GPT2Impl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
+  auto logits = forward(idx);  // (B, T, V)
+  ZT_CHECK(targets.sizes() == idx.sizes(), "GPT2::loss: targets ", targets.sizes(), " must match idx ",
+           idx.sizes());
+  // fp32 softmax: a bf16/fp16 log-sum-exp over 50k logits loses most of its mantissa.
+  return F::cross_entropy(logits.to(torch::kFloat).view({-1, logits.size(-1)}), targets.reshape({-1}),
+                          F::CrossEntropyFuncOptions().ignore_index(-1));
+}
+
+void GPT2Impl::set_activation_checkpointing(bool enabled, std::optional<int64_t> number_checkpoints,
+                                            bool cpu_checkpointing) {
+  const int64_t n = number_checkpoints.value_or(cfg_.n_layer);
+  ZT_CHECK_T(n >= 0 && n <= cfg_.n_layer, zt::ConfigError, "activation_checkpointing.number_checkpoints = ", n,
+             " must be in [0, n_layer = ", cfg_.n_layer, "]");
+  ckpt_enabled_ = enabled;
+  ckpt_count_ = enabled ? n : 0;
+  ckpt_cpu_ = enabled && cpu_checkpointing;
+}
+
+std::vector<std::shared_ptr<torch::nn::Module>> GPT2Impl::blocks() const {
+  std::vector<std::shared_ptr<torch::nn::Module>> out;
+  out.reserve(blocks_.size());
+  for (const auto& b : blocks_) out.push_back(b.ptr());
+  return out;
+}
+
+int64_t GPT2Impl::num_params() const {
+  int64_t n = 0;
+  for (const auto& p : parameters()) n += p.numel();
+  return n;
+}
+
+int64_t GPT2Impl::num_params_non_embedding() const { return num_params() - wpe->weight.numel(); }
+
+double GPT2Impl::flops_per_token(int64_t seq) const { return gpt2_flops_per_token(cfg_, seq); }
+
+}  // namespace zt::models

@@ -1,0 +1,142 @@
+// GPT-2 family on torch::nn, laid out so named_parameters() match Hugging Face's
+// GPT2Model names ("wte.weight", "h.0.attn.c_attn.weight", "ln_f.bias", ...). The LM
+// head is tied to wte: there is no separate lm_head parameter.
+//
+// Differences from HF that matter to a loader: c_attn/c_proj/c_fc are torch::nn::Linear,
+// whose weight is (out, in); HF's Conv1D stores (in, out), so load_hf_gpt2 transposes.
+// There is no dropout (HF's defaults of 0.1 only act in train mode; benchmarks and the
+// anchor comparisons run without it), so forward is deterministic — which activation
+// checkpointing relies on when it recomputes a block.
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace zt::models {
+
+struct GPT2Config {
+  int64_t n_layer = 12;       // transformer blocks
+  int64_t n_head = 12;        // attention heads; n_embd % n_head == 0
+  int64_t n_embd = 768;       // model width C
+  int64_t vocab_size = 50257; // V (256 for the byte tokenizer)
+  int64_t n_positions = 1024; // longest sequence T the position table holds
+};
+
+// "gpt2-tiny" (2/4/128, V=256, T=256: the byte-tokenizer model that trains on a laptop
+// CPU), "gpt2" (124M), "gpt2-medium" (350M), "gpt2-large" (774M), "gpt2-xl" (1.5B).
+// Throws ConfigError listing the known names for anything else.
+GPT2Config named_gpt2(const std::string& name);
+std::vector<std::string> gpt2_names();
+
+// Reads a HF config.json (a file, or a directory holding one). Throws ConfigError when a
+// field this implementation does not support is set (non-tanh GELU, eps != 1e-5, untied
+// embeddings, reorder_and_upcast_attn, scale_attn_by_inverse_layer_idx).
+GPT2Config gpt2_config_from_hf_json(const std::string& path);
+// The HF config.json for `cfg` (model_type gpt2, tied embeddings, gelu_new, eps 1e-5).
+std::string gpt2_config_to_hf_json(const GPT2Config& cfg);
+
+// Sizes without building the model (memory estimates before allocating anything).
+// Per block 12C^2 + 13C; plus wte (V*C, also the LM head), wpe (n_positions*C), ln_f 2C.
+int64_t gpt2_num_params(const GPT2Config& cfg);
+int64_t gpt2_num_params_non_embedding(const GPT2Config& cfg);  // minus wpe
+// 6*N + 12*n_layer*n_embd*seq with N = gpt2_num_params_non_embedding (see flops_per_token).
+double gpt2_flops_per_token(const GPT2Config& cfg, int64_t seq);
+
+struct CausalSelfAttentionImpl : torch::nn::Module {
+  explicit CausalSelfAttentionImpl(const GPT2Config& cfg);
+  torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C)
+
+  int64_t n_head;
+  torch::nn::Linear c_attn{nullptr};  // weight (3C, C): q, k, v stacked along rows
+  torch::nn::Linear c_proj{nullptr};  // weight (C, C); residual projection
+};
+TORCH_MODULE(CausalSelfAttention);
+
+struct MLPImpl : torch::nn::Module {
+  explicit MLPImpl(const GPT2Config& cfg);
+  torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C)
+
+  torch::nn::Linear c_fc{nullptr};    // weight (4C, C)
+  torch::nn::Linear c_proj{nullptr};  // weight (C, 4C); residual projection
+};
+TORCH_MODULE(MLP);
+
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(const GPT2Config& cfg);
+  torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C), pre-LN
+
+  torch::nn::LayerNorm ln_1{nullptr};
+  CausalSelfAttention attn{nullptr};
+  torch::nn::LayerNorm ln_2{nullptr};
+  MLP mlp{nullptr};
+};
+TORCH_MODULE(Block);
+
+// Called around every block's forward, including the recompute of a checkpointed block
+// during backward (`recompute` is then true). This is where a ZeRO-3 engine gathers a
+// block's parameters (pre) and releases them (post) without the model knowing ZeRO.
+struct BlockHooks {
+  std::function<void(int64_t block, bool recompute)> pre_forward;
+  std::function<void(int64_t block, bool recompute)> post_forward;
+};
+
+struct GPT2Impl : torch::nn::Module {
+  // Parameters are created on the CPU in fp32 with GPT-2 init drawn from the global
+  // generator (seed it with torch::manual_seed for reproducible weights).
+  explicit GPT2Impl(const GPT2Config& cfg);
+
+  // idx (B, T) int64 with T <= n_positions -> logits (B, T, V) in the parameter dtype.
+  torch::Tensor forward(const torch::Tensor& idx);
+  // Mean cross entropy over all positions, computed in fp32 whatever the param dtype;
+  // targets (B, T) int64, entries equal to -1 are ignored. Returns a scalar fp32 tensor.
+  torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
+
+  // Re-initialises every parameter with GPT-2's scheme: N(0, 0.02) for Linear and
+  // Embedding weights, N(0, 0.02/sqrt(2*n_layer)) for the residual projections
+  // (attn.c_proj, mlp.c_proj), zero biases, LayerNorm weight 1 / bias 0.
+  void reset_parameters();
+
+  // Checkpoints blocks [0, number_checkpoints) (all blocks when nullopt): their
+  // activations are dropped after forward and recomputed in backward, keeping only each
+  // block's input (in pinned host memory when cpu_checkpointing and CUDA is present).
+  // Only applies while grad mode is on; eval/no-grad forwards are unaffected.
+  void set_activation_checkpointing(bool enabled, std::optional<int64_t> number_checkpoints = std::nullopt,
+                                    bool cpu_checkpointing = false);
+  bool activation_checkpointing() const { return ckpt_enabled_; }
+  void set_block_hooks(BlockHooks hooks) { hooks_ = std::move(hooks); }
+
+  // The transformer blocks in execution order (the engine's ZeRO-3 gather units).
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks() const;
+  const GPT2Config& config() const { return cfg_; }
+
+  int64_t num_params() const;               // all parameters (wte counted once: tied)
+  int64_t num_params_non_embedding() const; // num_params minus wpe (wte stays: it is the LM head)
+  // Training FLOPs per token at sequence length `seq`: 6*N + 12*n_layer*n_embd*seq, with
+  // N = num_params_non_embedding() (the 6N covers forward+backward of every matmul, the
+  // tied LM head included; the second term is attention's QK^T and AV). Same as nanoGPT's
+  // MFU estimate and PaLM appendix B.
+  double flops_per_token(int64_t seq) const;
+
+  torch::nn::Embedding wte{nullptr};  // (V, C), also the LM head
+  torch::nn::Embedding wpe{nullptr};  // (n_positions, C)
+  torch::nn::ModuleList h{nullptr};   // n_layer Blocks
+  torch::nn::LayerNorm ln_f{nullptr};
+
+ private:
+  torch::Tensor run_block(int64_t i, const torch::Tensor& x);
+
+  GPT2Config cfg_;
+  std::vector<Block> blocks_;
+  bool ckpt_enabled_ = false;
+  int64_t ckpt_count_ = 0;
+  bool ckpt_cpu_ = false;
+  BlockHooks hooks_;
+};
+TORCH_MODULE(GPT2);
+
+}  // namespace zt::models
