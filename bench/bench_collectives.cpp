@@ -22,8 +22,8 @@
 // (r+1)*(1 + j % p) (p <= 7, small enough to be exact in the dtype), and the result must
 // equal the exact reduction/gather everywhere; "wrong" counts the elements that differ
 // on all ranks together. Exits 1 if any check failed.
-#include <torch/torch.h>
 #include <torch/headeronly/version.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
@@ -83,9 +83,12 @@ int64_t parse_size(const std::string& s0) {
   int64_t mult = 1;
   if (!s.empty()) {
     switch (s.back()) {
-      case 'K': case 'k': mult = int64_t{1} << 10; break;
-      case 'M': case 'm': mult = int64_t{1} << 20; break;
-      case 'G': case 'g': mult = int64_t{1} << 30; break;
+      case 'K':
+      case 'k': mult = int64_t{1} << 10; break;
+      case 'M':
+      case 'm': mult = int64_t{1} << 20; break;
+      case 'G':
+      case 'g': mult = int64_t{1} << 30; break;
       default: break;
     }
     if (mult > 1) s.pop_back();
@@ -226,15 +229,19 @@ int run(int argc, char** argv) {
                  o.device == "cpu" ? "--device cpu" : "no GPU");
   }
 
-  nlohmann::ordered_json meta = {{"framework", "zerotrain"}, {"bench", "collectives"}, {"world", n},
-                                 {"dtype", o.dtype},         {"warmup", o.warmup},     {"iters", o.iters},
-                                 {"backend", backend},       {"device", device_name},
-                                 {"torch", std::to_string(TORCH_VERSION_MAJOR) + "." +
-                                               std::to_string(TORCH_VERSION_MINOR) + "." +
-                                               std::to_string(TORCH_VERSION_PATCH)},
-                                 {"nccl", nccl_version.empty() ? nlohmann::ordered_json()
-                                                               : nlohmann::ordered_json(nccl_version)},
-                                 {"time", utc_now()}};
+  nlohmann::ordered_json meta = {
+      {"framework", "zerotrain"},
+      {"bench", "collectives"},
+      {"world", n},
+      {"dtype", o.dtype},
+      {"warmup", o.warmup},
+      {"iters", o.iters},
+      {"backend", backend},
+      {"device", device_name},
+      {"torch", std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+                    std::to_string(TORCH_VERSION_PATCH)},
+      {"nccl", nccl_version.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(nccl_version)},
+      {"time", utc_now()}};
 
   const int64_t max_shard = o.max_bytes / esize / n;
   ZT_CHECK_T(max_shard >= 1, ConfigError, "--max ", o.max_bytes, " is less than one element per rank");
@@ -302,8 +309,10 @@ int run(int argc, char** argv) {
       if (rs) {
         expected = pattern(me * shard, shard).to(at::kFloat).mul_(tri);
       } else if (ag) {
-        expected = pattern(0, total).to(at::kFloat).mul_(
-            at::arange(total, at::TensorOptions(at::kInt).device(device)).div_(shard, "floor").add_(1));
+        expected =
+            pattern(0, total)
+                .to(at::kFloat)
+                .mul_(at::arange(total, at::TensorOptions(at::kInt).device(device)).div_(shard, "floor").add_(1));
       } else {
         expected = pattern(0, total).to(at::kFloat).mul_(tri);
       }
@@ -350,8 +359,9 @@ int run(int argc, char** argv) {
   if (json) std::fclose(json);
   g->barrier();
   if (failures > 0) {
-    if (me == 0) std::fprintf(stderr, "bench_collectives: %lld result(s) FAILED the data check\n",
-                              static_cast<long long>(failures));
+    if (me == 0)
+      std::fprintf(stderr, "bench_collectives: %lld result(s) FAILED the data check\n",
+                   static_cast<long long>(failures));
     return 1;
   }
   return 0;

@@ -7,9 +7,8 @@
 // at::equal (no tolerance). A check that fails never skips a collective: every rank
 // issues the same collectives in the same order whatever the results, so one wrong
 // value fails a test instead of hanging the suite.
-#include <gtest/gtest.h>
-
 #include <ATen/ATen.h>
+#include <gtest/gtest.h>
 
 #include <chrono>
 #include <cmath>
@@ -286,7 +285,7 @@ TEST(Split, EvenAndOddRanks) {
   GroupPtr g = world();
   const int me = g->rank(), n = g->size();
   GroupPtr sub = g->split(me % 2, me);
-  ASSERT_NE(sub, nullptr);  // every rank gets a group (same on all ranks)
+  ASSERT_NE(sub, nullptr);                   // every rank gets a group (same on all ranks)
   const int members = (n - me % 2 + 1) / 2;  // ranks of my parity below n
   EXPECT_EQ(sub->size(), members);
   EXPECT_EQ(sub->rank(), me / 2);

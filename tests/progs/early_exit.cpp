@@ -5,13 +5,13 @@
 //   MODE "mpi" (default): every rank starts MPI first, rank 1 then exits without
 //                         MPI_Finalize (a crash mid-run).
 //   MODE "early":         rank 1 exits before MPI starts (a crash at start-up).
+#include <ATen/ATen.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
-
-#include <ATen/ATen.h>
 
 #include "zerotrain/comm.h"
 #include "zerotrain/error.h"

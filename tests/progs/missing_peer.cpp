@@ -9,13 +9,13 @@
 //   MODE cuda-sync:     both ranks set up NCCL with one CUDA all_reduce, then rank 0's
 //                       second one times out in Work::synchronize() (communicator aborted).
 // The CUDA modes need 2 GPUs (rank r uses cuda:LOCAL_RANK).
+#include <ATen/ATen.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
-
-#include <ATen/ATen.h>
 #ifdef ZT_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #endif

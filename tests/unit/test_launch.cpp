@@ -15,10 +15,11 @@
 namespace {
 
 struct Launched {
-  int code = -1;        // exit code of the launcher (128+N if it died of signal N)
-  std::string output;   // stdout and stderr, merged
-  double seconds = 0;   // from start to the launcher's exit
-  std::vector<std::pair<double, std::string>> lines;  // each line with its arrival time
+  int code = -1;       // exit code of the launcher (128+N if it died of signal N)
+  std::string output;  // stdout and stderr, merged
+  double seconds = 0;  // from start to the launcher's exit
+  // Each line with its arrival time (seconds from start).
+  std::vector<std::pair<double, std::string>> lines;
   // Seconds from start to the first line containing `needle`; -1 if none.
   double time_of(const std::string& needle) const {
     for (const auto& [t, line] : lines) {
@@ -51,14 +52,16 @@ Launched launch(const std::string& args, const std::string& env = "") {
   return r;
 }
 
-std::string prog(const char* name) { return std::string(ZT_BINARY_DIR "/prog_") + name; }
+const std::string kBinaryDir = ZT_BINARY_DIR;
+std::string prog(const std::string& name) { return kBinaryDir + "/prog_" + name; }
 
 bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
 
 TEST(Launch, PrefixesEveryLineWithItsRank) {
   // stdout, stderr and a last line without a newline, from each of 2 ranks.
-  Launched r = launch("-n 2 -- sh -c 'echo out $RANK of $WORLD_SIZE local $LOCAL_RANK/$LOCAL_WORLD_SIZE; "
-                 "echo err $RANK >&2; printf tail$RANK'");
+  Launched r = launch(
+      "-n 2 -- sh -c 'echo out $RANK of $WORLD_SIZE local $LOCAL_RANK/$LOCAL_WORLD_SIZE; "
+      "echo err $RANK >&2; printf tail$RANK'");
   EXPECT_EQ(r.code, 0) << r.output;
   for (int k = 0; k < 2; ++k) {
     const std::string p = "[rank " + std::to_string(k) + "] ";
