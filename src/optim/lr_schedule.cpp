@@ -10,6 +10,7 @@
 #include <numbers>
 #include <vector>
 
+#include "config/reader.h"
 #include "zerotrain/error.h"
 
 namespace zt::optim {
@@ -18,20 +19,7 @@ namespace {
 constexpr const char* kLog = "log";
 constexpr const char* kLinear = "linear";
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
+using config::edit_distance;  // the config reader's, for "did you mean" suggestions
 
 // Typed, validated access to scheduler.params. Every error names the full key path.
 class Params {
