@@ -43,8 +43,9 @@ RankInfo discover_rank();
 enum class ReduceOp { kSum, kAvg, kMax, kMin };
 const char* reduce_op_name(ReduceOp op);
 
-// A pending collective. Destroying a Work without waiting is allowed (CUDA: stream
-// order still holds); CPU works are completed by the group before its next call.
+// A pending collective. Call wait() before reading the result: on CUDA, dropping a Work
+// unwaited only keeps the buffers alive (record_stream), it does not order the caller's
+// stream after the collective. A CPU Work dropped unwaited completes in its destructor.
 class Work {
  public:
   virtual ~Work() = default;
