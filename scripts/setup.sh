@@ -20,8 +20,12 @@ if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; elif have_cmd sudo; then SUDO="sudo"; else
     log "missing Debian packages: ${need[*]} (no root and no sudo: install them, then re-run)"; exit 1; fi
   log "installing Debian packages: ${need[*]}"
-  $SUDO apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >&2
+  if ! { $SUDO apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >&2; }; then
+    # A machine without a package registry (e.g. an offline GPU host) may still have the
+    # tools from elsewhere: go on when the essential ones are there, and say so.
+    for c in g++ cmake ninja mpicc; do have_cmd "$c" || { log "cannot install ${need[*]} and $c is missing"; exit 1; }; done
+    log "warning: could not install ${need[*]}; continuing with the tools found on PATH"
+  fi
 fi
 
 # 2. torch 2.11 (LibTorch headers and libraries come with the wheel).
