@@ -63,7 +63,9 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr g
     owned_view(master_, b).copy_(owns_all_ ? bucket_view(flat_param_, b) : shard_view(flat_param_, b));
   }
   const std::string type = lower(opt_.optimizer.type);
-  if (type == "sgd") {
+  sgd_ = type == "sgd";
+  adamw_ = type == "adamw" || opt_.optimizer.params.adam_w_mode;
+  if (sgd_) {
     if (opt_.optimizer.params.momentum != 0) momentum_buf_ = torch::zeros({owned}, topt.dtype(at::kFloat));
   } else {
     exp_avg_ = torch::zeros({owned}, topt.dtype(at::kFloat));
@@ -269,8 +271,7 @@ StepOutcome ZeroOptimizer::step(const StepInputs& in) {
 
 void ZeroOptimizer::apply_optimizer(torch::Tensor& g, const StepInputs& in) {
   const auto& P = opt_.optimizer.params;
-  const std::string type = lower(opt_.optimizer.type);
-  if (type == "sgd") {
+  if (sgd_) {
     const double mom = in.momentum.value_or(P.momentum);
     if (P.weight_decay != 0) g.add_(master_, P.weight_decay);
     if (momentum_buf_.defined()) {
@@ -289,7 +290,7 @@ void ZeroOptimizer::apply_optimizer(torch::Tensor& g, const StepInputs& in) {
     return;
   }
   // Adam / AdamW (adam_w_mode: decoupled weight decay).
-  const bool adamw = type == "adamw" || P.adam_w_mode;
+  const bool adamw = adamw_;
   const double beta1 = in.momentum.value_or(P.betas[0]);
   const double beta2 = P.betas[1];
   if (P.bias_correction) {

@@ -87,6 +87,8 @@ class ZeroOptimizer {
   std::vector<int> user_index_;              // layout index -> user index
   FlatLayout layout_;
   bool owns_all_ = true;                     // stage 0: this rank updates everything
+  bool sgd_ = false;                         // optimizer.type SGD (else Adam / AdamW)
+  bool adamw_ = true;                        // decoupled weight decay (AdamW / adam_w_mode)
 
   torch::Tensor flat_param_;   // (total) compute dtype: every param is a view into it
   torch::Tensor flat_grad_;    // (total) compute dtype, stages 0-1: every .grad is a view

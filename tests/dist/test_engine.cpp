@@ -25,7 +25,7 @@ TORCH_MODULE(Mlp);
 constexpr int64_t kMicro = 2;
 constexpr int kSteps = 5;
 
-nlohmann::json base_config(int stage, const std::string& dtype, int gas, int world) {
+nlohmann::json base_config(int stage, const std::string& dtype, int gas) {
   nlohmann::json j = {
       {"train_micro_batch_size_per_gpu", kMicro},
       {"gradient_accumulation_steps", gas},
@@ -37,8 +37,15 @@ nlohmann::json base_config(int stage, const std::string& dtype, int gas, int wor
   };
   if (dtype == "bf16") j["bf16"] = {{"enabled", true}};
   if (dtype == "fp16") j["fp16"] = {{"enabled", true}};
-  (void)world;
   return j;
+}
+
+// An engine on the CPU for `m`, quiet (the tests read its reports, not its prints).
+std::unique_ptr<zt::Engine> cpu_engine(Mlp& m, const zt::Config& cfg) {
+  zt::EngineOptions o;
+  o.device = torch::Device(torch::kCPU);
+  o.print = false;
+  return zt::initialize(m.ptr(), cfg, o);
 }
 
 // Data for step s: the global batch (world * gas * micro samples), identical on all ranks.
@@ -79,16 +86,13 @@ std::vector<torch::Tensor> reference(int64_t global, torch::ScalarType compute =
   return out;
 }
 
-std::vector<torch::Tensor> run_engine(int stage, const std::string& dtype, int gas, zt::StepReport* last = nullptr) {
+std::vector<torch::Tensor> run_engine(int stage, const std::string& dtype, int gas) {
   auto group = zt::comm::world_group();
   const int world = group->size(), rank = group->rank();
-  auto cfg = zt::Config::from_json(base_config(stage, dtype, gas, world), world);
+  auto cfg = zt::Config::from_json(base_config(stage, dtype, gas), world);
   torch::manual_seed(7);
   Mlp m;
-  zt::EngineOptions o;
-  o.device = torch::Device(torch::kCPU);
-  o.print = false;
-  auto engine = zt::initialize(m.ptr(), cfg, o);
+  auto engine = cpu_engine(m, cfg);
   const int64_t global = kMicro * gas * world;
   for (int s = 0; s < kSteps; ++s) {
     auto [x, y] = global_batch(s, global);
@@ -104,7 +108,6 @@ std::vector<torch::Tensor> run_engine(int stage, const std::string& dtype, int g
     }
   }
   EXPECT_EQ(engine->global_steps(), kSteps);
-  if (last) *last = engine->last_report();
   return engine->gather_master_params();
 }
 
@@ -166,12 +169,10 @@ TEST(EngineMemory, ModelStateBytesMatchZeroFormulas) {
     Mlp m(256, 512, 256);
     int64_t psi = 0;
     for (auto& p : m->parameters()) psi += p.numel();
-    nlohmann::json j = base_config(stage, "bf16", 1, group->size());
+    nlohmann::json j = base_config(stage, "bf16", 1);
     j["zero_optimization"]["reduce_bucket_size"] = 5e8;
     auto cfg = zt::Config::from_json(j, group->size());
-    zt::EngineOptions o;
-    o.device = torch::Device(torch::kCPU);
-    auto engine = zt::initialize(m.ptr(), cfg, o);
+    auto engine = cpu_engine(m, cfg);
     const double expect = stage == 0 ? 16.0 * psi : stage == 1 ? 4.0 * psi + 12.0 * psi / N : 2.0 * psi + 14.0 * psi / N;
     const double got = static_cast<double>(engine->model_state_bytes().total());
     EXPECT_NEAR(got / expect, 1.0, 0.05) << "stage " << stage << " psi " << psi << " N " << N;
@@ -188,17 +189,14 @@ TEST(EngineOverflow, InfOnOneRankSkipsEverywhere) {
   auto group = zt::comm::world_group();
   const int rank = group->rank(), world = group->size();
   for (int stage = 0; stage <= 2; ++stage) {
-    nlohmann::json j = base_config(stage, "fp16", 1, world);
+    nlohmann::json j = base_config(stage, "fp16", 1);
     j["fp16"]["initial_scale_power"] = 8;
     j["fp16"]["hysteresis"] = 2;
     j["fp16"]["loss_scale_window"] = 1000;
     auto cfg = zt::Config::from_json(j, world);
     torch::manual_seed(7);
     Mlp m;
-    zt::EngineOptions o;
-    o.device = torch::Device(torch::kCPU);
-    o.print = false;
-    auto engine = zt::initialize(m.ptr(), cfg, o);
+    auto engine = cpu_engine(m, cfg);
     std::vector<double> scales;
     std::vector<bool> skipped;
     for (int s = 0; s < 4; ++s) {
