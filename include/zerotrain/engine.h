@@ -40,6 +40,9 @@ struct ModelStateBytes {
   int64_t grads = 0;      // gradient buffers (full, or this rank's shard)
   int64_t master = 0;     // fp32 master weights
   int64_t optimizer = 0;  // optimizer state (Adam: exp_avg + exp_avg_sq)
+  // Stage 3: full-size parameters gathered right now (not part of total(): they come and
+  // go with the units; see StepReport::zero3 for the step's peak).
+  int64_t gathered = 0;
   int64_t total() const { return params + grads + master + optimizer; }
 };
 
@@ -57,6 +60,10 @@ struct StepReport {
   int64_t buckets = 0;                     // gradient buckets reduced in this step
   int64_t buckets_before_backward_end = 0; // of those, launched while backward still ran
   double exposed_comm_ms = 0;              // time the step waited for gradient communication
+  // Stage 3: unit all-gathers in this step (of which prefetched), and the most parameter
+  // bytes gathered at once.
+  int64_t gathers = 0, gathers_prefetched = 0;
+  int64_t gathered_peak_bytes = 0;
   nlohmann::json to_json() const;
 };
 
@@ -75,6 +82,12 @@ struct EngineOptions {
   // FLOPs per sample (forward + backward) for TFLOP/s and MFU in the report; 0 = unknown.
   double flops_per_sample = 0;
   double peak_tflops = 0;  // per device, for MFU; 0 = not reported
+  // ZeRO-3 gather units in forward order (each a list of the model's parameters) and
+  // their names. Empty: a GPT-2 model gets one unit per block; any other model runs with
+  // everything in one "root" unit unless its forward calls Engine::run_unit.
+  // Parameters in no unit form the root unit (gathered for the whole forward+backward).
+  std::vector<std::vector<torch::Tensor>> units;
+  std::vector<std::string> unit_names;
 };
 
 class Engine {
@@ -103,6 +116,16 @@ class Engine {
   virtual ModelStateBytes model_state_bytes() const = 0;
   // The report of the last completed step (valid after the first boundary).
   virtual const StepReport& last_report() const = 0;
+
+  // ZeRO-3: runs fn(x) as unit `unit` (index into EngineOptions.units): its parameters are
+  // gathered before, released after (per stage3_max_reuse_distance), and gathered again
+  // just before its backward. At stages 0-2 this is fn(x).
+  virtual torch::Tensor run_unit(int unit, const std::function<torch::Tensor(const torch::Tensor&)>& fn,
+                                 const torch::Tensor& x) = 0;
+  // ZeRO-3: every parameter full-size until release_params() (collective), e.g. to evaluate
+  // or export outside forward(). No-ops at stages 0-2.
+  virtual void gather_params() = 0;
+  virtual void release_params() = 0;
 
   // fp32 master copy of every managed parameter, full size (collective: every rank of
   // the group must call it). For evaluation, tests and checkpoint export.

@@ -78,9 +78,6 @@ std::string unflag(bool value) { return value ? "" : "false"; }
 std::string device(OffloadDevice d) { return d == OffloadDevice::none ? "" : "\"" + std::string(zt::to_string(d)) + "\""; }
 
 const Feature kFeatures[] = {
-    {"zero_optimization.stage", false,
-     [](const Config& c) { return c.zero_optimization.stage == 3 ? std::string("3") : std::string(); },
-     "use stage 0, 1 or 2"},
     {"zero_optimization.offload_optimizer.device", false,
      [](const Config& c) { return device(c.zero_optimization.offload_optimizer.device); },
      "set device \"none\" or remove offload_optimizer (and cpu_offload)"},

@@ -6,8 +6,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 
 #include "engine/phase_timer.h"
+#include "models/gpt2.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "zero/zero_optimizer.h"
@@ -33,7 +35,9 @@ nlohmann::json StepReport::to_json() const {
             {"optimizer", model_state.optimizer}}},
           {"comm", {{"buckets", buckets},
                     {"buckets_before_backward_end", buckets_before_backward_end},
-                    {"exposed_ms", exposed_comm_ms}}}};
+                    {"exposed_ms", exposed_comm_ms}}},
+          {"zero3", {{"gathers", gathers}, {"prefetched", gathers_prefetched},
+                     {"gathered_peak_bytes", gathered_peak_bytes}, {"gathered_bytes", model_state.gathered}}}};
 }
 
 torch::Device default_device() {
@@ -58,22 +62,46 @@ class EngineImpl : public Engine {
     ZT_CHECK_T(cfg_.dp_world_size == group_->size(), ConfigError, "the config was resolved for a world of ",
                cfg_.dp_world_size, " ranks but the engine runs on ", group_->size(),
                ": pass the data-parallel world size to Config::from_file");
-    ZT_CHECK_T(cfg_.zero_optimization.stage <= 2, ConfigError, "zero_optimization.stage ",
-               cfg_.zero_optimization.stage, " is not supported yet by this engine (stages 0, 1, 2 are)");
+    const bool stage3 = cfg_.zero_optimization.stage == 3;
 
-    // Move and cast the model; collect managed parameters (in registration order).
-    model_->to(device_, dtype_);
+    // Collect managed parameters (in registration order).
     std::vector<torch::Tensor> params;
+    std::vector<std::string> names;
+    auto named = model_->named_parameters(/*recurse=*/true);
+    auto name_of = [&](const torch::Tensor& t) -> std::string {
+      for (const auto& kv : named) {
+        if (kv.value().unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return kv.key();
+      }
+      return std::string();
+    };
     if (opts_.params.empty()) {
-      for (auto& p : model_->parameters()) {
-        if (p.requires_grad()) params.push_back(p);
+      for (const auto& kv : named) {
+        if (kv.value().requires_grad()) params.push_back(kv.value());
       }
     } else {
       params = opts_.params;
       for (auto& p : params) {
-        ZT_CHECK_T(p.device() == device_ && p.scalar_type() == dtype_, ConfigError,
+        ZT_CHECK_T(!name_of(p).empty(), ConfigError,
                    "EngineOptions.params must be parameters of the model passed to initialize()");
       }
+    }
+    for (auto& p : params) names.push_back(name_of(p));
+    // Move and cast the model. Stage 3 leaves the managed parameters where they are: the
+    // partitioner takes them one unit at a time, so the whole model is never on the device.
+    if (!stage3) {
+      model_->to(device_, dtype_);
+    } else {
+      torch::NoGradGuard no_grad;
+      std::set<c10::TensorImpl*> managed;
+      for (auto& p : params) managed.insert(p.unsafeGetTensorImpl());
+      auto move = [&](torch::Tensor t) {
+        auto dt = at::isFloatingType(t.scalar_type()) ? dtype_ : t.scalar_type();
+        if (t.defined() && (t.device() != device_ || t.scalar_type() != dt)) t.set_data(t.to(device_, dt));
+      };
+      for (const auto& kv : named) {
+        if (!managed.count(kv.value().unsafeGetTensorImpl())) move(kv.value());
+      }
+      for (auto& b : model_->buffers()) move(b);
     }
     zero::ZeroOptions zo;
     zo.stage = static_cast<int>(cfg_.zero_optimization.stage);
@@ -87,7 +115,16 @@ class EngineImpl : public Engine {
     zo.gradient_predivide_factor = cfg_.gradient_predivide_factor;
     zo.optimizer = cfg_.optimizer;
     if (zo.optimizer.type.empty()) zo.optimizer.type = "AdamW";
+    if (stage3) setup_units(params, names, zo);
     zero_ = std::make_unique<zero::ZeroOptimizer>(params, group_, zo);
+    if (gpt2_) {
+      zero::ZeroOptimizer* z = zero_.get();
+      models::BlockHooks hooks;
+      hooks.pre_forward = [z](int64_t i, bool recompute) { z->unit_pre_forward(static_cast<int>(i), recompute); };
+      hooks.post_forward = [z](int64_t i, bool recompute) { z->unit_post_forward(static_cast<int>(i), recompute); };
+      hooks.wrap_output = [z](int64_t i, const torch::Tensor& y) { return z->unit_output(static_cast<int>(i), y); };
+      gpt2_->set_block_hooks(hooks);
+    }
 
     optim::LossScalerOptions so;
     if (cfg_.fp16.enabled) {
@@ -111,12 +148,31 @@ class EngineImpl : public Engine {
     }
   }
 
+  ~EngineImpl() override {
+    if (gpt2_) gpt2_->set_block_hooks({});  // the hooks point at this engine
+  }
+
   torch::Tensor forward(const std::function<torch::Tensor()>& fn) override {
     timer_->begin();
+    zero_->begin_forward();
     torch::Tensor loss = fn();
+    zero_->end_forward();
     forward_.add(timer_->end());
     return loss;
   }
+
+  torch::Tensor run_unit(int unit, const std::function<torch::Tensor(const torch::Tensor&)>& fn,
+                         const torch::Tensor& x) override {
+    if (cfg_.zero_optimization.stage != 3) return fn(x);
+    ZT_CHECK_T(unit >= 0 && unit < zero_->num_units(), ConfigError, "run_unit(", unit, "): the engine has ",
+               zero_->num_units(), " units (EngineOptions.units)");
+    zero_->unit_pre_forward(unit, false);
+    auto y = fn(x);
+    zero_->unit_post_forward(unit, false);
+    return zero_->unit_output(unit, y);
+  }
+  void gather_params() override { zero_->gather_all(); }
+  void release_params() override { zero_->release_all(/*persistent_too=*/false); }
 
   void backward(const torch::Tensor& loss) override {
     ZT_CHECK_T(loss.defined() && loss.numel() == 1, TrainingError, "backward() needs a scalar loss");
@@ -170,10 +226,15 @@ class EngineImpl : public Engine {
     r.forward = forward_.get();
     r.backward = backward_.get();
     r.step_phase = step_stats_;
-    r.model_state = zero_->state_bytes();
+    r.model_state = model_state_bytes();
     r.buckets = zero_->buckets_launched();
     r.buckets_before_backward_end = zero_->buckets_launched_in_backward();
     r.exposed_comm_ms = exposed_ms_;
+    const auto& z3 = zero_->zero3_stats();
+    const int64_t esize = c10::elementSize(dtype_);
+    r.gathers = z3.gathers;
+    r.gathers_prefetched = z3.prefetched;
+    r.gathered_peak_bytes = z3.peak_live_numel * esize;
     last_ = r;
     report(r);
     forward_ = {};
@@ -197,7 +258,11 @@ class EngineImpl : public Engine {
   torch::Device device() const override { return device_; }
   at::ScalarType compute_dtype() const override { return dtype_; }
   const comm::GroupPtr& group() const override { return group_; }
-  ModelStateBytes model_state_bytes() const override { return zero_->state_bytes(); }
+  ModelStateBytes model_state_bytes() const override {
+    auto m = zero_->state_bytes();
+    m.gathered = zero_->zero3_stats().live_numel * static_cast<int64_t>(c10::elementSize(dtype_));
+    return m;
+  }
   const StepReport& last_report() const override { return last_; }
   std::vector<torch::Tensor> gather_master_params() override { return zero_->gather_master_params(); }
 
@@ -221,6 +286,11 @@ class EngineImpl : public Engine {
                   r.model_state.params / gib, r.model_state.grads / gib, r.model_state.master / gib,
                   r.model_state.optimizer / gib, static_cast<long long>(r.buckets),
                   static_cast<long long>(r.buckets_before_backward_end), r.exposed_comm_ms);
+      if (cfg_.zero_optimization.stage == 3) {
+        std::printf("[zerotrain]   zero-3: %lld unit gathers (%lld prefetched), gathered peak %.3f GiB\n",
+                    static_cast<long long>(r.gathers), static_cast<long long>(r.gathers_prefetched),
+                    r.gathered_peak_bytes / gib);
+      }
     }
     std::fflush(stdout);
   }
@@ -236,7 +306,46 @@ class EngineImpl : public Engine {
     PhaseStats get() const { return s; }
   };
 
+  // ZeRO-3 units: EngineOptions.units, else one per GPT-2 block, else none (all root).
+  void setup_units(const std::vector<torch::Tensor>& params, const std::vector<std::string>& names,
+                   zero::ZeroOptions& zo) {
+    const auto& z = cfg_.zero_optimization;
+    zo.param_names = names;
+    zo.prefetch_numel = z.stage3_prefetch_bucket_size;
+    zo.max_live_numel = z.stage3_max_live_parameters;
+    zo.max_reuse_distance = z.stage3_max_reuse_distance;
+    zo.persistence_threshold = z.stage3_param_persistence_threshold;
+    auto index_of = [&](const torch::Tensor& t) {
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (params[i].unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return static_cast<int>(i);
+      }
+      return -1;
+    };
+    std::vector<std::vector<torch::Tensor>> units = opts_.units;
+    std::vector<std::string> unit_names = opts_.unit_names;
+    gpt2_ = std::dynamic_pointer_cast<models::GPT2Impl>(model_);
+    if (units.empty() && gpt2_) {
+      const auto blocks = gpt2_->blocks();
+      for (size_t b = 0; b < blocks.size(); ++b) {
+        units.push_back(blocks[b]->parameters());
+        unit_names.push_back("h." + std::to_string(b));
+      }
+    } else {
+      gpt2_ = nullptr;  // explicit units: the model calls run_unit itself
+    }
+    for (size_t u = 0; u < units.size(); ++u) {
+      zero::ZeroOptions::Unit unit;
+      unit.name = u < unit_names.size() ? unit_names[u] : "unit " + std::to_string(u);
+      for (const auto& t : units[u]) {
+        const int i = index_of(t);
+        if (i >= 0) unit.params.push_back(i);  // frozen parameters are not the engine's
+      }
+      zo.units.push_back(unit);
+    }
+  }
+
   std::shared_ptr<torch::nn::Module> model_;
+  std::shared_ptr<models::GPT2Impl> gpt2_;  // set when the engine drives GPT-2's block hooks
   Config cfg_;
   EngineOptions opts_;
   comm::GroupPtr group_;

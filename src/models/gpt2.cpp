@@ -239,8 +239,8 @@ torch::Tensor GPT2Impl::run_block(int64_t i, const torch::Tensor& x) {
     if (hooks.post_forward) hooks.post_forward(i, recompute);
     return y;
   };
-  if (ckpt_enabled_ && i < ckpt_count_ && torch::GradMode::is_enabled()) return checkpoint(body, x, ckpt_cpu_);
-  return body(x);
+  auto y = ckpt_enabled_ && i < ckpt_count_ && torch::GradMode::is_enabled() ? checkpoint(body, x, ckpt_cpu_) : body(x);
+  return hooks_.wrap_output ? hooks_.wrap_output(i, y) : y;
 }
 
 torch::Tensor GPT2Impl::forward(const torch::Tensor& idx) {

@@ -80,9 +80,12 @@ TORCH_MODULE(Block);
 // Called around every block's forward, including the recompute of a checkpointed block
 // during backward (`recompute` is then true). This is where a ZeRO-3 engine gathers a
 // block's parameters (pre) and releases them (post) without the model knowing ZeRO.
+// wrap_output sees each block's output outside any checkpoint and may return it wrapped
+// (the engine inserts an autograd node that gathers the block again before its backward).
 struct BlockHooks {
   std::function<void(int64_t block, bool recompute)> pre_forward;
   std::function<void(int64_t block, bool recompute)> post_forward;
+  std::function<torch::Tensor(int64_t block, const torch::Tensor& y)> wrap_output;
 };
 
 struct GPT2Impl : torch::nn::Module {

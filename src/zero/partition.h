@@ -44,6 +44,11 @@ struct FlatLayout {
 // world >= 1, align >= 1. Throws zt::InternalError on invalid input.
 FlatLayout make_flat_layout(const std::vector<int64_t>& numels, int64_t bucket_numel, int world, int64_t align);
 
+// ZeRO-3 layout: each group of parameters (a gather unit) is one bucket, whatever its
+// size, so a unit is gathered and reduced with one collective. numels[u] lists unit u's
+// parameter sizes; every unit has at least one parameter.
+FlatLayout make_unit_layout(const std::vector<std::vector<int64_t>>& units, int world, int64_t align);
+
 // The part of [begin, end) that lies in [lo, hi), as {begin, end} (empty: begin == end).
 struct Range {
   int64_t begin = 0, end = 0;

@@ -26,41 +26,46 @@ std::string lower(std::string s) {
 
 ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr group, ZeroOptions options)
     : opt_(std::move(options)), group_(std::move(group)) {
-  ZT_CHECK_T(opt_.stage >= 0 && opt_.stage <= 2, ConfigError, "zero_optimization.stage ", opt_.stage,
-             " is handled elsewhere");
+  ZT_CHECK_T(opt_.stage >= 0 && opt_.stage <= 3, ConfigError, "zero_optimization.stage ", opt_.stage,
+             " does not exist: use 0, 1, 2 or 3");
   ZT_CHECK_T(!params.empty(), ConfigError, "the model has no trainable parameters to optimize");
   rank_ = group_->rank();
   world_ = group_->size();
   owns_all_ = opt_.stage == 0;
 
-  // Layout order: reverse of the user's order, the order gradients become ready.
-  const int n = static_cast<int>(params.size());
-  std::vector<int64_t> numels;
-  for (int i = n - 1; i >= 0; --i) {
-    params_.push_back(params[i]);
-    user_index_.push_back(i);
-    numels.push_back(params[i].numel());
-  }
-  layout_ = make_flat_layout(numels, std::max<int64_t>(1, opt_.reduce_bucket_numel), world_, kAlign);
-
   torch::NoGradGuard no_grad;
   auto topt = torch::TensorOptions().device(opt_.device);
-  flat_param_ = torch::zeros({layout_.total_numel}, topt.dtype(opt_.dtype));
-  for (size_t i = 0; i < params_.size(); ++i) {
-    auto& p = params_[i];
-    ZT_CHECK_T(p.device() == opt_.device && p.scalar_type() == opt_.dtype, InternalError,
-               "parameter not on the engine's device/dtype");
-    auto view = flat_param_.narrow(0, layout_.params[i].offset, layout_.params[i].numel);
-    view.copy_(p.detach().reshape(-1));
-    p.set_data(view.view(p.sizes()));
+  if (opt_.stage == 3) {
+    init_stage3(params);
+  } else {
+    // Layout order: reverse of the user's order, the order gradients become ready.
+    const int n = static_cast<int>(params.size());
+    std::vector<int64_t> numels;
+    for (int i = n - 1; i >= 0; --i) {
+      params_.push_back(params[i]);
+      user_index_.push_back(i);
+      numels.push_back(params[i].numel());
+    }
+    layout_ = make_flat_layout(numels, std::max<int64_t>(1, opt_.reduce_bucket_numel), world_, kAlign);
+    flat_param_ = torch::zeros({layout_.total_numel}, topt.dtype(opt_.dtype));
+    for (size_t i = 0; i < params_.size(); ++i) {
+      auto& p = params_[i];
+      ZT_CHECK_T(p.device() == opt_.device && p.scalar_type() == opt_.dtype, InternalError,
+                 "parameter not on the engine's device/dtype");
+      auto view = flat_param_.narrow(0, layout_.params[i].offset, layout_.params[i].numel);
+      view.copy_(p.detach().reshape(-1));
+      p.set_data(view.view(p.sizes()));
+    }
+    // Every rank starts from rank 0's parameters (as DeepSpeed does at initialize).
+    if (world_ > 1) group_->broadcast(flat_param_, 0);
   }
-  // Every rank starts from rank 0's parameters (as DeepSpeed does at initialize).
-  if (world_ > 1) group_->broadcast(flat_param_, 0);
 
   const int64_t owned = owns_all_ ? layout_.total_numel : layout_.shard_numel;
   master_ = torch::empty({owned}, topt.dtype(at::kFloat));
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
-    owned_view(master_, b).copy_(owns_all_ ? bucket_view(flat_param_, b) : shard_view(flat_param_, b));
+    owned_view(master_, b)
+        .copy_(opt_.stage == 3 ? owned_view(param_shard_, b)
+                               : (owns_all_ ? bucket_view(flat_param_, b) : shard_view(flat_param_, b)));
   }
   const std::string type = lower(opt_.optimizer.type);
   sgd_ = type == "sgd";
@@ -87,19 +92,21 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr g
   pending_.assign(layout_.buckets.size(), 0);
   launched_.assign(layout_.buckets.size(), false);
 
+  if (opt_.stage == 2 || (opt_.stage == 0 && world_ > 1)) init_hooks(0, params_.size());  // stage 3: init_stage3
+}
+
+void ZeroOptimizer::init_hooks(size_t begin, size_t end) {
   // Gradient-ready hooks: after autograd accumulated a parameter's gradient.
-  if (opt_.stage == 2 || (opt_.stage == 0 && world_ > 1)) {
-    for (size_t i = 0; i < params_.size(); ++i) {
-      auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
-      ZT_ASSERT(acc != nullptr, "parameter without a gradient accumulator");
-      int idx = static_cast<int>(i);
-      acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-          [this, idx](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-            on_grad_ready(idx);
-            return outputs;
-          }));
-      accumulators_.push_back(std::move(acc));
-    }
+  for (size_t i = begin; i < end; ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
+    ZT_ASSERT(acc != nullptr, "parameter without a gradient accumulator");
+    int idx = static_cast<int>(i);
+    acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [this, idx](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+          on_grad_ready(idx);
+          return outputs;
+        }));
+    accumulators_.push_back(std::move(acc));
   }
 }
 
@@ -121,7 +128,7 @@ torch::Tensor ZeroOptimizer::owned_view(const torch::Tensor& owned, int b) const
 
 void ZeroOptimizer::begin_backward(bool boundary, bool first_micro_step) {
   first_micro_ = first_micro_step;
-  reducing_ = opt_.stage == 2 || (opt_.stage == 0 && boundary && world_ > 1 && opt_.overlap_comm);
+  reducing_ = opt_.stage >= 2 || (opt_.stage == 0 && boundary && world_ > 1 && opt_.overlap_comm);
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
     pending_[b] = layout_.buckets[b].num_params;
     launched_[b] = false;
@@ -130,17 +137,19 @@ void ZeroOptimizer::begin_backward(bool boundary, bool first_micro_step) {
 }
 
 void ZeroOptimizer::on_grad_ready(int i) {
-  if (opt_.stage == 2) {
+  if (opt_.stage >= 2) {
     // Move the fresh gradient into the bucket's staging buffer and free it.
     torch::NoGradGuard no_grad;
     auto& p = params_[i];
     const ParamSlot& s = layout_.params[i];
     ZT_CHECK_T(!launched_[s.bucket], TrainingError, "a gradient of parameter ", user_index_[i],
                " (shape ", p.sizes(), ") arrived after its bucket was reduced: the parameter was used twice "
-               "in one backward across a re-entrant boundary, which ZeRO stage 2 cannot reduce");
+               "in one backward across a re-entrant boundary, which ZeRO stage ", opt_.stage, " cannot reduce");
     auto& stage = staging_[s.bucket];
-    if (!stage.defined()) stage = torch::zeros({layout_.buckets[s.bucket].numel}, flat_param_.options());
+    if (!stage.defined()) stage = torch::zeros({layout_.buckets[s.bucket].numel}, torch::TensorOptions().device(opt_.device).dtype(opt_.dtype));
     const Bucket& B = layout_.buckets[s.bucket];
+    ZT_CHECK_T(p.grad().numel() == s.numel, InternalError, "gradient of parameter ", user_index_[i], " has ",
+               p.grad().numel(), " elements, expected ", s.numel);
     stage.narrow(0, s.offset - B.offset, s.numel).copy_(p.grad().reshape(-1));
     p.mutable_grad().reset();
   }
@@ -166,13 +175,15 @@ void ZeroOptimizer::launch_bucket(int b) {
   }
   // Stage 2: reduce-scatter the staged bucket into this rank's gradient shard.
   auto& stage = staging_[b];
-  if (!stage.defined()) stage = torch::zeros({layout_.buckets[b].numel}, flat_param_.options());
+  if (!stage.defined()) stage = torch::zeros({layout_.buckets[b].numel}, torch::TensorOptions().device(opt_.device).dtype(opt_.dtype));
   if (pre != 1.0) stage.div_(pre);
   auto dst = owned_view(grad_shard_, b);
   torch::Tensor out = first_micro_ ? dst : torch::empty_like(dst);
   works_.push_back(group_->reduce_scatter(out, stage, op, /*async=*/true));
   if (!first_micro_) deferred_[b] = out;
   stage = torch::Tensor();  // the group keeps it alive until the collective is done
+  // Stage 3: the unit's gradients are out; its full parameters are no longer needed.
+  if (opt_.stage == 3 && units_[b].kind != UnitKind::kPersistent) release(b);
 }
 
 double ZeroOptimizer::end_backward() {
@@ -184,6 +195,10 @@ double ZeroOptimizer::end_backward() {
     for (size_t b = 0; b < layout_.buckets.size(); ++b) {
       if (!launched_[b]) launch_bucket(static_cast<int>(b));
     }
+  }
+  if (opt_.stage == 3) {
+    if (!hold_all_) release_all(/*persistent_too=*/false);  // units gathered (prefetched) but never used
+    check_tags(/*all=*/true);
   }
   auto start = std::chrono::steady_clock::now();
 #ifdef ZT_WITH_CUDA
@@ -210,7 +225,7 @@ double ZeroOptimizer::end_backward() {
       if (post != 1.0) deferred_[b].mul_(post);
       owned_view(grad_shard_, b).add_(deferred_[b]);
       deferred_[b] = torch::Tensor();
-    } else if (reducing_ && opt_.stage == 2 && first_micro_ && post != 1.0) {
+    } else if (reducing_ && opt_.stage >= 2 && first_micro_ && post != 1.0) {
       owned_view(grad_shard_, b).mul_(post);
     }
   }
@@ -219,7 +234,7 @@ double ZeroOptimizer::end_backward() {
 }
 
 torch::Tensor ZeroOptimizer::owned_grad_fp32() {
-  if (opt_.stage == 2) return grad_shard_.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+  if (opt_.stage >= 2) return grad_shard_.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
   if (owns_all_) return flat_grad_.to(at::kFloat, false, true);
   auto g = torch::empty({layout_.shard_numel}, master_.options());
   for (size_t b = 0; b < layout_.buckets.size(); ++b) owned_view(g, b).copy_(shard_view(flat_grad_, b));
@@ -314,6 +329,13 @@ void ZeroOptimizer::apply_optimizer(torch::Tensor& g, const StepInputs& in) {
 }
 
 void ZeroOptimizer::refresh_params() {
+  if (opt_.stage == 3) {
+    // The shard is all this rank keeps; units are gathered again when next used (no
+    // all-gather after the step). Gathered copies are stale now.
+    release_all(/*persistent_too=*/true);
+    for (size_t b = 0; b < layout_.buckets.size(); ++b) owned_view(param_shard_, b).copy_(owned_view(master_, b));
+    return;
+  }
   // Cast the updated fp32 shard into the compute-dtype parameters.
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
     (owns_all_ ? bucket_view(flat_param_, b) : shard_view(flat_param_, b)).copy_(owned_view(master_, b));
@@ -354,11 +376,17 @@ void ZeroOptimizer::zero_grad() {
 ModelStateBytes ZeroOptimizer::state_bytes() const {
   auto nb = [](const torch::Tensor& t) -> int64_t { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; };
   ModelStateBytes m;
-  m.params = nb(flat_param_);
+  m.params = nb(flat_param_) + nb(param_shard_);
   m.grads = nb(flat_grad_) + nb(grad_shard_);
   m.master = nb(master_);
   m.optimizer = nb(exp_avg_) + nb(exp_avg_sq_) + nb(momentum_buf_);
   return m;
+}
+
+void ZeroOptimizer::reset_counters() {
+  buckets_launched_ = buckets_in_backward_ = 0;
+  z3_.gathers = z3_.prefetched = z3_.releases = 0;
+  z3_.peak_live_numel = z3_.live_numel;
 }
 
 std::vector<torch::Tensor> ZeroOptimizer::gather_master_params() {
@@ -376,8 +404,8 @@ std::vector<torch::Tensor> ZeroOptimizer::gather_master_params() {
   }
   std::vector<torch::Tensor> result(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
-    result[user_index_[i]] =
-        full.narrow(0, layout_.params[i].offset, layout_.params[i].numel).view(params_[i].sizes()).clone();
+    const auto shape = opt_.stage == 3 ? c10::IntArrayRef(shapes_[i]) : params_[i].sizes();
+    result[user_index_[i]] = full.narrow(0, layout_.params[i].offset, layout_.params[i].numel).view(shape).clone();
   }
   return result;
 }

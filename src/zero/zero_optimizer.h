@@ -6,6 +6,13 @@
 //   stage 0: params Ψ, grads Ψ (all-reduced per bucket in backward), master+m+v Ψ
 //   stage 1: params Ψ, grads Ψ (reduce-scattered at the boundary), master+m+v Ψ/N
 //   stage 2: params Ψ, grads Ψ/N (reduce-scattered per bucket in backward), master+m+v Ψ/N
+//   stage 3: params Ψ/N (+ the units gathered right now), grads Ψ/N, master+m+v Ψ/N
+//
+// Stage 3 (src/zero/zero3.cpp) reuses the stage-2 machinery with one bucket per gather
+// unit: the rank owns shard r of every unit's parameters, gradients and optimizer state.
+// A unit's full parameters exist only between its gather and its release; the model's
+// parameter tensors point at the gathered buffer (set_data) while it exists and at an
+// empty tensor otherwise.
 // See src/zero/partition.h for the layout and [Stream Rules] in zerotrain/comm.h.
 #pragma once
 #include <torch/torch.h>
@@ -31,6 +38,30 @@ struct ZeroOptions {
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
   OptimizerConfig optimizer;
+
+  // Stage 3. Units in forward order (user parameter indices); parameters in no unit form
+  // the "root" unit, gathered for the whole forward+backward. Parameters with fewer than
+  // persistence_threshold elements form the "persistent" unit, never released.
+  struct Unit {
+    std::string name;
+    std::vector<int> params;
+  };
+  std::vector<Unit> units;
+  std::vector<std::string> param_names;   // user index -> name (diagnostics); may be empty
+  int64_t prefetch_numel = 50000000;      // stage3_prefetch_bucket_size
+  int64_t max_live_numel = 1000000000;    // stage3_max_live_parameters
+  int64_t max_reuse_distance = 1000000000; // stage3_max_reuse_distance
+  int64_t persistence_threshold = 100000; // stage3_param_persistence_threshold
+};
+
+// Stage 3 counters of one optimizer step.
+struct Zero3Stats {
+  int64_t gathers = 0;            // unit all-gathers issued
+  int64_t prefetched = 0;         // of those, issued before the unit was needed
+  int64_t releases = 0;
+  int64_t live_numel = 0;         // gathered elements right now
+  int64_t peak_live_numel = 0;    // most gathered elements at once (in flight included)
+  int64_t max_unit_numel = 0;     // largest unit (the "plus one unit" of the bound)
 };
 
 // Per-step inputs of the optimizer step.
@@ -63,12 +94,27 @@ class ZeroOptimizer {
   StepOutcome step(const StepInputs& in);
   void zero_grad();
 
+  // Stage 3 (no-ops at stages 0-2). The engine calls begin/end_forward around the user's
+  // forward; models call the unit hooks around each unit's forward (GPT-2 through its
+  // BlockHooks, other models through Engine::run_unit).
+  void begin_forward();
+  void end_forward();
+  void unit_pre_forward(int unit, bool recompute);
+  void unit_post_forward(int unit, bool recompute);
+  // Returns y wrapped so that the unit is gathered again just before its backward.
+  torch::Tensor unit_output(int unit, const torch::Tensor& y);
+  void on_pre_backward(int bucket);  // called from the autograd node unit_output inserted
+  void gather_all();                 // every unit full-size (collective)
+  void release_all(bool persistent_too);
+  const Zero3Stats& zero3_stats() const { return z3_; }
+  int num_units() const { return static_cast<int>(unit_bucket_.size()); }
+
   ModelStateBytes state_bytes() const;
   std::vector<torch::Tensor> gather_master_params();
   const FlatLayout& layout() const { return layout_; }
   int64_t buckets_launched() const { return buckets_launched_; }
   int64_t buckets_launched_in_backward() const { return buckets_in_backward_; }
-  void reset_counters() { buckets_launched_ = buckets_in_backward_ = 0; }
+  void reset_counters();
 
  private:
   void on_grad_ready(int layout_index);
@@ -79,6 +125,16 @@ class ZeroOptimizer {
   torch::Tensor bucket_view(const torch::Tensor& flat, int b) const;
   torch::Tensor shard_view(const torch::Tensor& flat, int b) const;        // rank's shard inside a full flat
   torch::Tensor owned_view(const torch::Tensor& owned, int b) const;       // bucket b inside an owned buffer
+
+  // Stage 3 internals (zero3.cpp).
+  void init_stage3(std::vector<torch::Tensor>& params);
+  void gather(int b, bool prefetch);
+  void ensure_gathered(int b);
+  void release(int b);
+  void prefetch_after(const std::vector<int>& order, int64_t pos, int dir);
+  void check_tags(bool all);
+  std::string unit_label(int b) const;
+  void init_hooks(size_t begin, size_t end);  // layout indices
 
   ZeroOptions opt_;
   comm::GroupPtr group_;
@@ -108,6 +164,36 @@ class ZeroOptimizer {
   bool reducing_ = false;                 // hooks reduce in this micro-step
   bool first_micro_ = true;
   bool in_backward_ = false;
+
+  // Stage 3 state.
+  enum class UnitKind { kBlock, kRoot, kPersistent };
+  struct UnitState {
+    std::string name;
+    UnitKind kind = UnitKind::kBlock;
+    torch::Tensor full;        // gathered buffer (numel of the bucket), undefined when released
+    comm::WorkPtr work;        // pending all-gather into `full`
+    bool prefetched = false;
+    bool attached = false;     // the parameters point into `full`
+  };
+  struct TagCheck {
+    int bucket;
+    int64_t seq;
+    torch::Tensor tags;        // (world, 2) int64: what every rank gathered as gather #seq
+  };
+  torch::Tensor param_shard_;            // (shard) compute dtype: this rank's parameters
+  torch::Tensor empty_;                  // what released parameters point at
+  std::vector<std::vector<int64_t>> shapes_;  // layout index -> full shape
+  std::vector<UnitState> units_;         // per bucket
+  std::vector<int> unit_bucket_;         // engine unit id -> bucket, -1 when all persistent
+  int root_ = -1, persistent_ = -1;      // buckets of the root / persistent units
+  std::vector<int> trace_;               // forward order of block units (last complete forward)
+  bool trace_valid_ = false;
+  bool hold_all_ = false;                // gather_all(): nothing is released until release_all()
+  std::vector<int> rec_;                 // this forward's order
+  int64_t bwd_pos_ = 0;
+  int64_t gather_seq_ = 0;
+  std::vector<TagCheck> tag_checks_;
+  Zero3Stats z3_;
   int64_t buckets_launched_ = 0, buckets_in_backward_ = 0;
 };
 

@@ -1,0 +1,343 @@
+// ZeRO stage 3: parameters partitioned, gathered per unit just in time.
+//
+// Units. Every managed parameter belongs to one bucket of the flat layout, and at stage 3
+// a bucket is a gather unit: a transformer block (or any group the user declares), the
+// "root" unit (parameters in no declared unit: embeddings, final norm), and the
+// "persistent" unit (parameters under stage3_param_persistence_threshold elements). A
+// unit is gathered with one all-gather of its shards into a fresh buffer, and its
+// gradients leave with one reduce-scatter, as soon as the last of them is ready.
+//
+// Life of a block unit in one step:
+//   forward   unit_pre_forward: gather (or wait for the prefetch), prefetch the next units
+//             of the recorded trace; unit_post_forward: release unless it is reused within
+//             stage3_max_reuse_distance elements and stage3_max_live_parameters allows.
+//   backward  the autograd node unit_output inserted after the unit runs first: gather
+//             again, prefetch the units before it; a recomputed (checkpointed) block finds
+//             it gathered; when its last gradient arrives: reduce-scatter, release.
+//   step      the fp32 shard updates the compute shard; nothing is all-gathered.
+// The root and persistent units are gathered at the start of forward; the root unit is
+// released with its gradients (the tied embedding's arrive last), the persistent one after
+// the step only (its copy is stale then).
+//
+// Diagnosis. Every gather carries a tag (unit, sequence number) gathered from all ranks
+// alongside the data. On the CPU it is checked before the data moves; on the GPU the tags
+// are checked at the end of forward and of backward (no host sync per gather). Ranks that
+// disagree on the sequence get an error naming the gather, the units and the ranks.
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <set>
+
+#include "zero/zero_optimizer.h"
+#include "zerotrain/error.h"
+
+namespace zt::zero {
+namespace {
+constexpr int64_t kAlign = 64;
+
+// Identity in forward; in backward, gathers the unit before autograd enters it.
+struct PreBackward : public torch::autograd::Function<PreBackward> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t self,
+                               int64_t bucket) {
+    ctx->saved_data["self"] = self;
+    ctx->saved_data["bucket"] = bucket;
+    return x;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* z = reinterpret_cast<ZeroOptimizer*>(ctx->saved_data["self"].toInt());
+    z->on_pre_backward(static_cast<int>(ctx->saved_data["bucket"].toInt()));
+    return {grads[0], torch::Tensor(), torch::Tensor()};
+  }
+};
+}  // namespace
+
+void ZeroOptimizer::init_stage3(std::vector<torch::Tensor>& params) {
+  const int n = static_cast<int>(params.size());
+  auto name_of = [&](int i) {
+    return i < static_cast<int>(opt_.param_names.size()) ? opt_.param_names[i] : "parameter " + std::to_string(i);
+  };
+  // Unit of every parameter: declared units first, the rest is root; small ones persist.
+  std::vector<int> unit_of(n, -1);
+  for (size_t u = 0; u < opt_.units.size(); ++u) {
+    for (int i : opt_.units[u].params) {
+      ZT_CHECK_T(i >= 0 && i < n, ConfigError, "ZeRO-3 unit '", opt_.units[u].name, "' names parameter ", i,
+                 " but there are ", n, " managed parameters");
+      ZT_CHECK_T(unit_of[i] < 0, ConfigError, "ZeRO-3: ", name_of(i), " is in two units ('",
+                 opt_.units[unit_of[i]].name, "' and '", opt_.units[u].name, "')");
+      unit_of[i] = static_cast<int>(u);
+    }
+  }
+  std::vector<std::vector<int>> members(opt_.units.size());
+  std::vector<int> root, persistent;
+  for (int i = 0; i < n; ++i) {
+    if (params[i].numel() < opt_.persistence_threshold) {
+      persistent.push_back(i);
+    } else if (unit_of[i] < 0) {
+      root.push_back(i);
+    } else {
+      members[unit_of[i]].push_back(i);
+    }
+  }
+  // Buckets: root, declared units in forward order, persistent.
+  std::vector<std::vector<int64_t>> numels;
+  auto add_unit = [&](const std::vector<int>& idx, const std::string& name, UnitKind kind) {
+    if (idx.empty()) return -1;
+    std::vector<int64_t> sizes;
+    for (int i : idx) {
+      params_.push_back(params[i]);
+      user_index_.push_back(i);
+      shapes_.push_back(params[i].sizes().vec());
+      sizes.push_back(params[i].numel());
+    }
+    numels.push_back(sizes);
+    UnitState st;
+    st.name = name;
+    st.kind = kind;
+    units_.push_back(st);
+    return static_cast<int>(units_.size()) - 1;
+  };
+  root_ = add_unit(root, "root", UnitKind::kRoot);
+  for (size_t u = 0; u < opt_.units.size(); ++u) {
+    unit_bucket_.push_back(add_unit(members[u], opt_.units[u].name, UnitKind::kBlock));
+  }
+  persistent_ = add_unit(persistent, "persistent", UnitKind::kPersistent);
+  layout_ = make_unit_layout(numels, world_, kAlign);
+  for (const auto& B : layout_.buckets) z3_.max_unit_numel = std::max(z3_.max_unit_numel, B.numel);
+
+  // Partition one unit at a time: only one unit is ever full-size on the device.
+  auto topt = torch::TensorOptions().device(opt_.device).dtype(opt_.dtype);
+  param_shard_ = torch::zeros({layout_.shard_numel}, topt);
+  empty_ = torch::empty({0}, topt);
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    const Bucket& B = layout_.buckets[b];
+    auto full = torch::zeros({B.numel}, topt);
+    for (int k = 0; k < B.num_params; ++k) {
+      const int i = B.first_param + k;
+      auto& p = params_[i];
+      ZT_CHECK_T(!p.is_meta(), ConfigError, "ZeRO-3: ", name_of(user_index_[i]),
+                 " is on the meta device; build the model with its weights or pass EngineOptions.param_init");
+      auto view = full.narrow(0, layout_.params[i].offset - B.offset, layout_.params[i].numel);
+      view.copy_(p.detach().reshape(-1));
+      // Frees the user's copy (host or device). The parameter gets its final dtype and
+      // device with its full shape before its gradient hook is made: autograd's
+      // accumulator node remembers the shape it was created with, and set_data to another
+      // dtype or device would drop the node (and the hook with it).
+      p.set_data(view.view(shapes_[i]));
+    }
+    init_hooks(B.first_param, B.first_param + B.num_params);
+    for (int k = 0; k < B.num_params; ++k) params_[B.first_param + k].set_data(empty_);
+    // Every rank starts from rank 0's parameters (as DeepSpeed does at initialize).
+    if (world_ > 1) group_->broadcast(full, 0);
+    owned_view(param_shard_, b).copy_(full.narrow(0, static_cast<int64_t>(rank_) * B.shard_numel, B.shard_numel));
+  }
+}
+
+std::string ZeroOptimizer::unit_label(int b) const {
+  if (b < 0 || b >= static_cast<int>(units_.size())) return "unknown unit " + std::to_string(b);
+  return "unit " + std::to_string(b) + " '" + units_[b].name + "'";
+}
+
+void ZeroOptimizer::gather(int b, bool prefetch) {
+  UnitState& U = units_[b];
+  if (U.full.defined()) return;  // gathered or in flight
+  const Bucket& B = layout_.buckets[b];
+  torch::NoGradGuard no_grad;
+  const int64_t seq = gather_seq_++;
+  if (world_ > 1) {
+    auto mine = torch::tensor({static_cast<int64_t>(b), seq}, torch::TensorOptions().dtype(at::kLong));
+    if (opt_.device.is_cuda()) mine = mine.to(opt_.device, /*non_blocking=*/true);
+    auto tags = torch::empty({world_ * 2}, mine.options());
+    auto w = group_->all_gather(tags, mine, /*async=*/!opt_.device.is_cpu());
+    tag_checks_.push_back({b, seq, tags});
+    // On the CPU the check costs nothing: do it before the data moves, so ranks that
+    // disagree stop here instead of issuing collectives of different sizes.
+    if (opt_.device.is_cpu()) check_tags(/*all=*/true);
+  }
+  U.full = torch::empty({B.numel}, param_shard_.options());
+  auto mine = owned_view(param_shard_, b);
+  U.work = world_ > 1 ? group_->all_gather(U.full, mine, /*async=*/true) : nullptr;
+  if (world_ == 1) U.full.copy_(mine);
+  U.prefetched = prefetch;
+  ++z3_.gathers;
+  if (prefetch) ++z3_.prefetched;
+  z3_.live_numel += B.numel;
+  z3_.peak_live_numel = std::max(z3_.peak_live_numel, z3_.live_numel);
+}
+
+void ZeroOptimizer::ensure_gathered(int b) {
+  UnitState& U = units_[b];
+  if (!U.full.defined()) gather(b, /*prefetch=*/false);
+  if (U.work) {
+    U.work->wait();  // the compute stream waits; the host does not (CUDA)
+    U.work.reset();
+  }
+  if (U.attached) return;
+  const Bucket& B = layout_.buckets[b];
+  for (int k = 0; k < B.num_params; ++k) {
+    const int i = B.first_param + k;
+    params_[i].set_data(U.full.narrow(0, layout_.params[i].offset - B.offset, layout_.params[i].numel).view(shapes_[i]));
+  }
+  U.attached = true;
+}
+
+void ZeroOptimizer::release(int b) {
+  UnitState& U = units_[b];
+  if (!U.full.defined() || hold_all_) return;
+  if (U.work) {
+    U.work->wait();  // a prefetch nobody used: finish it before the buffer goes back
+    U.work.reset();
+  }
+  const Bucket& B = layout_.buckets[b];
+  for (int k = 0; k < B.num_params; ++k) params_[B.first_param + k].set_data(empty_);
+  U.full = torch::Tensor();
+  U.prefetched = false;
+  U.attached = false;
+  z3_.live_numel -= B.numel;
+  ++z3_.releases;
+}
+
+void ZeroOptimizer::release_all(bool persistent_too) {
+  if (opt_.stage != 3) return;
+  hold_all_ = false;
+  for (size_t b = 0; b < units_.size(); ++b) {
+    if (persistent_too || units_[b].kind != UnitKind::kPersistent) release(static_cast<int>(b));
+  }
+}
+
+void ZeroOptimizer::gather_all() {
+  if (opt_.stage != 3) return;
+  for (size_t b = 0; b < units_.size(); ++b) gather(static_cast<int>(b), false);
+  for (size_t b = 0; b < units_.size(); ++b) ensure_gathered(static_cast<int>(b));
+  check_tags(true);
+  hold_all_ = true;
+}
+
+void ZeroOptimizer::prefetch_after(const std::vector<int>& order, int64_t pos, int dir) {
+  // Units following position `pos` of `order` (in direction dir), up to
+  // stage3_prefetch_bucket_size elements, never beyond stage3_max_live_parameters.
+  int64_t budget = opt_.prefetch_numel;
+  for (int64_t k = pos + dir; k >= 0 && k < static_cast<int64_t>(order.size()); k += dir) {
+    const int b = order[k];
+    if (units_[b].full.defined()) continue;
+    const int64_t n = layout_.buckets[b].numel;
+    if (n > budget || z3_.live_numel + n > opt_.max_live_numel) break;
+    budget -= n;
+    gather(b, /*prefetch=*/true);
+  }
+}
+
+void ZeroOptimizer::begin_forward() {
+  if (opt_.stage != 3) return;
+  rec_.clear();
+  if (root_ >= 0) gather(root_, false);
+  if (persistent_ >= 0) gather(persistent_, false);
+  if (trace_valid_) prefetch_after(trace_, -1, +1);
+  if (root_ >= 0) ensure_gathered(root_);
+  if (persistent_ >= 0) ensure_gathered(persistent_);
+}
+
+void ZeroOptimizer::end_forward() {
+  if (opt_.stage != 3) return;
+  // The recorded order becomes the trace the next forwards prefetch from.
+  if (!trace_valid_ || rec_ != trace_) {
+    trace_ = rec_;
+    trace_valid_ = !rec_.empty();
+  }
+  bwd_pos_ = static_cast<int64_t>(rec_.size());
+  if (!torch::GradMode::is_enabled() && !hold_all_) release_all(/*persistent_too=*/false);  // no backward follows
+  check_tags(/*all=*/true);
+}
+
+void ZeroOptimizer::unit_pre_forward(int unit, bool recompute) {
+  if (opt_.stage != 3) return;
+  ZT_CHECK_T(unit >= 0 && unit < num_units(), InternalError, "ZeRO-3 unit ", unit, " does not exist (", num_units(),
+             " units)");
+  const int b = unit_bucket_[unit];
+  if (b < 0) return;
+  if (recompute) {
+    ensure_gathered(b);
+    return;
+  }
+  const int64_t pos = static_cast<int64_t>(rec_.size());
+  rec_.push_back(b);
+  const bool on_trace = trace_valid_ && pos < static_cast<int64_t>(trace_.size()) && trace_[pos] == b;
+  if (trace_valid_ && !on_trace) trace_valid_ = false;  // the order changed: stop prefetching
+  ensure_gathered(b);
+  if (trace_valid_) prefetch_after(trace_, pos, +1);
+}
+
+void ZeroOptimizer::unit_post_forward(int unit, bool recompute) {
+  if (opt_.stage != 3 || recompute) return;
+  const int b = unit_bucket_[unit];
+  if (b < 0) return;
+  if (!torch::GradMode::is_enabled()) {
+    release(b);
+    return;
+  }
+  // Next use of this unit: its own backward, after the rest of forward and the backward
+  // of every unit after it. Keep it when that is within the reuse distance and the live
+  // budget allows; without a trace the distance is unknown: release.
+  bool keep = false;
+  if (trace_valid_) {
+    const int64_t pos = static_cast<int64_t>(rec_.size()) - 1;
+    int64_t distance = 0;
+    for (size_t k = static_cast<size_t>(pos) + 1; k < trace_.size(); ++k) distance += 2 * layout_.buckets[trace_[k]].numel;
+    keep = distance <= opt_.max_reuse_distance && z3_.live_numel <= opt_.max_live_numel;
+  }
+  if (!keep) release(b);
+}
+
+torch::Tensor ZeroOptimizer::unit_output(int unit, const torch::Tensor& y) {
+  if (opt_.stage != 3 || !torch::GradMode::is_enabled() || !y.requires_grad()) return y;
+  const int b = unit_bucket_[unit];
+  if (b < 0) return y;
+  return PreBackward::apply(y, reinterpret_cast<int64_t>(this), static_cast<int64_t>(b));
+}
+
+void ZeroOptimizer::on_pre_backward(int b) {
+  // Where this unit ran in forward (the latest occurrence not yet back-propagated).
+  int64_t pos = -1;
+  for (int64_t k = std::min<int64_t>(bwd_pos_, static_cast<int64_t>(rec_.size())) - 1; k >= 0; --k) {
+    if (rec_[k] == b) {
+      pos = k;
+      break;
+    }
+  }
+  ensure_gathered(b);
+  if (pos >= 0) {
+    bwd_pos_ = pos;
+    prefetch_after(rec_, pos, -1);
+  }
+}
+
+void ZeroOptimizer::check_tags(bool /*all*/) {
+  if (tag_checks_.empty()) return;
+  std::vector<torch::Tensor> ts;
+  for (auto& t : tag_checks_) ts.push_back(t.tags);
+  // One copy for all pending checks (on the GPU this is the only host sync they cost).
+  auto host = torch::stack(ts).to(torch::kCPU).contiguous();  // (checks, world*2)
+  auto acc = host.accessor<int64_t, 2>();
+  std::vector<TagCheck> checks = std::move(tag_checks_);
+  tag_checks_.clear();
+  for (size_t c = 0; c < checks.size(); ++c) {
+    bool ok = true;
+    for (int r = 0; r < world_; ++r) {
+      ok = ok && acc[c][2 * r] == checks[c].bucket && acc[c][2 * r + 1] == checks[c].seq;
+    }
+    if (ok) continue;
+    std::string who;
+    for (int r = 0; r < world_; ++r) {
+      who += detail::cat("\n  rank ", r, ": gather #", acc[c][2 * r + 1], " of ",
+                         unit_label(static_cast<int>(acc[c][2 * r])));
+    }
+    throw TrainingError(detail::cat(
+        "ZeRO-3: ranks disagree on the sequence of parameter gathers at gather #", checks[c].seq,
+        " (this is rank ", rank_, ", which gathered ", unit_label(checks[c].bucket), "):", who,
+        "\nEvery rank must run the same units in the same order in each forward and backward. A branch that "
+        "depends on the data (or the rank) changes that order; take the same branch on every rank, or give "
+        "the parameters of the optional path to a unit that is always run."));
+  }
+}
+
+}  // namespace zt::zero
