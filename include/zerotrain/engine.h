@@ -88,6 +88,12 @@ struct EngineOptions {
   // Parameters in no unit form the root unit (gathered for the whole forward+backward).
   std::vector<std::vector<torch::Tensor>> units;
   std::vector<std::string> unit_names;
+  // Partitioned construction (the analogue of DeepSpeed's zero.Init): a parameter whose
+  // numel differs from param_shape(name) is a placeholder; the engine materialises it on
+  // the device (under ZeRO-3 one unit at a time, keeping only this rank's shard) and fills
+  // it with param_init(name, tensor). GPT-2 built with deferred_init fills both itself.
+  std::function<std::vector<int64_t>(const std::string& name)> param_shape;
+  std::function<void(const std::string& name, torch::Tensor& t)> param_init;
 };
 
 class Engine {

@@ -150,6 +150,9 @@ int cmd_train(int argc, char** argv) {
              "(byte tokens); --vocab ", mc.vocab_size, " is too small");
 
   torch::manual_seed(static_cast<uint64_t>(a.seed));
+  // ZeRO-3 builds the model partitioned: placeholders now, each unit materialised on the
+  // device (and sharded) by initialize(), so no rank ever holds the whole model.
+  mc.deferred_init = cfg.zero_optimization.stage == 3;
   models::GPT2 model(mc);
   if (a.checkpoint || cfg.activation_checkpointing.number_checkpoints || cfg.activation_checkpointing.cpu_checkpointing) {
     model->set_activation_checkpointing(true, cfg.activation_checkpointing.number_checkpoints,

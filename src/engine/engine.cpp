@@ -86,6 +86,34 @@ class EngineImpl : public Engine {
       }
     }
     for (auto& p : params) names.push_back(name_of(p));
+    // Placeholders (partitioned construction): GPT-2 built with deferred_init knows its
+    // shapes and initialisation.
+    if (auto g = std::dynamic_pointer_cast<models::GPT2Impl>(model_); g && g->config().deferred_init) {
+      if (!opts_.param_shape) opts_.param_shape = [g](const std::string& n) { return g->param_shape(n); };
+      if (!opts_.param_init) opts_.param_init = [g](const std::string& n, torch::Tensor& t) { g->init_parameter(n, t); };
+    }
+    std::vector<std::vector<int64_t>> deferred(params.size());
+    bool any_deferred = false;
+    if (opts_.param_shape) {
+      for (size_t i = 0; i < params.size(); ++i) {
+        auto shape = opts_.param_shape(names[i]);
+        if (c10::multiply_integers(shape) != params[i].numel()) {
+          deferred[i] = shape;
+          any_deferred = true;
+        }
+      }
+      ZT_CHECK_T(!any_deferred || opts_.param_init, ConfigError,
+                 "EngineOptions.param_shape marks placeholders but EngineOptions.param_init is not set");
+    }
+    if (any_deferred && !stage3) {
+      // Stages 0-2 keep full parameters anyway: materialise each on the device now.
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (deferred[i].empty()) continue;
+        params[i].set_data(torch::empty(deferred[i], torch::TensorOptions().device(device_).dtype(dtype_)));
+        opts_.param_init(names[i], params[i]);
+      }
+    }
     // Move and cast the model. Stage 3 leaves the managed parameters where they are: the
     // partitioner takes them one unit at a time, so the whole model is never on the device.
     if (!stage3) {
@@ -115,7 +143,14 @@ class EngineImpl : public Engine {
     zo.gradient_predivide_factor = cfg_.gradient_predivide_factor;
     zo.optimizer = cfg_.optimizer;
     if (zo.optimizer.type.empty()) zo.optimizer.type = "AdamW";
-    if (stage3) setup_units(params, names, zo);
+    if (stage3) {
+      setup_units(params, names, zo);
+      if (any_deferred) {
+        zo.deferred_shapes = deferred;
+        auto init = opts_.param_init;
+        zo.deferred_init = [init, names](int i, torch::Tensor& t) { init(names[i], t); };
+      }
+    }
     zero_ = std::make_unique<zero::ZeroOptimizer>(params, group_, zo);
     if (gpt2_) {
       zero::ZeroOptimizer* z = zero_.get();

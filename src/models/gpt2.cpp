@@ -157,9 +157,14 @@ double gpt2_flops_per_token(const GPT2Config& c, int64_t seq) {
 
 // ---- modules ------------------------------------------------------------------------
 
+// A Linear (in -> out), or a 1x1 placeholder when the model is built deferred.
+torch::nn::Linear make_linear(const GPT2Config& cfg, int64_t in, int64_t out) {
+  return cfg.deferred_init ? torch::nn::Linear(1, 1) : torch::nn::Linear(in, out);
+}
+
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPT2Config& cfg) : n_head(cfg.n_head) {
-  c_attn = register_module("c_attn", torch::nn::Linear(cfg.n_embd, 3 * cfg.n_embd));
-  c_proj = register_module("c_proj", torch::nn::Linear(cfg.n_embd, cfg.n_embd));
+  c_attn = register_module("c_attn", make_linear(cfg, cfg.n_embd, 3 * cfg.n_embd));
+  c_proj = register_module("c_proj", make_linear(cfg, cfg.n_embd, cfg.n_embd));
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
@@ -173,8 +178,8 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
 }
 
 MLPImpl::MLPImpl(const GPT2Config& cfg) {
-  c_fc = register_module("c_fc", torch::nn::Linear(cfg.n_embd, 4 * cfg.n_embd));
-  c_proj = register_module("c_proj", torch::nn::Linear(4 * cfg.n_embd, cfg.n_embd));
+  c_fc = register_module("c_fc", make_linear(cfg, cfg.n_embd, 4 * cfg.n_embd));
+  c_proj = register_module("c_proj", make_linear(cfg, 4 * cfg.n_embd, cfg.n_embd));
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
@@ -195,8 +200,9 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
 
 GPT2Impl::GPT2Impl(const GPT2Config& cfg) : cfg_(cfg) {
   validate(cfg, "GPT2Config");
-  wte = register_module("wte", torch::nn::Embedding(cfg.vocab_size, cfg.n_embd));
-  wpe = register_module("wpe", torch::nn::Embedding(cfg.n_positions, cfg.n_embd));
+  const bool d = cfg.deferred_init;
+  wte = register_module("wte", torch::nn::Embedding(d ? 1 : cfg.vocab_size, d ? 1 : cfg.n_embd));
+  wpe = register_module("wpe", torch::nn::Embedding(d ? 1 : cfg.n_positions, d ? 1 : cfg.n_embd));
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < cfg.n_layer; ++i) {
     blocks_.emplace_back(cfg);
@@ -207,27 +213,51 @@ GPT2Impl::GPT2Impl(const GPT2Config& cfg) : cfg_(cfg) {
 }
 
 void GPT2Impl::reset_parameters() {
+  if (cfg_.deferred_init) return;  // placeholders: init_parameter runs at materialisation
   torch::NoGradGuard no_grad;
-  const double proj_std = kInitStd / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer));
-  auto init_linear = [](torch::nn::Linear& l, double std) {
-    l->weight.normal_(0.0, std);
-    l->bias.zero_();
-  };
-  auto init_ln = [](torch::nn::LayerNorm& ln) {
-    ln->weight.fill_(1.0);
-    ln->bias.zero_();
-  };
-  wte->weight.normal_(0.0, kInitStd);
-  wpe->weight.normal_(0.0, kInitStd);
-  for (auto& b : blocks_) {
-    init_ln(b->ln_1);
-    init_ln(b->ln_2);
-    init_linear(b->attn->c_attn, kInitStd);
-    init_linear(b->attn->c_proj, proj_std);
-    init_linear(b->mlp->c_fc, kInitStd);
-    init_linear(b->mlp->c_proj, proj_std);
+  // Registration order: the generator is drawn in the same order as GPT-2's reference.
+  for (auto& kv : named_parameters()) init_parameter(kv.key(), kv.value());
+}
+
+namespace {
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+}  // namespace
+
+std::vector<int64_t> GPT2Impl::param_shape(const std::string& name) const {
+  const int64_t C = cfg_.n_embd;
+  if (name == "wte.weight") return {cfg_.vocab_size, C};
+  if (name == "wpe.weight") return {cfg_.n_positions, C};
+  if (ends_with(name, "attn.c_attn.weight")) return {3 * C, C};
+  if (ends_with(name, "attn.c_attn.bias")) return {3 * C};
+  if (ends_with(name, "attn.c_proj.weight")) return {C, C};
+  if (ends_with(name, "mlp.c_fc.weight")) return {4 * C, C};
+  if (ends_with(name, "mlp.c_fc.bias")) return {4 * C};
+  if (ends_with(name, "mlp.c_proj.weight")) return {C, 4 * C};
+  if (ends_with(name, "c_proj.bias") || ends_with(name, "ln_1.weight") || ends_with(name, "ln_1.bias") ||
+      ends_with(name, "ln_2.weight") || ends_with(name, "ln_2.bias") || name == "ln_f.weight" || name == "ln_f.bias") {
+    return {C};
   }
-  init_ln(ln_f);
+  throw zt::InternalError("GPT2: no parameter named '" + name + "'");
+}
+
+void GPT2Impl::init_parameter(const std::string& name, torch::Tensor& t) const {
+  torch::NoGradGuard no_grad;
+  const auto shape = param_shape(name);
+  ZT_CHECK_T(t.sizes().vec() == shape, zt::InternalError, "GPT2: ", name, " has shape ", t.sizes(), ", expected ",
+             c10::IntArrayRef(shape));
+  const bool ln = name.find("ln_") != std::string::npos;
+  if (ln) {
+    ends_with(name, ".weight") ? t.fill_(1.0) : t.zero_();
+  } else if (ends_with(name, ".bias")) {
+    t.zero_();
+  } else if (ends_with(name, "c_proj.weight")) {
+    // Residual projections: GPT-2 scales their init by 1/sqrt(2 * n_layer).
+    t.normal_(0.0, kInitStd / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer)));
+  } else {
+    t.normal_(0.0, kInitStd);
+  }
 }
 
 torch::Tensor GPT2Impl::run_block(int64_t i, const torch::Tensor& x) {
@@ -281,13 +311,10 @@ std::vector<std::shared_ptr<torch::nn::Module>> GPT2Impl::blocks() const {
   return out;
 }
 
-int64_t GPT2Impl::num_params() const {
-  int64_t n = 0;
-  for (const auto& p : parameters()) n += p.numel();
-  return n;
-}
+// From the config, not the tensors: under ZeRO-3 (or deferred_init) they are not full-size.
+int64_t GPT2Impl::num_params() const { return gpt2_num_params(cfg_); }
 
-int64_t GPT2Impl::num_params_non_embedding() const { return num_params() - wpe->weight.numel(); }
+int64_t GPT2Impl::num_params_non_embedding() const { return gpt2_num_params_non_embedding(cfg_); }
 
 double GPT2Impl::flops_per_token(int64_t seq) const { return gpt2_flops_per_token(cfg_, seq); }
 

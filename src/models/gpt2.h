@@ -25,6 +25,11 @@ struct GPT2Config {
   int64_t n_embd = 768;       // model width C
   int64_t vocab_size = 50257; // V (256 for the byte tokenizer)
   int64_t n_positions = 1024; // longest sequence T the position table holds
+  // Partitioned construction: the matrices (embeddings, Linear weights and biases) are
+  // built as 1x1 placeholders and materialised later, one ZeRO-3 unit at a time on the
+  // device, through param_shape()/init_parameter() (the engine does this at initialize).
+  // LayerNorm parameters (2C per norm) are built for real.
+  bool deferred_init = false;
 };
 
 // "gpt2-tiny" (2/4/128, V=256, T=256: the byte-tokenizer model that trains on a laptop
@@ -103,6 +108,10 @@ struct GPT2Impl : torch::nn::Module {
   // Embedding weights, N(0, 0.02/sqrt(2*n_layer)) for the residual projections
   // (attn.c_proj, mlp.c_proj), zero biases, LayerNorm weight 1 / bias 0.
   void reset_parameters();
+  // The full shape of a parameter by name, and GPT-2's initialisation for it (the scheme
+  // reset_parameters applies; placeholders of a deferred_init model get their values here).
+  std::vector<int64_t> param_shape(const std::string& name) const;
+  void init_parameter(const std::string& name, torch::Tensor& t) const;
 
   // Checkpoints blocks [0, number_checkpoints) (all blocks when nullopt): their
   // activations are dropped after forward and recomputed in backward, keeping only each

@@ -58,6 +58,15 @@ void ZeroOptimizer::init_stage3(std::vector<torch::Tensor>& params) {
     return i < static_cast<int>(opt_.param_names.size()) ? opt_.param_names[i] : "parameter " + std::to_string(i);
   };
   // Unit of every parameter: declared units first, the rest is root; small ones persist.
+  auto deferred = [&](int i) {
+    return i < static_cast<int>(opt_.deferred_shapes.size()) && !opt_.deferred_shapes[i].empty();
+  };
+  auto shape_of = [&](int i) { return deferred(i) ? opt_.deferred_shapes[i] : params[i].sizes().vec(); };
+  auto numel_of = [&](int i) {
+    int64_t k = 1;
+    for (int64_t d : shape_of(i)) k *= d;
+    return k;
+  };
   std::vector<int> unit_of(n, -1);
   for (size_t u = 0; u < opt_.units.size(); ++u) {
     for (int i : opt_.units[u].params) {
@@ -71,7 +80,7 @@ void ZeroOptimizer::init_stage3(std::vector<torch::Tensor>& params) {
   std::vector<std::vector<int>> members(opt_.units.size());
   std::vector<int> root, persistent;
   for (int i = 0; i < n; ++i) {
-    if (params[i].numel() < opt_.persistence_threshold) {
+    if (numel_of(i) < opt_.persistence_threshold) {
       persistent.push_back(i);
     } else if (unit_of[i] < 0) {
       root.push_back(i);
@@ -87,8 +96,8 @@ void ZeroOptimizer::init_stage3(std::vector<torch::Tensor>& params) {
     for (int i : idx) {
       params_.push_back(params[i]);
       user_index_.push_back(i);
-      shapes_.push_back(params[i].sizes().vec());
-      sizes.push_back(params[i].numel());
+      shapes_.push_back(shape_of(i));
+      sizes.push_back(numel_of(i));
     }
     numels.push_back(sizes);
     UnitState st;
@@ -115,10 +124,17 @@ void ZeroOptimizer::init_stage3(std::vector<torch::Tensor>& params) {
     for (int k = 0; k < B.num_params; ++k) {
       const int i = B.first_param + k;
       auto& p = params_[i];
-      ZT_CHECK_T(!p.is_meta(), ConfigError, "ZeRO-3: ", name_of(user_index_[i]),
-                 " is on the meta device; build the model with its weights or pass EngineOptions.param_init");
       auto view = full.narrow(0, layout_.params[i].offset - B.offset, layout_.params[i].numel);
-      view.copy_(p.detach().reshape(-1));
+      if (deferred(user_index_[i])) {
+        ZT_CHECK_T(opt_.deferred_init != nullptr, ConfigError, "ZeRO-3: ", name_of(user_index_[i]),
+                   " is a placeholder but no EngineOptions.param_init was given");
+        auto t = view.view(shapes_[i]);
+        opt_.deferred_init(user_index_[i], t);
+      } else {
+        ZT_CHECK_T(!p.is_meta(), ConfigError, "ZeRO-3: ", name_of(user_index_[i]),
+                   " is on the meta device; build it as a placeholder and pass EngineOptions.param_init");
+        view.copy_(p.detach().reshape(-1));
+      }
       // Frees the user's copy (host or device). The parameter gets its final dtype and
       // device with its full shape before its gradient hook is made: autograd's
       // accumulator node remembers the shape it was created with, and set_data to another

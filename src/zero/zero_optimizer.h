@@ -52,6 +52,10 @@ struct ZeroOptions {
   int64_t max_live_numel = 1000000000;    // stage3_max_live_parameters
   int64_t max_reuse_distance = 1000000000; // stage3_max_reuse_distance
   int64_t persistence_threshold = 100000; // stage3_param_persistence_threshold
+  // Placeholders to materialise (user index -> full shape, empty = a real parameter) and
+  // their initialisation (user index, full-size tensor on the device).
+  std::vector<std::vector<int64_t>> deferred_shapes;
+  std::function<void(int, torch::Tensor&)> deferred_init;
 };
 
 // Stage 3 counters of one optimizer step.
