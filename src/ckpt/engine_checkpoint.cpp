@@ -305,6 +305,7 @@ void save_checkpoint(EngineParts& e, const std::string& dir, const std::string& 
   // rank 0 the unmanaged tensors.
   const auto kinds = e.zero.state_kinds();
   const auto managed = e.zero.user_params();
+  const auto shapes = e.zero.user_param_shapes();
   Names names;
   nlohmann::json info;
   collective(g, [&] {
@@ -359,7 +360,7 @@ void save_checkpoint(EngineParts& e, const std::string& dir, const std::string& 
     nlohmann::json params = nlohmann::json::array();
     for (size_t i = 0; i < managed.size(); ++i) {
       params.push_back({{"name", names.managed[i]},
-                        {"shape", managed[i].sizes().vec()},
+                        {"shape", shapes[i]},
                         {"dtype", models::safetensors_dtype_name(managed[i].scalar_type())},
                         {"fragments", nlohmann::json::array()}});
     }
@@ -414,6 +415,7 @@ nlohmann::json load_checkpoint(EngineParts& e, const std::string& dir, const std
   std::unique_ptr<ConsolidatedReader::Impl> rd;
   const auto kinds = e.zero.state_kinds();
   const auto managed = e.zero.user_params();
+  const auto shapes = e.zero.user_param_shapes();
   Names names;
   std::map<std::string, int> index;  // manifest param name -> position
   // Phase 1 (no state changes): manifest, names, shapes, optimizer kinds, this rank's files.
@@ -429,9 +431,8 @@ nlohmann::json load_checkpoint(EngineParts& e, const std::string& dir, const std
       ZT_CHECK_T(it != index.end(), CheckpointError, "checkpoint '", cdir, "' has no parameter '", names.managed[i],
                  "' that this model trains");
       auto shape = params[it->second].at("shape").get<std::vector<int64_t>>();
-      ZT_CHECK_T(shape == managed[i].sizes().vec(), CheckpointError, "checkpoint '", cdir, "': parameter '",
-                 names.managed[i], "' has shape ", c10::IntArrayRef(shape), " but the model's is ",
-                 managed[i].sizes());
+      ZT_CHECK_T(shape == shapes[i], CheckpointError, "checkpoint '", cdir, "': parameter '", names.managed[i],
+                 "' has shape ", c10::IntArrayRef(shape), " but the model's is ", c10::IntArrayRef(shapes[i]));
     }
     ZT_CHECK_T(params.size() == managed.size(), CheckpointError, "checkpoint '", cdir, "' holds ", params.size(),
                " trained parameters but this model trains ", managed.size());

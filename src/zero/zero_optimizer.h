@@ -82,6 +82,9 @@ class ZeroOptimizer {
   std::vector<std::string> state_kinds() const;
   // Managed parameters in the user's order (as given to the constructor).
   std::vector<torch::Tensor> user_params() const;
+  // Their full shapes, user order (stage 3 must return the recorded shapes: a released
+  // parameter's data is empty).
+  std::vector<std::vector<int64_t>> user_param_shapes() const;
   // Elements [begin, end) of the flattened parameter `param` (user index), with a view
   // (fp32, on the device, no copy) of each state kind over them, in state_kinds() order.
   struct StateFragment {

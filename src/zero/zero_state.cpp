@@ -18,6 +18,12 @@ std::vector<torch::Tensor> ZeroOptimizer::user_params() const {
   return out;
 }
 
+std::vector<std::vector<int64_t>> ZeroOptimizer::user_param_shapes() const {
+  std::vector<std::vector<int64_t>> out(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) out[user_index_[i]] = params_[i].sizes().vec();
+  return out;
+}
+
 namespace {
 // The owned buffers in state_kinds() order.
 std::vector<torch::Tensor> kind_buffers(const torch::Tensor& master, const torch::Tensor& m, const torch::Tensor& v,
