@@ -136,6 +136,21 @@ class Engine {
   // fp32 master copy of every managed parameter, full size (collective: every rank of
   // the group must call it). For evaluation, tests and checkpoint export.
   virtual std::vector<torch::Tensor> gather_master_params() = 0;
+
+  // Checkpoints (docs/checkpoints.md). Both are collective: every rank of the group calls
+  // them with the same arguments; a failure on any rank throws zt::CheckpointError on all.
+  //
+  // Writes DIR/TAG/ (one rank_RRRRR.safetensors per rank and manifest.json) and then
+  // DIR/latest = TAG, atomically: the checkpoint is visible only once complete and
+  // synced. Only between steps (at an accumulation boundary). tag "" = "global_stepN".
+  // client_state (rank 0's) is stored in the manifest and returned by load_checkpoint.
+  virtual void save_checkpoint(const std::string& dir, const std::string& tag = "",
+                               const nlohmann::json& client_state = nlohmann::json::object()) = 0;
+  // Restores parameters, fp32 master weights, optimizer state, step counters, loss scaler,
+  // LR schedule position and RNG states from DIR/TAG (tag "" = the tag in DIR/latest),
+  // saved by any world size and ZeRO stage. Verifies every file it reads (size, CRC-32C,
+  // tensor shapes). Returns the saved client_state. Call right after initialize().
+  virtual nlohmann::json load_checkpoint(const std::string& dir, const std::string& tag = "") = 0;
 };
 
 // Wraps `model`: moves it to the device, casts it to the config's compute dtype, makes

@@ -22,6 +22,7 @@ int cmd_bench(int argc, char** argv) {
 const Subcommand kSubcommands[] = {
     {"train", "train a model with a DeepSpeed JSON config", zt::cli::cmd_train},
     {"launch", "start N ranks on this node: launch -n N [--] PROGRAM ARGS...", zt::cli::cmd_launch},
+    {"convert", "consolidate a checkpoint into one safetensors file (HF GPT-2 names)", zt::cli::cmd_convert},
     {"check-config", "validate a DeepSpeed config and print it resolved", zt::cli::cmd_check_config},
     {"bench", "benchmarks: bench adam", cmd_bench},
 };

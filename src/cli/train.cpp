@@ -13,6 +13,7 @@
 #include "data/sampler.h"
 #include "data/token_dataset.h"
 #include "models/gpt2.h"
+#include "models/hf_gpt2.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
@@ -38,10 +39,17 @@ const char* kTrainUsage =
     "  --warmup N          steps left out of the throughput figures (default 2)\n"
     "  --peak-tflops X     per-device peak for MFU (default: 989 on H100/H200, else none)\n"
     "  --seed N            model init and data order (default 1234)\n"
+    "  --save DIR          write checkpoints to DIR (DIR/TAG/, DIR/latest) at the end of the run\n"
+    "  --save-every N      ... and every N steps (needs --save)\n"
+    "  --load DIR          resume from DIR/latest: weights, optimizer, step, data position, RNG\n"
+    "                      (--steps stays the total, so the run continues to step N)\n"
+    "  --init-from PATH    start from Hugging Face GPT-2 weights (a model.safetensors file or a\n"
+    "                      directory with one; a directory's config.json sets the model size)\n"
     "Run N ranks with: zerotrain launch -n N -- zerotrain train ...\n";
 
 struct Args {
-  std::string config, model = "gpt2-tiny", data = "random", metrics, summary;
+  std::string config, model = "gpt2-tiny", data = "random", metrics, summary, save, load, init_from;
+  int64_t save_every = 0;
   int64_t steps = 20, seq = 0, micro = 0, accum = 0, layers = 0, embd = 0, heads = 0, vocab = 0, print_every = 0,
           warmup = 2, seed = 1234;
   double clip = 1.0, peak_tflops = -1;
@@ -90,10 +98,15 @@ Args parse_args(int argc, char** argv) {
     else if (f == "--clip") a.clip = std::stod(need(i));
     else if (f == "--peak-tflops") a.peak_tflops = std::stod(need(i));
     else if (f == "--checkpoint-activations") a.checkpoint = true;
+    else if (f == "--save") a.save = need(i);
+    else if (f == "--save-every") a.save_every = num(i);
+    else if (f == "--load") a.load = need(i);
+    else if (f == "--init-from") a.init_from = need(i);
     else throw ConfigError("train: unknown option '" + f + "' (see zerotrain train --help)");
   }
   ZT_CHECK_T(!a.config.empty(), ConfigError, "train: --config CONFIG.json is required (see zerotrain train --help)");
   ZT_CHECK_T(a.steps >= 1, ConfigError, "train: --steps must be at least 1");
+  ZT_CHECK_T(a.save_every == 0 || !a.save.empty(), ConfigError, "train: --save-every needs --save DIR");
   return a;
 }
 
@@ -142,6 +155,9 @@ int cmd_train(int argc, char** argv) {
   if (a.embd) mc.n_embd = a.embd;
   if (a.heads) mc.n_head = a.heads;
   if (a.vocab) mc.vocab_size = a.vocab;
+  if (!a.init_from.empty() && std::ifstream(a.init_from + "/config.json").good()) {
+    mc = models::gpt2_config_from_hf_json(a.init_from + "/config.json");
+  }
   const int64_t seq = a.seq > 0 ? a.seq : std::min<int64_t>(1024, mc.n_positions);
   ZT_CHECK_T(seq <= mc.n_positions, ConfigError, "train: --seq ", seq, " exceeds the model's ", mc.n_positions,
              " positions");
@@ -154,6 +170,11 @@ int cmd_train(int argc, char** argv) {
   // device (and sharded) by initialize(), so no rank ever holds the whole model.
   mc.deferred_init = cfg.zero_optimization.stage == 3;
   models::GPT2 model(mc);
+  if (!a.init_from.empty()) {
+    // Every rank reads the file; the engine then starts all ranks from rank 0's copy.
+    models::load_hf_gpt2(*model, a.init_from);
+    if (rank == 0) std::printf("[zerotrain] initialized from Hugging Face GPT-2 weights in %s\n", a.init_from.c_str());
+  }
   if (a.checkpoint || cfg.activation_checkpointing.number_checkpoints || cfg.activation_checkpointing.cpu_checkpointing) {
     model->set_activation_checkpointing(true, cfg.activation_checkpointing.number_checkpoints,
                                         cfg.activation_checkpointing.cpu_checkpointing);
@@ -172,6 +193,43 @@ int cmd_train(int argc, char** argv) {
   else ds = std::make_shared<data::RandomTokenDataset>(mc.vocab_size, seq, static_cast<uint64_t>(a.seed));
   data::DistributedSampler sampler(ds->size(), rank, world, /*shuffle=*/true, static_cast<uint64_t>(a.seed));
   data::Loader loader(ds, sampler, cfg.train_micro_batch_size_per_gpu, device);
+
+  // Checkpoints: the data position and the model's shape travel as client state (the
+  // latter lets `zerotrain convert` write Hugging Face GPT-2 files).
+  const nlohmann::json model_json = {{"name", a.model},
+                                     {"gpt2",
+                                      {{"n_layer", mc.n_layer},
+                                       {"n_head", mc.n_head},
+                                       {"n_embd", mc.n_embd},
+                                       {"vocab_size", mc.vocab_size},
+                                       {"n_positions", mc.n_positions}}}};
+  auto save = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto pos = loader.state();
+    engine->save_checkpoint(a.save, "", {{"data", {{"epoch", pos.epoch}, {"batch", pos.batch}}},
+                                         {"model", model_json},
+                                         {"seq", seq}});
+    if (rank == 0) {
+      std::printf("[zerotrain] checkpoint save: %.1f ms (training stalled for all of it)\n",
+                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+  };
+  int64_t start = 0;
+  if (!a.load.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const nlohmann::json client = engine->load_checkpoint(a.load);
+    if (rank == 0) {
+      std::printf("[zerotrain] checkpoint load: %.1f ms\n",
+                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    if (client.contains("data")) loader.set_state({client["data"].at("epoch").get<int64_t>(),
+                                                   client["data"].at("batch").get<int64_t>()});
+    start = engine->global_steps();
+    if (rank == 0) {
+      std::printf("[zerotrain] resuming at step %lld of %lld\n", static_cast<long long>(start),
+                  static_cast<long long>(a.steps));
+    }
+  }
 
   if (rank == 0) {
     std::printf("[zerotrain] %s: %.1fM parameters (%lld layers, %lld embd, %lld heads, vocab %lld), seq %lld | "
@@ -192,7 +250,7 @@ int cmd_train(int argc, char** argv) {
   int64_t timed_steps = 0;
   PhaseStats peak_fwd, peak_bwd, peak_step;
   std::map<std::string, double> phase_ms_sum{{"forward", 0}, {"backward", 0}, {"step", 0}};
-  for (int64_t s = 0; s < a.steps; ++s) {
+  for (int64_t s = start; s < a.steps; ++s) {
     auto t0 = std::chrono::steady_clock::now();
     for (int64_t k = 0; k < cfg.gradient_accumulation_steps; ++k) {
       auto [x, y] = loader.next();
@@ -202,9 +260,9 @@ int cmd_train(int argc, char** argv) {
     }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const StepReport& r = engine->last_report();
-    if (s == 0) first_loss = r.loss;
+    if (s == start) first_loss = r.loss;
     last_loss = r.loss;
-    if (s >= a.warmup) {
+    if (s - start >= a.warmup) {
       timed_ms += ms;
       ++timed_steps;
       phase_ms_sum["forward"] += r.forward.ms;
@@ -224,7 +282,9 @@ int cmd_train(int argc, char** argv) {
                   r.skipped ? ", skipped" : "");
       std::fflush(stdout);
     }
+    if (a.save_every > 0 && (s + 1) % a.save_every == 0 && s + 1 < a.steps) save();
   }
+  if (!a.save.empty()) save();
 
   // Totals. Peak memory: max over ranks (one all-reduce).
   auto mem = torch::tensor({peak_fwd.mem_peak, peak_bwd.mem_peak, peak_step.mem_peak, peak_fwd.mem_after,

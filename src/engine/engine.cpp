@@ -8,6 +8,7 @@
 #include <fstream>
 #include <set>
 
+#include "ckpt/engine_checkpoint.h"
 #include "engine/phase_timer.h"
 #include "models/gpt2.h"
 #include "optim/loss_scaler.h"
@@ -300,6 +301,25 @@ class EngineImpl : public Engine {
   }
   const StepReport& last_report() const override { return last_; }
   std::vector<torch::Tensor> gather_master_params() override { return zero_->gather_master_params(); }
+
+  void save_checkpoint(const std::string& dir, const std::string& tag, const nlohmann::json& client_state) override {
+    ZT_CHECK_T(window_micro_ == 0, CheckpointError, "save_checkpoint() between micro-steps of an accumulation window (",
+               window_micro_, " of ", cfg_.gradient_accumulation_steps, " done): save after step() returned true");
+    ckpt::Counters c{micro_, global_steps_, applied_steps_, skipped_};
+    ckpt::EngineParts parts{*model_, *zero_, *scaler_, cfg_, group_, device_, dtype_, c};
+    ckpt::save_checkpoint(parts, dir, tag, client_state);
+  }
+  nlohmann::json load_checkpoint(const std::string& dir, const std::string& tag) override {
+    ZT_CHECK_T(window_micro_ == 0, CheckpointError, "load_checkpoint() inside an accumulation window");
+    ckpt::Counters c{micro_, global_steps_, applied_steps_, skipped_};
+    ckpt::EngineParts parts{*model_, *zero_, *scaler_, cfg_, group_, device_, dtype_, c};
+    nlohmann::json client = ckpt::load_checkpoint(parts, dir, tag);
+    micro_ = c.micro_steps;
+    global_steps_ = c.global_steps;
+    applied_steps_ = c.applied_steps;
+    skipped_ = c.last_skipped;
+    return client;
+  }
 
  private:
   void report(const StepReport& r) {

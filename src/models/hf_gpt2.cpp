@@ -129,17 +129,22 @@ GPT2 load_hf_gpt2_pretrained(const std::string& dir) {
   return model;
 }
 
-void save_hf_gpt2(const GPT2Impl& model, const std::string& dir, at::ScalarType dtype) {
-  const char* dtype_name = hf_dtype_name(dtype);
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  ZT_CHECK(!ec, "save_hf_gpt2: cannot create directory '", dir, "': ", ec.message());
+std::map<std::string, torch::Tensor> hf_gpt2_tensors(const GPT2Impl& model, at::ScalarType dtype) {
   std::map<std::string, torch::Tensor> out;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     torch::Tensor t = item.value().detach().to(torch::kCPU, dtype);
     if (is_conv1d_weight(item.key())) t = t.t().contiguous();
     out.emplace(kPrefix + item.key(), t);
   }
+  return out;
+}
+
+void save_hf_gpt2(const GPT2Impl& model, const std::string& dir, at::ScalarType dtype) {
+  const char* dtype_name = hf_dtype_name(dtype);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  ZT_CHECK(!ec, "save_hf_gpt2: cannot create directory '", dir, "': ", ec.message());
+  const auto out = hf_gpt2_tensors(model, dtype);
   // transformers refuses safetensors files whose metadata lacks format=pt.
   save_safetensors((fs::path(dir) / "model.safetensors").string(), out, {{"format", "pt"}});
   auto cfg = nlohmann::json::parse(gpt2_config_to_hf_json(model.config()));

@@ -5,6 +5,7 @@
 // mlp.c_fc, mlp.c_proj) are (in, out) and are transposed to Linear's (out, in). The
 // attn.bias / attn.masked_bias causal-mask buffers and the tied lm_head.weight are skipped.
 #pragma once
+#include <map>
 #include <string>
 
 #include "gpt2.h"  // sibling-relative: bench/ has only include/ on its path
@@ -25,5 +26,9 @@ GPT2 load_hf_gpt2_pretrained(const std::string& dir);
 // weights, tensors in `dtype`, metadata format=pt) and DIR/config.json, which
 // transformers' GPT2LMHeadModel.from_pretrained(DIR) loads. Creates DIR if needed.
 void save_hf_gpt2(const GPT2Impl& model, const std::string& dir, at::ScalarType dtype = at::kFloat);
+
+// The tensors save_hf_gpt2 writes (HF names and layouts, CPU, `dtype`), for writers that
+// choose their own file name (zerotrain convert).
+std::map<std::string, torch::Tensor> hf_gpt2_tensors(const GPT2Impl& model, at::ScalarType dtype = at::kFloat);
 
 }  // namespace zt::models

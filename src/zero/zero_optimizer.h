@@ -18,7 +18,9 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "zero/partition.h"
@@ -119,6 +121,38 @@ class ZeroOptimizer {
   int64_t buckets_launched() const { return buckets_launched_; }
   int64_t buckets_launched_in_backward() const { return buckets_in_backward_; }
   void reset_counters();
+
+  // ---- Checkpoint state (src/zero/zero_state.cpp; see docs/checkpoints.md) ----
+  // Written only in terms of layout_, params_/user_index_, owned_view() and the owned
+  // fp32 buffers, so every stage that keeps "rank r owns shard r of every bucket" and
+  // refresh_params() gets checkpoints unchanged.
+  //
+  // Per-element fp32 state kinds: "master", then "exp_avg" and "exp_avg_sq" (Adam) or
+  // "momentum" (SGD with momentum != 0).
+  std::vector<std::string> state_kinds() const;
+  // Managed parameters in the user's order (as given to the constructor).
+  std::vector<torch::Tensor> user_params() const;
+  // Their full shapes, user order (stage 3 must return the recorded shapes: a released
+  // parameter's data is empty).
+  std::vector<std::vector<int64_t>> user_param_shapes() const;
+  // Elements [begin, end) of the flattened parameter `param` (user index), with a view
+  // (fp32, on the device, no copy) of each state kind over them, in state_kinds() order.
+  struct StateFragment {
+    int param = 0;
+    int64_t begin = 0, end = 0;
+    std::vector<torch::Tensor> state;
+  };
+  // What this rank writes: the parameter pieces inside shard `rank` of every bucket, for
+  // every stage (stage-0 ranks hold equal copies and each writes only its shard), so
+  // the fragments of all ranks tile every parameter exactly once.
+  std::vector<StateFragment> state_fragments();
+  // Fills the state this rank owns: fetch(param, begin, end, kind) returns end-begin fp32
+  // values (any device). No communication; call finish_state_import() on every rank after.
+  using StateFetch = std::function<torch::Tensor(int param, int64_t begin, int64_t end, const std::string& kind)>;
+  void import_state(const StateFetch& fetch);
+  // Rebuilds the compute-dtype parameters from the imported master (refresh_params();
+  // collective for sharded stages).
+  void finish_state_import();
 
  private:
   void on_grad_ready(int layout_index);

@@ -1,0 +1,507 @@
+// [Checkpoint Protocol] (save_checkpoint; see also [Atomic Publish] in ckpt/fs.h)
+//  1. rank 0 clears and creates DIR/.TAG.partial/;                      barrier
+//  2. every rank writes DIR/.TAG.partial/rank_RRRRR.safetensors (written to a .tmp name,
+//     fsync'ed, renamed) and its CRC-32C;                              gather to rank 0
+//  3. rank 0 fsyncs the directory, writes manifest.json (atomically), renames
+//     DIR/.TAG.partial to DIR/TAG, fsyncs DIR, then writes DIR/latest atomically.
+//  4. every rank learns whether any rank failed (one all-reduce per phase), so a failure
+//     on one rank throws on all instead of hanging the others in the next collective.
+// A crash before step 3's rename leaves only a .partial directory (ignored, removed by the
+// next save of that tag); a crash before the `latest` write leaves `latest` naming the
+// previous checkpoint, which is untouched.
+#include "ckpt/engine_checkpoint.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <functional>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <set>
+
+#ifdef ZT_WITH_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "ckpt/crc32c.h"
+#include "ckpt/fs.h"
+#include "models/safetensors.h"
+#include "zerotrain/error.h"
+
+namespace zt::ckpt {
+namespace {
+
+std::string rank_file_name(int rank) {
+  char s[64];
+  std::snprintf(s, sizeof s, "rank_%05d.safetensors", rank);
+  return s;
+}
+std::string state_key(const std::string& kind, const std::string& name, int64_t begin) {
+  return kind + "/" + name + "/" + std::to_string(begin);
+}
+
+// Fault injection for the crash tests: ZT_CKPT_TEST_CRASH=POINT:RANK makes that rank
+// SIGKILL itself at POINT ("after_shard", "before_publish", "before_latest").
+void crash_point(const char* point, int rank) {
+  const char* env = std::getenv("ZT_CKPT_TEST_CRASH");
+  if (env == nullptr) return;
+  const std::string want = std::string(point) + ":" + std::to_string(rank);
+  if (want == env) {
+    std::fprintf(stderr, "[zerotrain] ZT_CKPT_TEST_CRASH: rank %d killing itself at %s\n", rank, point);
+    std::fflush(stderr);
+    ::raise(SIGKILL);
+  }
+}
+
+// Runs fn on this rank and makes the outcome collective: when any rank threw, every rank
+// throws CheckpointError with the message of the lowest failing rank.
+void collective(const comm::GroupPtr& g, const std::function<void()>& fn) {
+  std::string err;
+  try {
+    fn();
+  } catch (const std::exception& ex) {
+    err = ex.what();
+    if (err.empty()) err = "unknown error";
+  }
+  if (g->size() == 1) {
+    if (!err.empty()) throw CheckpointError(err);
+    return;
+  }
+  auto flag = torch::full({1}, err.empty() ? g->size() : g->rank(), torch::kInt64);
+  g->all_reduce(flag, comm::ReduceOp::kMin);
+  const int root = static_cast<int>(flag.item<int64_t>());
+  if (root == g->size()) return;
+  auto len = torch::full({1}, static_cast<int64_t>(err.size()), torch::kInt64);
+  g->broadcast(len, root);
+  auto bytes = torch::zeros({len.item<int64_t>()}, torch::kUInt8);
+  if (g->rank() == root) std::memcpy(bytes.data_ptr(), err.data(), err.size());
+  g->broadcast(bytes, root);
+  std::string msg(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
+  throw CheckpointError(g->rank() == root ? msg : detail::cat("rank ", root, " failed: ", msg));
+}
+
+// Every rank's string, in rank order (on every rank).
+std::vector<std::string> all_gather_strings(const comm::GroupPtr& g, const std::string& s) {
+  if (g->size() == 1) return {s};
+  auto mine = torch::full({1}, static_cast<int64_t>(s.size()), torch::kInt64);
+  auto lens = torch::empty({g->size()}, torch::kInt64);
+  g->all_gather(lens, mine);
+  const int64_t maxlen = std::max<int64_t>(1, lens.max().item<int64_t>());
+  auto buf = torch::zeros({maxlen}, torch::kUInt8);
+  std::memcpy(buf.data_ptr(), s.data(), s.size());
+  auto all = torch::empty({maxlen * g->size()}, torch::kUInt8);
+  g->all_gather(all, buf);
+  std::vector<std::string> out;
+  const auto* p = static_cast<const char*>(all.data_ptr());
+  for (int r = 0; r < g->size(); ++r) out.emplace_back(p + r * maxlen, static_cast<size_t>(lens[r].item<int64_t>()));
+  return out;
+}
+
+void check_tag(const std::string& tag) {
+  ZT_CHECK_T(!tag.empty() && tag.find('/') == std::string::npos && tag[0] != '.' && tag != "latest",
+             CheckpointError, "checkpoint tag '", tag, "' is not usable: it names a directory inside the save dir ",
+             "(no '/', not starting with '.', not 'latest')");
+}
+
+// Managed parameter names (user order) and the unmanaged tensors (frozen parameters and
+// buffers), matched by TensorImpl identity.
+struct Names {
+  std::vector<std::string> managed;
+  std::vector<std::pair<std::string, torch::Tensor>> extra;
+};
+Names model_names(torch::nn::Module& model, const std::vector<torch::Tensor>& managed) {
+  std::map<const void*, std::string> by_impl;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    by_impl.emplace(item.value().unsafeGetTensorImpl(), item.key());
+  }
+  Names n;
+  std::set<const void*> used;
+  for (size_t i = 0; i < managed.size(); ++i) {
+    auto it = by_impl.find(managed[i].unsafeGetTensorImpl());
+    ZT_CHECK_T(it != by_impl.end(), CheckpointError, "managed parameter ", i, " (shape ", managed[i].sizes(),
+               ") is not a parameter of the model: checkpoints store parameters by their module names");
+    n.managed.push_back(it->second);
+    used.insert(it->first);
+  }
+  for (const auto& item : model.named_parameters(true)) {
+    if (!used.count(item.value().unsafeGetTensorImpl())) n.extra.emplace_back(item.key(), item.value());
+  }
+  for (const auto& item : model.named_buffers(true)) n.extra.emplace_back(item.key(), item.value());
+  return n;
+}
+
+nlohmann::json tensor_meta(const torch::Tensor& t) {
+  return {{"dtype", models::safetensors_dtype_name(t.scalar_type())}, {"shape", t.sizes().vec()}};
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Reading: verified files, fragments by parameter name.
+
+struct ConsolidatedReader::Impl {
+  std::string dir;  // DIR/TAG
+  nlohmann::json manifest;
+  std::map<std::string, std::vector<std::array<int64_t, 3>>> fragments;  // name -> {file, begin, end}
+  std::map<int, std::unique_ptr<models::SafetensorsFile>> open;
+
+  Impl(std::string d, nlohmann::json m) : dir(std::move(d)), manifest(std::move(m)) {
+    for (const auto& p : manifest.at("params")) {
+      auto& v = fragments[p.at("name").get<std::string>()];
+      for (const auto& f : p.at("fragments")) v.push_back({f[0].get<int64_t>(), f[1].get<int64_t>(), f[2].get<int64_t>()});
+      std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a[1] < b[1]; });
+    }
+  }
+
+  // Verifies size, checksum and tensor table of file `idx` on first use.
+  const models::SafetensorsFile& file(int idx) {
+    auto it = open.find(idx);
+    if (it != open.end()) return *it->second;
+    const auto& files = manifest.at("files");
+    ZT_CHECK_T(idx >= 0 && idx < static_cast<int>(files.size()), CheckpointError, "manifest in '", dir,
+               "' refers to file ", idx, " of ", files.size());
+    const auto& fm = files[idx];
+    const std::string path = join_path(dir, fm.at("name").get<std::string>());
+    ZT_CHECK_T(path_exists(path), CheckpointError, "checkpoint file '", path, "' is missing");
+    const FileDigest d = file_crc32c(path);
+    const uint64_t want_bytes = fm.at("bytes").get<uint64_t>();
+    ZT_CHECK_T(d.bytes == want_bytes, CheckpointError, "checkpoint file '", path, "' has ", d.bytes,
+               " bytes but the manifest lists ", want_bytes, ": the file is truncated or was replaced");
+    const std::string want_crc = fm.at("crc32c").get<std::string>();
+    ZT_CHECK_T(crc_hex(d.crc) == want_crc, CheckpointError, "checkpoint file '", path, "' fails its checksum (crc32c ",
+               crc_hex(d.crc), ", manifest ", want_crc, "): the file is corrupt");
+    std::unique_ptr<models::SafetensorsFile> sf;
+    try {
+      sf = std::make_unique<models::SafetensorsFile>(path);
+    } catch (const std::exception& ex) {
+      throw CheckpointError(detail::cat("checkpoint file '", path, "': ", ex.what()));
+    }
+    for (const auto& [key, meta] : fm.at("tensors").items()) {
+      ZT_CHECK_T(sf->contains(key), CheckpointError, "checkpoint file '", path, "' lacks tensor '", key,
+                 "' that the manifest lists");
+      const auto& e = sf->entry(key);
+      const auto shape = meta.at("shape").get<std::vector<int64_t>>();
+      const auto dtype = meta.at("dtype").get<std::string>();
+      ZT_CHECK_T(e.shape == shape && models::safetensors_dtype_name(e.dtype) == dtype, CheckpointError,
+                 "checkpoint file '", path, "': tensor '", key, "' is ", models::safetensors_dtype_name(e.dtype), " ",
+                 c10::IntArrayRef(e.shape), " but the manifest lists ", dtype, " ", c10::IntArrayRef(shape));
+    }
+    return *open.emplace(idx, std::move(sf)).first->second;
+  }
+
+  // Elements [begin, end) of parameter `name`'s `kind` state, fp32 on the CPU.
+  torch::Tensor fetch(const std::string& name, int64_t begin, int64_t end, const std::string& kind) {
+    auto it = fragments.find(name);
+    ZT_CHECK_T(it != fragments.end(), CheckpointError, "checkpoint '", dir, "' has no parameter '", name, "'");
+    auto out = torch::empty({end - begin}, torch::kFloat);
+    int64_t covered = 0;
+    for (const auto& [f, fb, fe] : it->second) {
+      const int64_t lo = std::max(begin, fb), hi = std::min(end, fe);
+      if (lo >= hi) continue;
+      const auto& sf = file(static_cast<int>(f));
+      const std::string key = state_key(kind, name, fb);
+      ZT_CHECK_T(sf.contains(key), CheckpointError, "checkpoint file '", sf.path(), "' lacks '", key,
+                 "' (the checkpoint holds optimizer state ", manifest.at("state_kinds").dump(), ")");
+      auto t = sf.read(key);
+      ZT_CHECK_T(t.numel() == fe - fb && t.scalar_type() == torch::kFloat, CheckpointError, "checkpoint file '",
+                 sf.path(), "': tensor '", key, "' has ", t.numel(), " elements, the manifest says ", fe - fb);
+      out.narrow(0, lo - begin, hi - lo).copy_(t.narrow(0, lo - fb, hi - lo));
+      covered += hi - lo;
+    }
+    ZT_CHECK_T(covered == end - begin, CheckpointError, "checkpoint '", dir, "' covers ", covered, " of elements [",
+               begin, ", ", end, ") of parameter '", name, "': fragments are missing");
+    return out;
+  }
+};
+
+std::string read_latest_tag(const std::string& dir) {
+  const std::string path = join_path(dir, "latest");
+  ZT_CHECK_T(path_exists(path), CheckpointError, "no checkpoint to load in '", dir, "': '", path,
+             "' does not exist (pass a tag, or save a checkpoint first)");
+  std::string tag = read_text_file(path);
+  while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ' || tag.back() == '\r')) tag.pop_back();
+  ZT_CHECK_T(!tag.empty(), CheckpointError, "'", path, "' is empty");
+  return tag;
+}
+
+nlohmann::json read_manifest(const std::string& dir, const std::string& tag_in) {
+  const std::string tag = tag_in.empty() ? read_latest_tag(dir) : tag_in;
+  const std::string path = join_path(join_path(dir, tag), "manifest.json");
+  ZT_CHECK_T(path_exists(path), CheckpointError, "checkpoint '", tag, "' in '", dir, "' has no manifest: '", path,
+             "' does not exist (an incomplete save leaves no manifest)");
+  nlohmann::json m;
+  try {
+    m = nlohmann::json::parse(read_text_file(path));
+  } catch (const nlohmann::json::exception& ex) {
+    throw CheckpointError(detail::cat("checkpoint manifest '", path, "' is not valid JSON: ", ex.what()));
+  }
+  ZT_CHECK_T(m.value("format", "") == kFormat, CheckpointError, "'", path, "' is not a zerotrain checkpoint manifest");
+  ZT_CHECK_T(m.value("version", 0) == kVersion, CheckpointError, "'", path, "' has format version ",
+             m.value("version", 0), "; this build reads version ", kVersion);
+  for (const char* key : {"files", "params", "extra", "counters", "state_kinds", "world_size"}) {
+    ZT_CHECK_T(m.contains(key), CheckpointError, "checkpoint manifest '", path, "' lacks \"", key, "\"");
+  }
+  m["_dir"] = join_path(dir, tag);
+  return m;
+}
+
+ConsolidatedReader::ConsolidatedReader(const std::string& dir, const std::string& tag)
+    : manifest_(read_manifest(dir, tag)) {
+  impl_ = std::make_shared<Impl>(manifest_.at("_dir").get<std::string>(), manifest_);
+}
+std::vector<std::string> ConsolidatedReader::param_names() const {
+  std::vector<std::string> n;
+  for (const auto& p : manifest_.at("params")) n.push_back(p.at("name").get<std::string>());
+  return n;
+}
+std::vector<std::string> ConsolidatedReader::extra_names() const {
+  std::vector<std::string> n;
+  for (const auto& p : manifest_.at("extra")) n.push_back(p.at("name").get<std::string>());
+  return n;
+}
+torch::Tensor ConsolidatedReader::param(const std::string& name) {
+  for (const auto& p : manifest_.at("params")) {
+    if (p.at("name") != name) continue;
+    auto shape = p.at("shape").get<std::vector<int64_t>>();
+    int64_t numel = 1;
+    for (auto s : shape) numel *= s;
+    return impl_->fetch(name, 0, numel, "master").view(shape);
+  }
+  throw CheckpointError(detail::cat("checkpoint '", impl_->dir, "' has no parameter '", name, "'"));
+}
+torch::Tensor ConsolidatedReader::extra(const std::string& name) {
+  const auto& sf = impl_->file(0);
+  const std::string key = "model/" + name;
+  ZT_CHECK_T(sf.contains(key), CheckpointError, "checkpoint file '", sf.path(), "' has no tensor '", key, "'");
+  return sf.read(key);
+}
+
+// ---------------------------------------------------------------------------------------
+// Saving.
+
+void save_checkpoint(EngineParts& e, const std::string& dir, const std::string& tag_in,
+                     const nlohmann::json& client_state) {
+  torch::NoGradGuard no_grad;
+  const auto& g = e.group;
+  const int rank = g->rank(), world = g->size();
+  const std::string tag = tag_in.empty() ? "global_step" + std::to_string(e.counters.global_steps) : tag_in;
+  check_tag(tag);
+  const std::string partial = join_path(dir, "." + tag + ".partial");
+  const std::string final_dir = join_path(dir, tag);
+
+  collective(g, [&] {
+    if (rank != 0) return;
+    make_dirs(dir);
+    remove_tree(partial);
+    make_dirs(partial);
+  });
+
+  // This rank's shard: its fragments of every managed parameter, its RNG states, and on
+  // rank 0 the unmanaged tensors.
+  const auto kinds = e.zero.state_kinds();
+  const auto managed = e.zero.user_params();
+  const auto shapes = e.zero.user_param_shapes();
+  Names names;
+  nlohmann::json info;
+  collective(g, [&] {
+    names = model_names(e.model, managed);
+    std::map<std::string, torch::Tensor> tensors;
+    nlohmann::json frags = nlohmann::json::array();
+    for (const auto& f : e.zero.state_fragments()) {
+      const std::string& name = names.managed[f.param];
+      for (size_t k = 0; k < kinds.size(); ++k) tensors[state_key(kinds[k], name, f.begin)] = f.state[k].cpu();
+      frags.push_back({f.param, f.begin, f.end});
+    }
+    tensors["rng/cpu"] = at::detail::getDefaultCPUGenerator().get_state();
+#ifdef ZT_WITH_CUDA
+    if (e.device.is_cuda()) tensors["rng/cuda"] = at::cuda::detail::getDefaultCUDAGenerator(e.device.index()).get_state();
+#endif
+    if (rank == 0) {
+      for (const auto& [name, t] : names.extra) tensors["model/" + name] = t.detach().cpu();
+    }
+    const std::string fname = rank_file_name(rank);
+    const std::string path = join_path(partial, fname);
+    models::save_safetensors(path, tensors, {{"format", kFormat}, {"rank", std::to_string(rank)}});
+    crash_point("after_shard", rank);
+    const FileDigest d = file_crc32c(path);
+    nlohmann::json tmeta = nlohmann::json::object();
+    for (const auto& [k, t] : tensors) tmeta[k] = tensor_meta(t);
+    info = {{"name", fname}, {"rank", rank}, {"bytes", d.bytes}, {"crc32c", crc_hex(d.crc)},
+            {"tensors", tmeta}, {"fragments", frags}};
+  });
+
+  const auto infos = all_gather_strings(g, info.dump());
+  collective(g, [&] {
+    if (rank != 0) return;
+    nlohmann::json m;
+    m["format"] = kFormat;
+    m["version"] = kVersion;
+    m["tag"] = tag;
+    m["world_size"] = world;
+    m["zero_stage"] = e.config.zero_optimization.stage;
+    m["compute_dtype"] = c10::toString(e.dtype);
+    m["fp16"] = e.config.fp16.enabled;
+    m["counters"] = {{"micro_steps", e.counters.micro_steps},
+                     {"global_steps", e.counters.global_steps},
+                     {"applied_steps", e.counters.applied_steps},
+                     {"last_skipped", e.counters.last_skipped}};
+    m["loss_scaler"] = e.scaler.state();
+    // The LR schedule is a pure function of the applied-step count (the config holds its
+    // type and parameters).
+    m["scheduler"] = {{"type", e.config.scheduler.type}, {"position", e.counters.applied_steps}};
+    m["state_kinds"] = kinds;
+    m["config"] = e.config.to_json();
+    m["rng"] = {{"cpu", true}, {"cuda", e.device.is_cuda()}};
+    nlohmann::json params = nlohmann::json::array();
+    for (size_t i = 0; i < managed.size(); ++i) {
+      params.push_back({{"name", names.managed[i]},
+                        {"shape", shapes[i]},
+                        {"dtype", models::safetensors_dtype_name(managed[i].scalar_type())},
+                        {"fragments", nlohmann::json::array()}});
+    }
+    nlohmann::json files = nlohmann::json::array();
+    for (int r = 0; r < world; ++r) {
+      auto fi = nlohmann::json::parse(infos[r]);
+      for (const auto& f : fi.at("fragments")) {
+        params[f[0].get<size_t>()]["fragments"].push_back({r, f[1], f[2]});
+      }
+      fi.erase("fragments");
+      files.push_back(fi);
+    }
+    nlohmann::json extra = nlohmann::json::array();
+    for (const auto& [name, t] : names.extra) {
+      auto meta = tensor_meta(t);
+      meta["name"] = name;
+      extra.push_back(meta);
+    }
+    m["params"] = params;
+    m["extra"] = extra;
+    m["files"] = files;
+    m["client_state"] = client_state;
+    write_file_atomic(join_path(partial, "manifest.json"), m.dump(1));
+    fsync_path(partial);
+    crash_point("before_publish", rank);
+    if (path_exists(final_dir)) {
+      // Re-saving a tag: move the old one aside first, so the rename below cannot fail on
+      // a non-empty directory.
+      const std::string old = join_path(dir, "." + tag + ".old");
+      remove_tree(old);
+      rename_path(final_dir, old);
+      rename_path(partial, final_dir);
+      remove_tree(old);
+    } else {
+      rename_path(partial, final_dir);
+    }
+    fsync_path(dir);
+    crash_point("before_latest", rank);
+    write_file_atomic(join_path(dir, "latest"), tag);
+  });
+  if (rank == 0) std::printf("[zerotrain] saved checkpoint '%s' in %s\n", tag.c_str(), dir.c_str());
+}
+
+// ---------------------------------------------------------------------------------------
+// Loading.
+
+nlohmann::json load_checkpoint(EngineParts& e, const std::string& dir, const std::string& tag_in) {
+  torch::NoGradGuard no_grad;
+  const auto& g = e.group;
+  const int rank = g->rank();
+  nlohmann::json m;
+  std::unique_ptr<ConsolidatedReader::Impl> rd;
+  const auto kinds = e.zero.state_kinds();
+  const auto managed = e.zero.user_params();
+  const auto shapes = e.zero.user_param_shapes();
+  Names names;
+  std::map<std::string, int> index;  // manifest param name -> position
+  // Phase 1 (no state changes): manifest, names, shapes, optimizer kinds, this rank's files.
+  collective(g, [&] {
+    m = read_manifest(dir, tag_in);
+    const std::string cdir = m.at("_dir").get<std::string>();
+    rd = std::make_unique<ConsolidatedReader::Impl>(cdir, m);
+    names = model_names(e.model, managed);
+    const auto& params = m.at("params");
+    for (size_t i = 0; i < params.size(); ++i) index[params[i].at("name").get<std::string>()] = static_cast<int>(i);
+    for (size_t i = 0; i < managed.size(); ++i) {
+      auto it = index.find(names.managed[i]);
+      ZT_CHECK_T(it != index.end(), CheckpointError, "checkpoint '", cdir, "' has no parameter '", names.managed[i],
+                 "' that this model trains");
+      auto shape = params[it->second].at("shape").get<std::vector<int64_t>>();
+      ZT_CHECK_T(shape == shapes[i], CheckpointError, "checkpoint '", cdir, "': parameter '", names.managed[i],
+                 "' has shape ", c10::IntArrayRef(shape), " but the model's is ", c10::IntArrayRef(shapes[i]));
+    }
+    ZT_CHECK_T(params.size() == managed.size(), CheckpointError, "checkpoint '", cdir, "' holds ", params.size(),
+               " trained parameters but this model trains ", managed.size());
+    const auto saved_kinds = m.at("state_kinds").get<std::vector<std::string>>();
+    for (const auto& k : kinds) {
+      ZT_CHECK_T(std::find(saved_kinds.begin(), saved_kinds.end(), k) != saved_kinds.end(), CheckpointError,
+                 "checkpoint '", cdir, "' holds optimizer state ", m.at("state_kinds").dump(),
+                 " but this engine's optimizer needs '", k, "': the optimizer type differs");
+    }
+    for (const auto& [name, t] : names.extra) {
+      bool found = false;
+      for (const auto& x : m.at("extra")) found = found || x.at("name") == name;
+      ZT_CHECK_T(found, CheckpointError, "checkpoint '", cdir, "' lacks the model tensor '", name, "'");
+    }
+    // Open and verify every file this rank will read (fragments overlapping what it owns
+    // are found lazily below; verifying file 0 and this rank's file here catches the
+    // common corruptions before any state is touched).
+    rd->file(0);
+    if (rank < m.at("world_size").get<int>()) rd->file(rank);
+  });
+  // Phase 2: fill the state. A failure here (a file that only this rank reads) throws on
+  // every rank; the engine is then unusable and must be rebuilt.
+  collective(g, [&] {
+    e.zero.import_state([&](int param, int64_t begin, int64_t end, const std::string& kind) {
+      return rd->fetch(names.managed[param], begin, end, kind);
+    });
+    const auto& f0 = rd->file(0);
+    for (const auto& [name, t] : names.extra) {
+      auto v = f0.read("model/" + name);
+      ZT_CHECK_T(v.sizes() == t.sizes(), CheckpointError, "checkpoint file '", f0.path(), "': model tensor '", name,
+                 "' has shape ", v.sizes(), " but the model's is ", t.sizes());
+      t.copy_(v);
+    }
+    if (rank < m.at("world_size").get<int>()) {
+      const auto& mine = rd->file(rank);
+      at::Generator cpu_gen = at::detail::getDefaultCPUGenerator();  // shares the default generator
+      cpu_gen.set_state(mine.read("rng/cpu"));
+#ifdef ZT_WITH_CUDA
+      if (e.device.is_cuda() && mine.contains("rng/cuda"))
+      {
+        at::Generator cuda_gen = at::cuda::detail::getDefaultCUDAGenerator(e.device.index());
+        cuda_gen.set_state(mine.read("rng/cuda"));
+      }
+#endif
+    } else if (rank == m.at("world_size").get<int>()) {
+      std::fprintf(stderr, "[zerotrain] checkpoint was saved by %d ranks: ranks >= %d keep their own RNG state\n",
+                   m.at("world_size").get<int>(), m.at("world_size").get<int>());
+    }
+  });
+  e.zero.finish_state_import();
+
+  const auto& c = m.at("counters");
+  e.counters.micro_steps = c.at("micro_steps").get<int64_t>();
+  e.counters.global_steps = c.at("global_steps").get<int64_t>();
+  e.counters.applied_steps = c.at("applied_steps").get<int64_t>();
+  e.counters.last_skipped = c.at("last_skipped").get<bool>();
+  if (m.value("fp16", false) == e.config.fp16.enabled) {
+    e.scaler.load_state(m.at("loss_scaler"));
+  } else if (rank == 0) {
+    std::fprintf(stderr, "[zerotrain] checkpoint fp16=%d, config fp16=%d: loss scaler state not restored\n",
+                 m.value("fp16", false) ? 1 : 0, e.config.fp16.enabled ? 1 : 0);
+  }
+  if (rank == 0) {
+    std::printf("[zerotrain] loaded checkpoint '%s' (step %lld, saved by %d ranks at stage %d) into %d ranks at stage %d\n",
+                m.value("tag", "").c_str(), static_cast<long long>(e.counters.global_steps),
+                m.at("world_size").get<int>(), m.value("zero_stage", 0), g->size(),
+                static_cast<int>(e.config.zero_optimization.stage));
+  }
+  return m.value("client_state", nlohmann::json::object());
+}
+
+}  // namespace zt::ckpt

@@ -1,0 +1,77 @@
+// Engine checkpoints: save and load everything needed to continue training exactly,
+// stored by parameter name and element range so any world size and ZeRO stage loads it.
+// Layout and guarantees: docs/checkpoints.md. The engine (src/engine/engine.cpp) calls
+// these with references to its state; nothing here outlives the call.
+#pragma once
+#include <torch/torch.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "optim/loss_scaler.h"
+#include "zero/zero_optimizer.h"
+#include "zerotrain/comm.h"
+#include "zerotrain/config.h"
+
+namespace zt::ckpt {
+
+constexpr const char* kFormat = "zerotrain-checkpoint";
+constexpr int kVersion = 1;
+
+// The engine's step counters (see EngineImpl).
+struct Counters {
+  int64_t micro_steps = 0;
+  int64_t global_steps = 0;
+  int64_t applied_steps = 0;  // steps not skipped: the LR schedule position and Adam's step
+  bool last_skipped = false;
+};
+
+// References into a live engine.
+struct EngineParts {
+  torch::nn::Module& model;
+  zero::ZeroOptimizer& zero;
+  optim::LossScaler& scaler;
+  const Config& config;
+  const comm::GroupPtr& group;
+  torch::Device device;
+  at::ScalarType dtype;
+  Counters& counters;
+};
+
+// Collective. Writes DIR/TAG/ and then DIR/latest (see [Checkpoint Protocol] in the .cpp).
+// Throws CheckpointError on every rank when any rank fails.
+void save_checkpoint(EngineParts& e, const std::string& dir, const std::string& tag,
+                     const nlohmann::json& client_state);
+
+// Collective. tag "" = the tag in DIR/latest. Returns the saved client_state. Throws
+// CheckpointError on every rank, naming the file and the mismatch, when any rank fails.
+nlohmann::json load_checkpoint(EngineParts& e, const std::string& dir, const std::string& tag);
+
+// DIR/latest's tag; throws CheckpointError when there is none.
+std::string read_latest_tag(const std::string& dir);
+
+// Reads DIR/TAG/manifest.json (tag "" = latest) and checks its format.
+nlohmann::json read_manifest(const std::string& dir, const std::string& tag);
+
+// Streams the consolidated fp32 value of every managed parameter, by name, from a
+// checkpoint (one parameter in memory at a time; every file verified). Plus the
+// unmanaged tensors (frozen parameters, buffers) under their own names.
+class ConsolidatedReader {
+ public:
+  ConsolidatedReader(const std::string& dir, const std::string& tag);
+  const nlohmann::json& manifest() const { return manifest_; }
+  std::vector<std::string> param_names() const;  // managed parameters, manifest order
+  std::vector<std::string> extra_names() const;  // unmanaged tensors (rank 0's file)
+  torch::Tensor param(const std::string& name);  // fp32, its shape
+  torch::Tensor extra(const std::string& name);
+
+  struct Impl;  // verified files and fragment lookup (also used by load_checkpoint)
+
+ private:
+  std::shared_ptr<Impl> impl_;
+  nlohmann::json manifest_;
+};
+
+}  // namespace zt::ckpt

@@ -1,0 +1,86 @@
+// ZeroOptimizer's checkpoint state: export as per-parameter element ranges, import from
+// any such tiling (any world size, any stage). See zero_optimizer.h and docs/checkpoints.md.
+#include "zero/zero_optimizer.h"
+#include "zerotrain/error.h"
+
+namespace zt::zero {
+
+std::vector<std::string> ZeroOptimizer::state_kinds() const {
+  std::vector<std::string> k{"master"};
+  if (exp_avg_.defined()) k.insert(k.end(), {"exp_avg", "exp_avg_sq"});
+  if (momentum_buf_.defined()) k.push_back("momentum");
+  return k;
+}
+
+std::vector<torch::Tensor> ZeroOptimizer::user_params() const {
+  std::vector<torch::Tensor> out(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) out[user_index_[i]] = params_[i];
+  return out;
+}
+
+std::vector<std::vector<int64_t>> ZeroOptimizer::user_param_shapes() const {
+  std::vector<std::vector<int64_t>> out(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) out[user_index_[i]] = params_[i].sizes().vec();
+  return out;
+}
+
+namespace {
+// The owned buffers in state_kinds() order.
+std::vector<torch::Tensor> kind_buffers(const torch::Tensor& master, const torch::Tensor& m, const torch::Tensor& v,
+                                        const torch::Tensor& mom) {
+  std::vector<torch::Tensor> b{master};
+  if (m.defined()) b.insert(b.end(), {m, v});
+  if (mom.defined()) b.push_back(mom);
+  return b;
+}
+}  // namespace
+
+std::vector<ZeroOptimizer::StateFragment> ZeroOptimizer::state_fragments() {
+  const auto bufs = kind_buffers(master_, exp_avg_, exp_avg_sq_, momentum_buf_);
+  std::vector<StateFragment> out;
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    const Bucket& B = layout_.buckets[b];
+    const Range write{B.shard_offset(rank_), B.shard_offset(rank_) + B.shard_numel};
+    const int64_t own_base = owns_all_ ? B.offset : B.shard_offset(rank_);
+    for (int i = B.first_param; i < B.first_param + B.num_params; ++i) {
+      const ParamSlot& s = layout_.params[i];
+      const Range piece = intersect(write, {s.offset, s.offset + s.numel});
+      if (piece.size() == 0) continue;
+      StateFragment f;
+      f.param = user_index_[i];
+      f.begin = piece.begin - s.offset;
+      f.end = piece.end - s.offset;
+      for (const auto& t : bufs) f.state.push_back(owned_view(t, b).narrow(0, piece.begin - own_base, piece.size()));
+      out.push_back(std::move(f));
+    }
+  }
+  return out;
+}
+
+void ZeroOptimizer::import_state(const StateFetch& fetch) {
+  torch::NoGradGuard no_grad;
+  const auto kinds = state_kinds();
+  const auto bufs = kind_buffers(master_, exp_avg_, exp_avg_sq_, momentum_buf_);
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    const Bucket& B = layout_.buckets[b];
+    const Range own = owns_all_ ? Range{B.offset, B.offset + B.numel}
+                                : Range{B.shard_offset(rank_), B.shard_offset(rank_) + B.shard_numel};
+    for (int i = B.first_param; i < B.first_param + B.num_params; ++i) {
+      const ParamSlot& s = layout_.params[i];
+      const Range piece = intersect(own, {s.offset, s.offset + s.numel});
+      if (piece.size() == 0) continue;
+      for (size_t k = 0; k < kinds.size(); ++k) {
+        torch::Tensor v = fetch(user_index_[i], piece.begin - s.offset, piece.end - s.offset, kinds[k]);
+        ZT_ASSERT(v.numel() == piece.size(), "state fetch returned ", v.numel(), " values for ", piece.size());
+        owned_view(bufs[k], b).narrow(0, piece.begin - own.begin, piece.size()).copy_(v.reshape(-1));
+      }
+    }
+  }
+}
+
+void ZeroOptimizer::finish_state_import() {
+  torch::NoGradGuard no_grad;
+  refresh_params();
+}
+
+}  // namespace zt::zero
