@@ -20,7 +20,10 @@ std::vector<torch::Tensor> ZeroOptimizer::user_params() const {
 
 std::vector<std::vector<int64_t>> ZeroOptimizer::user_param_shapes() const {
   std::vector<std::vector<int64_t>> out(params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) out[user_index_[i]] = params_[i].sizes().vec();
+  // Stage 3: a released parameter is empty; its shape is the recorded one.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    out[user_index_[i]] = opt_.stage == 3 ? shapes_[i] : params_[i].sizes().vec();
+  }
   return out;
 }
 

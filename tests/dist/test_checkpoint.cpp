@@ -45,7 +45,7 @@ nlohmann::json config(int stage, const std::string& dtype, int gas, int64_t micr
       {"scheduler",
        {{"type", "WarmupLR"}, {"params", {{"warmup_min_lr", 0.0}, {"warmup_max_lr", 1e-2}, {"warmup_num_steps", 8}}}}},
       // Small buckets: parameters spread over several buckets and shards.
-      {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 200}, {"allgather_bucket_size", 300}}},
+      {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 200}, {"allgather_bucket_size", 300}, {"stage3_param_persistence_threshold", 0}}},
   };
   if (dtype == "bf16") j["bf16"] = {{"enabled", true}};
   // fp16: a dynamic scale that grows during the test (window 2), so it must be restored.
@@ -180,7 +180,8 @@ TEST_P(CheckpointResume, BitIdenticalToUninterrupted) {
 INSTANTIATE_TEST_SUITE_P(Stages, CheckpointResume,
                          ::testing::Values(ResumeCase{0, "fp32", 1}, ResumeCase{0, "bf16", 2}, ResumeCase{0, "fp16", 1},
                                            ResumeCase{1, "fp32", 2}, ResumeCase{1, "bf16", 1}, ResumeCase{1, "fp16", 1},
-                                           ResumeCase{2, "fp32", 1}, ResumeCase{2, "bf16", 2}, ResumeCase{2, "fp16", 1}),
+                                           ResumeCase{2, "fp32", 1}, ResumeCase{2, "bf16", 2}, ResumeCase{2, "fp16", 1},
+                                           ResumeCase{3, "fp32", 2}, ResumeCase{3, "bf16", 1}, ResumeCase{3, "fp16", 1}),
                          [](const auto& info) {
                            return "stage" + std::to_string(info.param.stage) + "_" + info.param.dtype + "_gas" +
                                   std::to_string(info.param.gas);
@@ -237,6 +238,8 @@ void cross_load(int save_stage, int load_stage, bool save_on_all) {
 TEST(CheckpointUniversal, AllRanksStage1LoadedOnHalfStage2) { cross_load(1, 2, true); }
 TEST(CheckpointUniversal, HalfRanksStage2LoadedOnAllStage1) { cross_load(2, 1, false); }
 TEST(CheckpointUniversal, AllRanksStage0LoadedOnHalfStage1) { cross_load(0, 1, true); }
+TEST(CheckpointUniversal, AllRanksStage1LoadedOnHalfStage3) { cross_load(1, 3, true); }
+TEST(CheckpointUniversal, HalfRanksStage3LoadedOnAllStage2) { cross_load(3, 2, false); }
 
 // ---------------------------------------------------------------------------------------
 // Verification: damaged files fail the load on every rank, naming the file.
