@@ -347,6 +347,7 @@ int cmd_train(int argc, char** argv) {
           {"model_state_gib", msb.total() / gib},
           {"loss_first", first_loss},
           {"loss_last", last_loss},
+          {"last_step", engine->last_report().to_json()},  // exposed comm, ZeRO-3 gathers, ...
       };
       std::ofstream f(a.summary, std::ios::app);
       ZT_CHECK(f.good(), "cannot write ", a.summary);
