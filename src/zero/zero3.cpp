@@ -232,13 +232,16 @@ void ZeroOptimizer::gather_all() {
 void ZeroOptimizer::prefetch_after(const std::vector<int>& order, int64_t pos, int dir) {
   // Units following position `pos` of `order` (in direction dir), up to
   // stage3_prefetch_bucket_size elements, never beyond stage3_max_live_parameters.
+  // Units already gathered or in flight count against the window, so it never grows
+  // beyond stage3_prefetch_bucket_size elements ahead of the running unit.
   int64_t budget = opt_.prefetch_numel;
   for (int64_t k = pos + dir; k >= 0 && k < static_cast<int64_t>(order.size()); k += dir) {
     const int b = order[k];
-    if (units_[b].full.defined()) continue;
     const int64_t n = layout_.buckets[b].numel;
-    if (n > budget || z3_.live_numel + n > opt_.max_live_numel) break;
+    if (n > budget) break;
     budget -= n;
+    if (units_[b].full.defined()) continue;
+    if (z3_.live_numel + n > opt_.max_live_numel) break;
     gather(b, /*prefetch=*/true);
   }
 }

@@ -85,7 +85,8 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr g
           flat_grad_.narrow(0, layout_.params[i].offset, layout_.params[i].numel).view(params_[i].sizes());
     }
   } else {
-    grad_shard_ = torch::zeros({layout_.shard_numel}, topt.dtype(opt_.dtype));
+    // grad_shard_ is allocated by the first reduction of a step and freed after the step:
+    // between steps (forward included) no gradient memory is held.
     staging_.resize(layout_.buckets.size());
     deferred_.resize(layout_.buckets.size());
   }
@@ -177,6 +178,7 @@ void ZeroOptimizer::launch_bucket(int b) {
   auto& stage = staging_[b];
   if (!stage.defined()) stage = torch::zeros({layout_.buckets[b].numel}, torch::TensorOptions().device(opt_.device).dtype(opt_.dtype));
   if (pre != 1.0) stage.div_(pre);
+  if (!grad_shard_.defined()) grad_shard_ = torch::empty({layout_.shard_numel}, master_.options().dtype(opt_.dtype));
   auto dst = owned_view(grad_shard_, b);
   torch::Tensor out = first_micro_ ? dst : torch::empty_like(dst);
   works_.push_back(group_->reduce_scatter(out, stage, op, /*async=*/true));
@@ -233,12 +235,12 @@ double ZeroOptimizer::end_backward() {
   return exposed_ms;
 }
 
-torch::Tensor ZeroOptimizer::owned_grad_fp32() {
-  if (opt_.stage >= 2) return grad_shard_.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-  if (owns_all_) return flat_grad_.to(at::kFloat, false, true);
-  auto g = torch::empty({layout_.shard_numel}, master_.options());
-  for (size_t b = 0; b < layout_.buckets.size(); ++b) owned_view(g, b).copy_(shard_view(flat_grad_, b));
-  return g;
+torch::Tensor ZeroOptimizer::grad_view(int b) {
+  if (opt_.stage >= 2) {
+    if (!grad_shard_.defined()) grad_shard_ = torch::zeros({layout_.shard_numel}, master_.options().dtype(opt_.dtype));
+    return owned_view(grad_shard_, b);
+  }
+  return owns_all_ ? bucket_view(flat_grad_, b) : shard_view(flat_grad_, b);
 }
 
 StepOutcome ZeroOptimizer::step(const StepInputs& in) {
@@ -263,45 +265,80 @@ StepOutcome ZeroOptimizer::step(const StepInputs& in) {
     if (pre != 1.0) flat_grad_.mul_(pre / world_);
   }
 
-  auto g = owned_grad_fp32();  // (owned) fp32
-  if (in.loss_scale != 1.0) g.mul_(1.0 / in.loss_scale);
   // One number carries both the overflow check and the clipping norm: the sum of squares
-  // is inf/NaN exactly when some gradient is.
-  auto sq = g.square().sum().to(at::kDouble).reshape({1});
+  // is inf/NaN exactly when some gradient is. One fp32 norm per bucket, read in the
+  // compute dtype: no fp32 copy of all gradients exists at any time.
+  const int nb = static_cast<int>(layout_.buckets.size());
+  std::vector<torch::Tensor> norms;
+  norms.reserve(nb);
+  for (int b = 0; b < nb; ++b) norms.push_back(at::linalg_vector_norm(grad_view(b), 2, std::nullopt, false, at::kFloat));
+  auto sq = torch::stack(norms).to(at::kDouble).square().sum().reshape({1});
   if (!owns_all_ && world_ > 1) group_->all_reduce(sq, comm::ReduceOp::kSum);
-  const double total_sq = sq.item<double>();
+  const double total_sq = sq.item<double>() / (in.loss_scale * in.loss_scale);
   if (!std::isfinite(total_sq)) {
     out.overflow = true;
     return out;
   }
   out.grad_norm = std::sqrt(total_sq);
+  double factor = 1.0 / in.loss_scale;
   if (in.clip > 0) {
     const double coef = in.clip / (out.grad_norm + 1e-6);
-    if (coef < 1.0) g.mul_(coef);
+    if (coef < 1.0) factor *= coef;
   }
-  apply_optimizer(g, in);
+  // Update in groups of buckets of at most kStepChunk elements: the fp32 gradients exist
+  // for one group at a time (a 10B model's shard would otherwise need one more full copy).
+  constexpr int64_t kStepChunk = int64_t{1} << 27;
+  std::vector<int> group;
+  int64_t in_group = 0;
+  for (int b = 0; b < nb; ++b) {
+    const int64_t n = owned_view(master_, b).numel();
+    if (!group.empty() && in_group + n > kStepChunk) {
+      apply_optimizer(group, factor, in);
+      group.clear();
+      in_group = 0;
+    }
+    group.push_back(b);
+    in_group += n;
+  }
+  if (!group.empty()) apply_optimizer(group, factor, in);
   refresh_params();
   return out;
 }
 
-void ZeroOptimizer::apply_optimizer(torch::Tensor& g, const StepInputs& in) {
+void ZeroOptimizer::apply_optimizer(const std::vector<int>& buckets, double factor, const StepInputs& in) {
   const auto& P = opt_.optimizer.params;
+  std::vector<at::Tensor> ps, gs, ms, vs;
+  for (int b : buckets) {
+    ps.push_back(owned_view(master_, b));
+    auto g = grad_view(b).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+    if (factor != 1.0) g.mul_(factor);
+    gs.push_back(g);
+    if (exp_avg_.defined()) {
+      ms.push_back(owned_view(exp_avg_, b));
+      vs.push_back(owned_view(exp_avg_sq_, b));
+    }
+    if (momentum_buf_.defined()) ms.push_back(owned_view(momentum_buf_, b));
+  }
   if (sgd_) {
     const double mom = in.momentum.value_or(P.momentum);
-    if (P.weight_decay != 0) g.add_(master_, P.weight_decay);
-    if (momentum_buf_.defined()) {
-      if (in.step == 1) {
-        momentum_buf_.copy_(g);
-      } else {
-        momentum_buf_.mul_(mom).add_(g, 1.0 - P.dampening);
+    for (size_t k = 0; k < ps.size(); ++k) {
+      auto& g = gs[k];
+      if (P.weight_decay != 0) g.add_(ps[k], P.weight_decay);
+      if (momentum_buf_.defined()) {
+        auto& buf = ms[k];
+        if (in.step == 1) {
+          buf.copy_(g);
+        } else {
+          buf.mul_(mom).add_(g, 1.0 - P.dampening);
+        }
+        if (P.nesterov) {
+          g.add_(buf, mom);
+        } else {
+          g = buf;
+        }
       }
-      if (P.nesterov) {
-        g.add_(momentum_buf_, mom);
-      } else {
-        g = momentum_buf_;
-      }
+      ps[k].add_(g, -in.lr);
     }
-    master_.add_(g, -in.lr);
     return;
   }
   // Adam / AdamW (adam_w_mode: decoupled weight decay).
@@ -310,7 +347,7 @@ void ZeroOptimizer::apply_optimizer(torch::Tensor& g, const StepInputs& in) {
   const double beta2 = P.betas[1];
   if (P.bias_correction) {
     step_t_.fill_(static_cast<double>(in.step));
-    std::vector<at::Tensor> ps{master_}, gs{g}, ms{exp_avg_}, vs{exp_avg_sq_}, steps{step_t_};
+    std::vector<at::Tensor> steps(ps.size(), step_t_);  // read-only: the kernels do not advance it
     if (adamw) {
       at::_fused_adamw_(ps, gs, ms, vs, {}, steps, in.lr, beta1, beta2, P.weight_decay, P.eps, false, false);
     } else {
@@ -318,14 +355,17 @@ void ZeroOptimizer::apply_optimizer(torch::Tensor& g, const StepInputs& in) {
     }
     return;
   }
-  if (adamw) {
-    master_.mul_(1.0 - in.lr * P.weight_decay);
-  } else if (P.weight_decay != 0) {
-    g.add_(master_, P.weight_decay);
+  for (size_t k = 0; k < ps.size(); ++k) {
+    auto& g = gs[k];
+    if (adamw) {
+      ps[k].mul_(1.0 - in.lr * P.weight_decay);
+    } else if (P.weight_decay != 0) {
+      g.add_(ps[k], P.weight_decay);
+    }
+    ms[k].lerp_(g, 1.0 - beta1);
+    vs[k].mul_(beta2).addcmul_(g, g, 1.0 - beta2);
+    ps[k].addcdiv_(ms[k], vs[k].sqrt().add_(P.eps), -in.lr);
   }
-  exp_avg_.lerp_(g, 1.0 - beta1);
-  exp_avg_sq_.mul_(beta2).addcmul_(g, g, 1.0 - beta2);
-  master_.addcdiv_(exp_avg_, exp_avg_sq_.sqrt().add_(P.eps), -in.lr);
 }
 
 void ZeroOptimizer::refresh_params() {
@@ -370,14 +410,16 @@ void ZeroOptimizer::zero_grad() {
       if (!g.defined() || g.data_ptr() != view.data_ptr()) g = view.view(params_[i].sizes());
     }
   }
-  if (grad_shard_.defined()) grad_shard_.zero_();
+  grad_shard_ = torch::Tensor();  // the next step's first reduction writes a fresh one
 }
 
 ModelStateBytes ZeroOptimizer::state_bytes() const {
   auto nb = [](const torch::Tensor& t) -> int64_t { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; };
   ModelStateBytes m;
   m.params = nb(flat_param_) + nb(param_shard_);
-  m.grads = nb(flat_grad_) + nb(grad_shard_);
+  // The gradient shard exists from the first reduction of a step to the step; counted
+  // at its size throughout (what the ZeRO formulas count).
+  m.grads = nb(flat_grad_) + (opt_.stage >= 2 ? layout_.shard_numel * static_cast<int64_t>(c10::elementSize(opt_.dtype)) : 0);
   m.master = nb(master_);
   m.optimizer = nb(exp_avg_) + nb(exp_avg_sq_) + nb(momentum_buf_);
   return m;

@@ -157,8 +157,9 @@ class ZeroOptimizer {
  private:
   void on_grad_ready(int layout_index);
   void launch_bucket(int b);
-  torch::Tensor owned_grad_fp32();
-  void apply_optimizer(torch::Tensor& grad32, const StepInputs& in);
+  torch::Tensor grad_view(int b);  // this rank's reduced gradient of bucket b (compute dtype)
+  // Updates the owned shards of `buckets` with their gradients times `factor`.
+  void apply_optimizer(const std::vector<int>& buckets, double factor, const StepInputs& in);
   void refresh_params();
   torch::Tensor bucket_view(const torch::Tensor& flat, int b) const;
   torch::Tensor shard_view(const torch::Tensor& flat, int b) const;        // rank's shard inside a full flat
@@ -186,7 +187,7 @@ class ZeroOptimizer {
 
   torch::Tensor flat_param_;   // (total) compute dtype: every param is a view into it
   torch::Tensor flat_grad_;    // (total) compute dtype, stages 0-1: every .grad is a view
-  torch::Tensor grad_shard_;   // (shard) compute dtype, stage 2
+  torch::Tensor grad_shard_;   // (shard) compute dtype, stages 2-3, from the first reduction to the step
   torch::Tensor master_;       // (owned) fp32
   torch::Tensor exp_avg_, exp_avg_sq_;  // (owned) fp32, Adam
   torch::Tensor momentum_buf_;          // (owned) fp32, SGD with momentum
