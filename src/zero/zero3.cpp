@@ -14,10 +14,15 @@
 //   backward  the autograd node unit_output inserted after the unit runs first: gather
 //             again, prefetch the units before it; a recomputed (checkpointed) block finds
 //             it gathered; when its last gradient arrives: reduce-scatter, release.
-//   step      the fp32 shard updates the compute shard; nothing is all-gathered.
+//   step      the fp32 shard is updated in place; nothing is all-gathered.
 // The root and persistent units are gathered at the start of forward; the root unit is
 // released with its gradients (the tied embedding's arrive last), the persistent one after
 // the step only (its copy is stale then).
+//
+// Memory. A rank keeps its fp32 master shard and optimizer state (12 bytes per parameter
+// / N with Adam) and, from the first reduction of a step to the step, its gradient shard
+// (2 / N in bf16): 14 Psi/N. The compute-dtype shard a gather sends is cast from the
+// master on the fly, so the 2 Psi/N of a standing bf16 copy are not held.
 //
 // Diagnosis. Every gather carries a tag (unit, sequence number) gathered from all ranks
 // alongside the data. On the CPU it is checked before the data moves; on the GPU the tags
@@ -170,8 +175,11 @@ void ZeroOptimizer::gather(int b, bool prefetch) {
     // disagree stop here instead of issuing collectives of different sizes.
     if (opt_.device.is_cpu()) check_tags(/*all=*/true);
   }
-  U.full = torch::empty({B.numel}, param_shard_.options());
-  auto mine = owned_view(param_shard_, b);
+  U.full = torch::empty({B.numel}, master_.options().dtype(opt_.dtype));
+  // The rank's shard in the compute dtype, cast from the fp32 master as it is sent: no
+  // separate compute-dtype copy of the shard is kept between steps.
+  auto master = owned_view(master_, b);
+  auto mine = opt_.dtype == at::kFloat ? master : master.to(opt_.dtype);
   U.work = world_ > 1 ? group_->all_gather(U.full, mine, /*async=*/true) : nullptr;
   if (world_ == 1) U.full.copy_(mine);
   U.prefetched = prefetch;

@@ -67,6 +67,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr g
         .copy_(opt_.stage == 3 ? owned_view(param_shard_, b)
                                : (owns_all_ ? bucket_view(flat_param_, b) : shard_view(flat_param_, b)));
   }
+  param_shard_ = torch::Tensor();  // stage 3: the master is the only standing copy of the shard
   const std::string type = lower(opt_.optimizer.type);
   sgd_ = type == "sgd";
   adamw_ = type == "adamw" || opt_.optimizer.params.adam_w_mode;
@@ -373,7 +374,6 @@ void ZeroOptimizer::refresh_params() {
     // The shard is all this rank keeps; units are gathered again when next used (no
     // all-gather after the step). Gathered copies are stale now.
     release_all(/*persistent_too=*/true);
-    for (size_t b = 0; b < layout_.buckets.size(); ++b) owned_view(param_shard_, b).copy_(owned_view(master_, b));
     return;
   }
   // Cast the updated fp32 shard into the compute-dtype parameters.

@@ -6,7 +6,8 @@
 //   stage 0: params Ψ, grads Ψ (all-reduced per bucket in backward), master+m+v Ψ
 //   stage 1: params Ψ, grads Ψ (reduce-scattered at the boundary), master+m+v Ψ/N
 //   stage 2: params Ψ, grads Ψ/N (reduce-scattered per bucket in backward), master+m+v Ψ/N
-//   stage 3: params Ψ/N (+ the units gathered right now), grads Ψ/N, master+m+v Ψ/N
+//   stage 3: grads Ψ/N, master+m+v Ψ/N; parameters exist only in the units gathered right
+//            now (the fp32 master shard is cast to the compute dtype as it is gathered)
 //
 // Stage 3 (src/zero/zero3.cpp) reuses the stage-2 machinery with one bucket per gather
 // unit: the rank owns shard r of every unit's parameters, gradients and optimizer state.
@@ -219,7 +220,7 @@ class ZeroOptimizer {
     int64_t seq;
     torch::Tensor tags;        // (world, 2) int64: what every rank gathered as gather #seq
   };
-  torch::Tensor param_shard_;            // (shard) compute dtype: this rank's parameters
+  torch::Tensor param_shard_;            // (shard) compute dtype: only while initialize() partitions
   torch::Tensor empty_;                  // what released parameters point at
   std::vector<std::vector<int64_t>> shapes_;  // layout index -> full shape
   std::vector<UnitState> units_;         // per bucket

@@ -209,8 +209,10 @@ TEST(Zero3Gpt2, BlocksAsUnitsMatchStage0) {
   }
 }
 
-// Model states per rank: 16 bytes per parameter / N with bf16 (2 param + 2 grad + 4
-// master + 8 Adam), within 5%; gathered parameters stay within max_live + one unit.
+// Model states per rank: 14 bytes per parameter / N with bf16 (2 grad + 4 master + 8
+// Adam; the bf16 shard a gather sends is cast from the master on the fly, so ZeRO's
+// 16 Psi/N lose the 2 of a standing bf16 copy), within 5%; gathered parameters stay
+// within max_live + one unit.
 TEST(Zero3Memory, ModelStatesAndLiveBound) {
   auto group = zt::comm::world_group();
   const int world = group->size();
@@ -232,7 +234,8 @@ TEST(Zero3Memory, ModelStatesAndLiveBound) {
   o.print = false;
   auto engine = zt::initialize(m.ptr(), cfg, o);
   const auto b = engine->model_state_bytes();
-  EXPECT_NEAR(static_cast<double>(b.total()) / (16.0 * psi / world), 1.0, 0.05) << "psi " << psi;
+  EXPECT_NEAR(static_cast<double>(b.total()) / (14.0 * psi / world), 1.0, 0.05) << "psi " << psi;
+  EXPECT_EQ(b.params, 0);
   EXPECT_EQ(b.gathered, 0);
   int64_t max_unit = 0;
   for (auto& blk : m->blocks()) {
