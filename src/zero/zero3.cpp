@@ -28,7 +28,11 @@
 // alongside the data. On the CPU it is checked before the data moves; on the GPU the tags
 // are checked at the end of forward and of backward (no host sync per gather). Ranks that
 // disagree on the sequence get an error naming the gather, the units and the ranks.
+#include <ATen/native/Resize.h>
 #include <torch/csrc/autograd/custom_function.h>
+#ifdef ZT_WITH_CUDA
+#include <ATen/native/cuda/Resize.h>
+#endif
 
 #include <algorithm>
 #include <set>
@@ -39,6 +43,23 @@
 namespace zt::zero {
 namespace {
 constexpr int64_t kAlign = 64;
+
+// Gives a storage `bytes` bytes (0 frees them). Every tensor that views the storage stays
+// valid as an object and sees the new bytes: autograd keeps views of a unit's weights
+// (e.g. the transposed weight a matmul saves for backward), and only freeing the bytes
+// under them releases the memory in forward; gathering into the same storage before the
+// unit's backward makes those saved views correct again.
+void resize_storage(const torch::Tensor& t, size_t bytes) {
+  c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
+  if (st->nbytes() == bytes) return;
+#ifdef ZT_WITH_CUDA
+  if (t.is_cuda()) {
+    at::native::resize_bytes_cuda(st, bytes);
+    return;
+  }
+#endif
+  at::native::resize_bytes_cpu(st, bytes);
+}
 
 // Identity in forward; in backward, gathers the unit before autograd enters it.
 struct PreBackward : public torch::autograd::Function<PreBackward> {
@@ -161,7 +182,7 @@ std::string ZeroOptimizer::unit_label(int b) const {
 
 void ZeroOptimizer::gather(int b, bool prefetch) {
   UnitState& U = units_[b];
-  if (U.full.defined()) return;  // gathered or in flight
+  if (U.live) return;  // gathered or in flight
   const Bucket& B = layout_.buckets[b];
   torch::NoGradGuard no_grad;
   const int64_t seq = gather_seq_++;
@@ -175,7 +196,13 @@ void ZeroOptimizer::gather(int b, bool prefetch) {
     // disagree stop here instead of issuing collectives of different sizes.
     if (opt_.device.is_cpu()) check_tags(/*all=*/true);
   }
-  U.full = torch::empty({B.numel}, master_.options().dtype(opt_.dtype));
+  // One buffer per unit for the whole run; between gathers its storage holds no bytes.
+  if (!U.full.defined()) {
+    U.full = torch::empty({B.numel}, master_.options().dtype(opt_.dtype));
+  } else {
+    resize_storage(U.full, static_cast<size_t>(B.numel) * U.full.element_size());
+  }
+  U.live = true;
   // The rank's shard in the compute dtype, cast from the fp32 master as it is sent: no
   // separate compute-dtype copy of the shard is kept between steps.
   auto master = owned_view(master_, b);
@@ -191,7 +218,7 @@ void ZeroOptimizer::gather(int b, bool prefetch) {
 
 void ZeroOptimizer::ensure_gathered(int b) {
   UnitState& U = units_[b];
-  if (!U.full.defined()) gather(b, /*prefetch=*/false);
+  if (!U.live) gather(b, /*prefetch=*/false);
   if (U.work) {
     U.work->wait();  // the compute stream waits; the host does not (CUDA)
     U.work.reset();
@@ -207,14 +234,15 @@ void ZeroOptimizer::ensure_gathered(int b) {
 
 void ZeroOptimizer::release(int b) {
   UnitState& U = units_[b];
-  if (!U.full.defined() || hold_all_) return;
+  if (!U.live || hold_all_) return;
   if (U.work) {
     U.work->wait();  // a prefetch nobody used: finish it before the buffer goes back
     U.work.reset();
   }
   const Bucket& B = layout_.buckets[b];
   for (int k = 0; k < B.num_params; ++k) params_[B.first_param + k].set_data(empty_);
-  U.full = torch::Tensor();
+  resize_storage(U.full, 0);
+  U.live = false;
   U.prefetched = false;
   U.attached = false;
   z3_.live_numel -= B.numel;
@@ -248,7 +276,7 @@ void ZeroOptimizer::prefetch_after(const std::vector<int>& order, int64_t pos, i
     const int64_t n = layout_.buckets[b].numel;
     if (n > budget) break;
     budget -= n;
-    if (units_[b].full.defined()) continue;
+    if (units_[b].live) continue;
     if (z3_.live_numel + n > opt_.max_live_numel) break;
     gather(b, /*prefetch=*/true);
   }

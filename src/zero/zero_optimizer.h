@@ -210,7 +210,8 @@ class ZeroOptimizer {
   struct UnitState {
     std::string name;
     UnitKind kind = UnitKind::kBlock;
-    torch::Tensor full;        // gathered buffer (numel of the bucket), undefined when released
+    torch::Tensor full;        // gathered buffer (numel of the bucket); its storage is empty when released
+    bool live = false;         // `full` holds (or is receiving) the unit's parameters
     comm::WorkPtr work;        // pending all-gather into `full`
     bool prefetched = false;
     bool attached = false;     // the parameters point into `full`
