@@ -137,6 +137,12 @@ class Engine {
   // the group must call it). For evaluation, tests and checkpoint export.
   virtual std::vector<torch::Tensor> gather_master_params() = 0;
 
+  // The managed parameters in the compute dtype (bf16/fp16; fp32 when training in fp32),
+  // by parameter name, in one safetensors file written by rank 0 (DeepSpeed's
+  // save_16bit_model). Collective. Under ZeRO-3 it needs
+  // zero_optimization.stage3_gather_16bit_weights_on_model_save = true, as in DeepSpeed.
+  virtual void save_16bit_model(const std::string& path) = 0;
+
   // Checkpoints (docs/checkpoints.md). Both are collective: every rank of the group calls
   // them with the same arguments; a failure on any rank throws zt::CheckpointError on all.
   //

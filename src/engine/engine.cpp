@@ -11,6 +11,7 @@
 #include "ckpt/engine_checkpoint.h"
 #include "engine/phase_timer.h"
 #include "models/gpt2.h"
+#include "models/safetensors.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "zero/zero_optimizer.h"
@@ -87,6 +88,7 @@ class EngineImpl : public Engine {
       }
     }
     for (auto& p : params) names.push_back(name_of(p));
+    names_ = names;
     // Placeholders (partitioned construction): GPT-2 built with deferred_init knows its
     // shapes and initialisation.
     if (auto g = std::dynamic_pointer_cast<models::GPT2Impl>(model_); g && g->config().deferred_init) {
@@ -302,6 +304,21 @@ class EngineImpl : public Engine {
   const StepReport& last_report() const override { return last_; }
   std::vector<torch::Tensor> gather_master_params() override { return zero_->gather_master_params(); }
 
+  void save_16bit_model(const std::string& path) override {
+    ZT_CHECK_T(cfg_.zero_optimization.stage != 3 || cfg_.zero_optimization.stage3_gather_16bit_weights_on_model_save,
+               ConfigError, "save_16bit_model under ZeRO-3 gathers the full weights: set "
+               "zero_optimization.stage3_gather_16bit_weights_on_model_save to true (or save a checkpoint and "
+               "consolidate it with `zerotrain convert`)");
+    auto full = zero_->gather_master_params();  // collective
+    if (group_->rank() != 0) return;
+    std::map<std::string, torch::Tensor> tensors;
+    for (size_t i = 0; i < full.size(); ++i) {
+      const std::string name = names_[i].empty() ? "param_" + std::to_string(i) : names_[i];
+      tensors[name] = full[i].to(dtype_);
+    }
+    models::save_safetensors(path, tensors, {{"format", "pt"}, {"producer", "zerotrain save_16bit_model"}});
+  }
+
   void save_checkpoint(const std::string& dir, const std::string& tag, const nlohmann::json& client_state) override {
     ZT_CHECK_T(window_micro_ == 0, CheckpointError, "save_checkpoint() between micro-steps of an accumulation window (",
                window_micro_, " of ", cfg_.gradient_accumulation_steps, " done): save after step() returned true");
@@ -401,6 +418,7 @@ class EngineImpl : public Engine {
 
   std::shared_ptr<torch::nn::Module> model_;
   std::shared_ptr<models::GPT2Impl> gpt2_;  // set when the engine drives GPT-2's block hooks
+  std::vector<std::string> names_;          // managed parameters' names, in the user's order
   Config cfg_;
   EngineOptions opts_;
   comm::GroupPtr group_;

@@ -6,7 +6,10 @@
 
 #include <cmath>
 
+#include <unistd.h>
+
 #include "models/gpt2.h"
+#include "models/safetensors.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
@@ -292,6 +295,47 @@ TEST(Zero3Diagnosis, RanksThatDivergeAreNamed) {
     EXPECT_NE(msg.find("'l1'"), std::string::npos) << msg;
     EXPECT_NE(msg.find("'l2'"), std::string::npos) << msg;
     EXPECT_NE(msg.find("rank " + std::to_string(world - 1) + ": gather #"), std::string::npos) << msg;
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// save_16bit_model: under ZeRO-3 only with stage3_gather_16bit_weights_on_model_save, and
+// then the file holds every full-size weight in the compute dtype, by name.
+TEST(Zero3Save, Save16BitModelGathersFullWeights) {
+  auto group = zt::comm::world_group();
+  const int world = group->size();
+  torch::manual_seed(11);
+  Stack m;
+  auto j = config(3, "bf16", 1);
+  auto engine = stack_engine(m, zt::Config::from_json(j, world));
+  const std::string path = "/tmp/zt_test_save16_" + std::to_string(::getpid()) + ".safetensors";
+  try {
+    engine->save_16bit_model(path);
+    FAIL() << "save_16bit_model without stage3_gather_16bit_weights_on_model_save";
+  } catch (const zt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("stage3_gather_16bit_weights_on_model_save"), std::string::npos);
+  }
+  j["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = true;
+  torch::manual_seed(11);
+  Stack m2;
+  auto e2 = stack_engine(m2, zt::Config::from_json(j, world));
+  train(m2, *e2, 1);
+  auto master = e2->gather_master_params();
+  e2->save_16bit_model(path);
+  if (group->rank() == 0) {
+    auto saved = zt::models::load_safetensors(path);
+    ::unlink(path.c_str());
+    ASSERT_EQ(saved.size(), master.size());
+    auto named = m2->named_parameters();
+    for (size_t i = 0; i < master.size(); ++i) {
+      const auto& name = named[i].key();
+      ASSERT_TRUE(saved.count(name)) << name;
+      EXPECT_EQ(saved[name].scalar_type(), torch::kBFloat16) << name;
+      EXPECT_TRUE(torch::equal(saved[name], master[i].to(torch::kBFloat16))) << name;
+    }
   }
 }
 
