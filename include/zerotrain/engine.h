@@ -43,6 +43,9 @@ struct ModelStateBytes {
   // Stage 3: full-size parameters gathered right now (not part of total(): they come and
   // go with the units; see StepReport::zero3 for the step's peak).
   int64_t gathered = 0;
+  // Offload: bytes of the above (and of the host-side gradient / upload buffers) that live
+  // in host memory instead of device memory.
+  int64_t host = 0;
   int64_t total() const { return params + grads + master + optimizer; }
 };
 

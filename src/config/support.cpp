@@ -75,15 +75,24 @@ struct Feature {
 
 std::string flag(bool in_use) { return in_use ? "true" : ""; }
 std::string unflag(bool value) { return value ? "" : "false"; }
-std::string device(OffloadDevice d) { return d == OffloadDevice::none ? "" : "\"" + std::string(zt::to_string(d)) + "\""; }
 
 const Feature kFeatures[] = {
     {"zero_optimization.offload_optimizer.device", false,
-     [](const Config& c) { return device(c.zero_optimization.offload_optimizer.device); },
-     "set device \"none\" or remove offload_optimizer (and cpu_offload)"},
+     [](const Config& c) {
+       return c.zero_optimization.offload_optimizer.device == OffloadDevice::nvme ? std::string("\"nvme\"") : std::string();
+     },
+     "use device \"cpu\" (NVMe swapping is not there yet)"},
     {"zero_optimization.offload_param.device", false,
-     [](const Config& c) { return device(c.zero_optimization.offload_param.device); },
-     "set device \"none\" or remove offload_param (and cpu_offload_param)"},
+     [](const Config& c) {
+       return c.zero_optimization.offload_param.device == OffloadDevice::nvme ? std::string("\"nvme\"") : std::string();
+     },
+     "use device \"cpu\" (NVMe swapping is not there yet)"},
+    {"zero_optimization.offload_optimizer.ratio", false,
+     [](const Config& c) {
+       return c.zero_optimization.offload_optimizer.ratio != 1.0 ? std::to_string(c.zero_optimization.offload_optimizer.ratio)
+                                                                  : std::string();
+     },
+     "remove it (the whole optimizer state is offloaded)"},
     {"zero_optimization.allgather_partitions", false,
      [](const Config& c) { return unflag(c.zero_optimization.allgather_partitions); },
      "remove it (zerotrain all-gathers the updated shards)"},

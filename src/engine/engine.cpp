@@ -34,7 +34,8 @@ nlohmann::json StepReport::to_json() const {
            {{"params", model_state.params},
             {"grads", model_state.grads},
             {"master", model_state.master},
-            {"optimizer", model_state.optimizer}}},
+            {"optimizer", model_state.optimizer},
+            {"host", model_state.host}}},
           {"comm", {{"buckets", buckets},
                     {"buckets_before_backward_end", buckets_before_backward_end},
                     {"exposed_ms", exposed_comm_ms}}},
@@ -146,6 +147,14 @@ class EngineImpl : public Engine {
     zo.gradient_predivide_factor = cfg_.gradient_predivide_factor;
     zo.optimizer = cfg_.optimizer;
     if (zo.optimizer.type.empty()) zo.optimizer.type = "AdamW";
+    const auto& zc = cfg_.zero_optimization;
+    zo.offload_optimizer = zc.offload_optimizer.device == OffloadDevice::cpu;
+    zo.offload_param = zc.offload_param.device == OffloadDevice::cpu;
+    ZT_CHECK_T(!zo.offload_param || zo.offload_optimizer, ConfigError,
+               "zero_optimization.offload_param keeps parameter shards in host memory for the CPU step to write: "
+               "also set zero_optimization.offload_optimizer.device to \"cpu\"");
+    zo.pin_memory = zc.offload_optimizer.pin_memory || (zo.offload_param && zc.offload_param.pin_memory);
+    zo.sub_group_numel = zc.sub_group_size;
     if (stage3) {
       setup_units(params, names, zo);
       if (any_deferred) {
@@ -358,6 +367,9 @@ class EngineImpl : public Engine {
                   r.model_state.params / gib, r.model_state.grads / gib, r.model_state.master / gib,
                   r.model_state.optimizer / gib, static_cast<long long>(r.buckets),
                   static_cast<long long>(r.buckets_before_backward_end), r.exposed_comm_ms);
+      if (r.model_state.host > 0) {
+        std::printf("[zerotrain]   offload: %.3f GiB of model state in host memory\n", r.model_state.host / gib);
+      }
       if (cfg_.zero_optimization.stage == 3) {
         std::printf("[zerotrain]   zero-3: %lld unit gathers (%lld prefetched), gathered peak %.3f GiB\n",
                     static_cast<long long>(r.gathers), static_cast<long long>(r.gathers_prefetched),

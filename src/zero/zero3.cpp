@@ -142,7 +142,9 @@ void ZeroOptimizer::init_stage3(std::vector<torch::Tensor>& params) {
 
   // Partition one unit at a time: only one unit is ever full-size on the device.
   auto topt = torch::TensorOptions().device(opt_.device).dtype(opt_.dtype);
-  param_shard_ = torch::zeros({layout_.shard_numel}, topt);
+  auto host = torch::TensorOptions().device(torch::kCPU).dtype(opt_.dtype).pinned_memory(
+      opt_.pin_memory && opt_.device.is_cuda());
+  param_shard_ = torch::zeros({layout_.shard_numel}, opt_.offload_param ? host : topt);
   empty_ = torch::empty({0}, topt);
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
     const Bucket& B = layout_.buckets[b];
@@ -205,8 +207,16 @@ void ZeroOptimizer::gather(int b, bool prefetch) {
   U.live = true;
   // The rank's shard in the compute dtype, cast from the fp32 master as it is sent: no
   // separate compute-dtype copy of the shard is kept between steps.
-  auto master = owned_view(master_, b);
-  auto mine = opt_.dtype == at::kFloat ? master : master.to(opt_.dtype);
+  torch::Tensor mine;
+  if (param_shard_.defined()) {
+    // Offload: the compute-dtype shard the CPU step wrote (host memory with offload_param:
+    // uploaded here, asynchronously from page-locked memory, ahead of the gather).
+    mine = owned_view(param_shard_, b);
+    if (mine.device() != opt_.device) mine = mine.to(opt_.device, /*non_blocking=*/true);
+  } else {
+    auto master = owned_view(master_, b);
+    mine = opt_.dtype == at::kFloat ? master : master.to(opt_.dtype);
+  }
   U.work = world_ > 1 ? group_->all_gather(U.full, mine, /*async=*/true) : nullptr;
   if (world_ == 1) U.full.copy_(mine);
   U.prefetched = prefetch;

@@ -61,22 +61,34 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr g
   }
 
   const int64_t owned = owns_all_ ? layout_.total_numel : layout_.shard_numel;
-  master_ = torch::empty({owned}, topt.dtype(at::kFloat));
+  // Offload: the fp32 shard and its optimizer state live in host memory.
+  auto sopt = topt;
+  if (opt_.offload_optimizer) {
+    ZT_CHECK_T(opt_.stage >= 1, ConfigError, "zero_optimization.offload_optimizer needs stage 1, 2 or 3");
+    sopt = torch::TensorOptions().device(torch::kCPU).pinned_memory(opt_.pin_memory && opt_.device.is_cuda());
+  }
+  master_ = torch::empty({owned}, sopt.dtype(at::kFloat));
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
     owned_view(master_, b)
         .copy_(opt_.stage == 3 ? owned_view(param_shard_, b)
                                : (owns_all_ ? bucket_view(flat_param_, b) : shard_view(flat_param_, b)));
   }
-  param_shard_ = torch::Tensor();  // stage 3: the master is the only standing copy of the shard
+  // Stage 3: the master is the only standing copy of the shard, except with offload: then
+  // the compute-dtype shard stays (on the device, or in host memory with offload_param)
+  // and the CPU step writes it.
+  if (!opt_.offload_optimizer) param_shard_ = torch::Tensor();
   const std::string type = lower(opt_.optimizer.type);
   sgd_ = type == "sgd";
   adamw_ = type == "adamw" || opt_.optimizer.params.adam_w_mode;
+  ZT_CHECK_T(!(sgd_ && opt_.offload_optimizer), ConfigError, "zero_optimization.offload_optimizer runs the step "
+             "with zerotrain's CPU Adam: use optimizer.type Adam or AdamW, or remove offload_optimizer");
   if (sgd_) {
-    if (opt_.optimizer.params.momentum != 0) momentum_buf_ = torch::zeros({owned}, topt.dtype(at::kFloat));
+    if (opt_.optimizer.params.momentum != 0) momentum_buf_ = torch::zeros({owned}, sopt.dtype(at::kFloat));
   } else {
-    exp_avg_ = torch::zeros({owned}, topt.dtype(at::kFloat));
-    exp_avg_sq_ = torch::zeros({owned}, topt.dtype(at::kFloat));
+    exp_avg_ = torch::zeros({owned}, sopt.dtype(at::kFloat));
+    exp_avg_sq_ = torch::zeros({owned}, sopt.dtype(at::kFloat));
   }
+  if (opt_.offload_optimizer) init_offload();
   step_t_ = torch::zeros({}, topt.dtype(at::kFloat));
 
   if (opt_.stage <= 1) {
@@ -130,6 +142,7 @@ torch::Tensor ZeroOptimizer::owned_view(const torch::Tensor& owned, int b) const
 
 void ZeroOptimizer::begin_backward(bool boundary, bool first_micro_step) {
   first_micro_ = first_micro_step;
+  boundary_ = boundary;
   reducing_ = opt_.stage >= 2 || (opt_.stage == 0 && boundary && world_ > 1 && opt_.overlap_comm);
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
     pending_[b] = layout_.buckets[b].num_params;
@@ -184,6 +197,11 @@ void ZeroOptimizer::launch_bucket(int b) {
   torch::Tensor out = first_micro_ ? dst : torch::empty_like(dst);
   works_.push_back(group_->reduce_scatter(out, stage, op, /*async=*/true));
   if (!first_micro_) deferred_[b] = out;
+  // Offload: the last micro-step's reduced shard is final; stream it to the host now,
+  // while backward goes on.
+  if (opt_.offload_optimizer && first_micro_ && boundary_ && !opt_.prescale_gradients) {
+    stream_grad_to_host(b, works_.back());
+  }
   stage = torch::Tensor();  // the group keeps it alive until the collective is done
   // Stage 3: the unit's gradients are out; its full parameters are no longer needed.
   if (opt_.stage == 3 && units_[b].kind != UnitKind::kPersistent) release(b);
@@ -291,7 +309,7 @@ StepOutcome ZeroOptimizer::step(const StepInputs& in) {
   constexpr int64_t kStepChunk = int64_t{1} << 27;
   std::vector<int> group;
   int64_t in_group = 0;
-  for (int b = 0; b < nb; ++b) {
+  for (int b = 0; b < nb && !opt_.offload_optimizer; ++b) {
     const int64_t n = owned_view(master_, b).numel();
     if (!group.empty() && in_group + n > kStepChunk) {
       apply_optimizer(group, factor, in);
@@ -301,7 +319,11 @@ StepOutcome ZeroOptimizer::step(const StepInputs& in) {
     group.push_back(b);
     in_group += n;
   }
-  if (!group.empty()) apply_optimizer(group, factor, in);
+  if (opt_.offload_optimizer) {
+    offload_step(factor, in);  // CPU step, uploads, then the stage's refresh below
+  } else {
+    if (!group.empty()) apply_optimizer(group, factor, in);
+  }
   refresh_params();
   return out;
 }
@@ -376,8 +398,9 @@ void ZeroOptimizer::refresh_params() {
     release_all(/*persistent_too=*/true);
     return;
   }
-  // Cast the updated fp32 shard into the compute-dtype parameters.
-  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+  // Cast the updated fp32 shard into the compute-dtype parameters (offload: the CPU step
+  // already uploaded them).
+  for (size_t b = 0; b < layout_.buckets.size() && !opt_.offload_optimizer; ++b) {
     (owns_all_ ? bucket_view(flat_param_, b) : shard_view(flat_param_, b)).copy_(owned_view(master_, b));
   }
   if (owns_all_ || world_ == 1) return;
@@ -422,6 +445,10 @@ ModelStateBytes ZeroOptimizer::state_bytes() const {
   m.grads = nb(flat_grad_) + (opt_.stage >= 2 ? layout_.shard_numel * static_cast<int64_t>(c10::elementSize(opt_.dtype)) : 0);
   m.master = nb(master_);
   m.optimizer = nb(exp_avg_) + nb(exp_avg_sq_) + nb(momentum_buf_);
+  if (opt_.offload_optimizer) {
+    m.host = m.master + m.optimizer + nb(host_grad_) + (host_param_.is_same(param_shard_) ? 0 : nb(host_param_));
+    if (opt_.offload_param) m.host += nb(param_shard_);
+  }
   return m;
 }
 

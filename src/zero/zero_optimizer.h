@@ -59,6 +59,13 @@ struct ZeroOptions {
   // their initialisation (user index, full-size tensor on the device).
   std::vector<std::vector<int64_t>> deferred_shapes;
   std::function<void(int, torch::Tensor&)> deferred_init;
+
+  // ZeRO-Offload (stages 1-3): fp32 master and Adam state in host memory, the step on the
+  // CPU (src/optim/cpu_adam.h), updated compute-dtype shards uploaded per sub-group.
+  bool offload_optimizer = false;
+  bool offload_param = false;       // stage 3: the compute-dtype shard lives in host memory too
+  bool pin_memory = false;          // page-locked host buffers (async copies)
+  int64_t sub_group_numel = 1000000000;  // sub_group_size: CPU step / upload granularity
 };
 
 // Stage 3 counters of one optimizer step.
@@ -161,6 +168,11 @@ class ZeroOptimizer {
   torch::Tensor grad_view(int b);  // this rank's reduced gradient of bucket b (compute dtype)
   // Updates the owned shards of `buckets` with their gradients times `factor`.
   void apply_optimizer(const std::vector<int>& buckets, double factor, const StepInputs& in);
+  // ZeRO-Offload (zero_offload.cpp).
+  void init_offload();
+  void offload_step(double factor, const StepInputs& in);
+  void stream_grad_to_host(int b, const comm::WorkPtr& reduce);
+  torch::Tensor param_dst(int b);  // where bucket b's updated compute-dtype shard goes
   void refresh_params();
   torch::Tensor bucket_view(const torch::Tensor& flat, int b) const;
   torch::Tensor shard_view(const torch::Tensor& flat, int b) const;        // rank's shard inside a full flat
@@ -204,6 +216,13 @@ class ZeroOptimizer {
   bool reducing_ = false;                 // hooks reduce in this micro-step
   bool first_micro_ = true;
   bool in_backward_ = false;
+
+  // Offload state.
+  torch::Tensor host_grad_;              // (owned) compute dtype, host: gradients for the CPU step
+  torch::Tensor host_param_;             // (owned) compute dtype, host: the CPU step's output
+  std::vector<bool> streamed_;           // per bucket: gradient already copied to host in backward
+  bool boundary_ = true;                 // this backward ends the accumulation window
+  std::shared_ptr<void> streams_;        // CUDA copy streams (zero_offload.cpp)
 
   // Stage 3 state.
   enum class UnitKind { kBlock, kRoot, kPersistent };

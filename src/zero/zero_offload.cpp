@@ -1,0 +1,156 @@
+// ZeRO-Offload: the fp32 master shard and Adam state in host memory, the step on the CPU.
+//
+// Data flow of one step (stages 2-3; stage 1 reduces at the step, then copies):
+//   backward  each bucket's reduce-scatter lands in the device gradient shard; on the
+//             boundary micro-step a copy stream waits for it and copies the shard to a
+//             host buffer while backward goes on (gradients stream to the host).
+//   step      the global norm and the overflow check run on the device gradients (one
+//             number); the host waits for the copy stream; the CPU Adam (SIMD + OpenMP)
+//             updates master, m and v of one sub-group (sub_group_size elements) and
+//             writes its compute-dtype copy to a host buffer, which an upload stream copies
+//             to the device while the CPU computes the next sub-group.
+//   after     stages 1-2 all-gather the updated shards as without offload; stage 3 gathers
+//             them when units are next used (with offload_param they stay in host memory
+//             and are uploaded as each unit is gathered).
+// Host buffers are page-locked when offload_optimizer.pin_memory is true (required for the
+// copies to be asynchronous).
+#include <omp.h>
+
+#ifdef ZT_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "optim/cpu_adam.h"
+#include "zero/zero_optimizer.h"
+#include "zerotrain/comm.h"
+#include "zerotrain/error.h"
+
+namespace zt::zero {
+namespace {
+#ifdef ZT_WITH_CUDA
+struct CopyStreams {
+  c10::cuda::CUDAStream d2h, h2d;
+};
+#endif
+}  // namespace
+
+void ZeroOptimizer::init_offload() {
+  const bool pin = opt_.pin_memory && opt_.device.is_cuda();
+  auto host = torch::TensorOptions().device(torch::kCPU).dtype(opt_.dtype).pinned_memory(pin);
+  host_grad_ = torch::empty({master_.numel()}, host);
+  // Stage 3 with offload_param: the CPU step writes the host-resident shard directly.
+  host_param_ = (opt_.stage == 3 && opt_.offload_param) ? param_shard_ : torch::empty({master_.numel()}, host);
+  streamed_.assign(layout_.buckets.size(), false);
+#ifdef ZT_WITH_CUDA
+  if (opt_.device.is_cuda()) {
+    streams_ = std::make_shared<CopyStreams>(CopyStreams{c10::cuda::getStreamFromPool(false, opt_.device.index()),
+                                                         c10::cuda::getStreamFromPool(false, opt_.device.index())});
+  }
+#endif
+  // Ranks of one host share its cores: unless OMP_NUM_THREADS says otherwise, each rank's
+  // CPU Adam gets cores / ranks-on-this-host threads.
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    const int local = std::max(1, comm::discover_rank().local_world_size);
+    const int cores = std::max(1u, std::thread::hardware_concurrency());
+    omp_set_num_threads(std::max(1, cores / local));
+  }
+  if (rank_ == 0) {
+    std::fprintf(stderr, "[zerotrain] offload_optimizer: %.3f GiB of fp32 state in %s host memory, CPU Adam kernel %s, "
+                 "%d threads per rank\n",
+                 3.0 * static_cast<double>(master_.nbytes()) / (1024.0 * 1024.0 * 1024.0), pin ? "page-locked" : "pageable",
+                 optim::kernel_name(optim::best_cpu_kernel()), omp_get_max_threads());
+  }
+}
+
+torch::Tensor ZeroOptimizer::param_dst(int b) {
+  if (opt_.stage == 3) return opt_.offload_param ? torch::Tensor() : owned_view(param_shard_, b);
+  return owns_all_ ? bucket_view(flat_param_, b) : shard_view(flat_param_, b);
+}
+
+void ZeroOptimizer::stream_grad_to_host(int b, const comm::WorkPtr& reduce) {
+#ifdef ZT_WITH_CUDA
+  if (!opt_.device.is_cuda() || !streams_) return;
+  auto& cs = *std::static_pointer_cast<CopyStreams>(streams_);
+  c10::cuda::CUDAStreamGuard guard(cs.d2h);
+  reduce->wait();  // the copy stream waits for the reduce-scatter, not the host
+  owned_view(host_grad_, b).copy_(owned_view(grad_shard_, b), /*non_blocking=*/true);
+  streamed_[b] = true;
+#else
+  (void)b;
+  (void)reduce;
+#endif
+}
+
+void ZeroOptimizer::offload_step(double factor, const StepInputs& in) {
+  torch::NoGradGuard no_grad;
+  const int nb = static_cast<int>(layout_.buckets.size());
+  // 1. Gradients on the host: what backward did not stream yet is copied now.
+  for (int b = 0; b < nb; ++b) {
+    if (!streamed_[b]) owned_view(host_grad_, b).copy_(grad_view(b));
+  }
+#ifdef ZT_WITH_CUDA
+  CopyStreams* cs = streams_ ? std::static_pointer_cast<CopyStreams>(streams_).get() : nullptr;
+  if (cs) cs->d2h.synchronize();
+#endif
+  std::fill(streamed_.begin(), streamed_.end(), false);
+
+  // 2. CPU Adam per sub-group; each sub-group's upload overlaps the next one's compute.
+  const auto& P = opt_.optimizer.params;
+  optim::AdamHyper h;
+  h.lr = static_cast<float>(in.lr);
+  h.beta1 = static_cast<float>(in.momentum.value_or(P.betas[0]));
+  h.beta2 = static_cast<float>(P.betas[1]);
+  h.eps = static_cast<float>(P.eps);
+  h.weight_decay = static_cast<float>(P.weight_decay);
+  h.adamw = adamw_;
+  h.bias_correction = P.bias_correction;
+  h.step = in.step;
+  h.grad_scale = static_cast<float>(factor);
+  const bool half_out = opt_.dtype != at::kFloat;
+  int b = 0;
+  while (b < nb) {
+    int end = b;
+    int64_t n = 0;
+    while (end < nb && (end == b || n + owned_view(master_, end).numel() <= opt_.sub_group_numel)) {
+      n += owned_view(master_, end).numel();
+      ++end;
+    }
+    for (int k = b; k < end; ++k) {
+      auto out = owned_view(host_param_, k);
+      optim::cpu_adam_step(owned_view(master_, k), owned_view(exp_avg_, k), owned_view(exp_avg_sq_, k),
+                           owned_view(host_grad_, k), h, half_out ? out : torch::Tensor());
+      if (!half_out) out.copy_(owned_view(master_, k));
+    }
+    // Upload the sub-group (stage 3 with offload_param: it stays on the host).
+    for (int k = b; k < end; ++k) {
+      auto dst = param_dst(k);
+      if (!dst.defined()) continue;
+#ifdef ZT_WITH_CUDA
+      if (cs) {
+        c10::cuda::CUDAStreamGuard guard(cs->h2d);
+        dst.copy_(owned_view(host_param_, k), /*non_blocking=*/true);
+        continue;
+      }
+#endif
+      dst.copy_(owned_view(host_param_, k));
+    }
+    b = end;
+  }
+#ifdef ZT_WITH_CUDA
+  if (cs) {
+    // The compute stream (all-gather, next forward) waits for the uploads; the host does not.
+    at::cuda::CUDAEvent done;
+    done.record(cs->h2d);
+    done.block(c10::cuda::getCurrentCUDAStream(opt_.device.index()));
+  }
+#endif
+}
+
+}  // namespace zt::zero
