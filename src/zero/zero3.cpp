@@ -200,7 +200,7 @@ void ZeroOptimizer::gather(int b, bool prefetch) {
   }
   // One buffer per unit for the whole run; between gathers its storage holds no bytes.
   if (!U.full.defined()) {
-    U.full = torch::empty({B.numel}, master_.options().dtype(opt_.dtype));
+    U.full = torch::empty({B.numel}, torch::TensorOptions().device(opt_.device).dtype(opt_.dtype));
   } else {
     resize_storage(U.full, static_cast<size_t>(B.numel) * U.full.element_size());
   }

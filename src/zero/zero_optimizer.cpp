@@ -192,7 +192,7 @@ void ZeroOptimizer::launch_bucket(int b) {
   auto& stage = staging_[b];
   if (!stage.defined()) stage = torch::zeros({layout_.buckets[b].numel}, torch::TensorOptions().device(opt_.device).dtype(opt_.dtype));
   if (pre != 1.0) stage.div_(pre);
-  if (!grad_shard_.defined()) grad_shard_ = torch::empty({layout_.shard_numel}, master_.options().dtype(opt_.dtype));
+  if (!grad_shard_.defined()) grad_shard_ = torch::empty({layout_.shard_numel}, torch::TensorOptions().device(opt_.device).dtype(opt_.dtype));
   auto dst = owned_view(grad_shard_, b);
   torch::Tensor out = first_micro_ ? dst : torch::empty_like(dst);
   works_.push_back(group_->reduce_scatter(out, stage, op, /*async=*/true));
@@ -256,7 +256,7 @@ double ZeroOptimizer::end_backward() {
 
 torch::Tensor ZeroOptimizer::grad_view(int b) {
   if (opt_.stage >= 2) {
-    if (!grad_shard_.defined()) grad_shard_ = torch::zeros({layout_.shard_numel}, master_.options().dtype(opt_.dtype));
+    if (!grad_shard_.defined()) grad_shard_ = torch::zeros({layout_.shard_numel}, torch::TensorOptions().device(opt_.device).dtype(opt_.dtype));
     return owned_view(grad_shard_, b);
   }
   return owns_all_ ? bucket_view(flat_grad_, b) : shard_view(flat_grad_, b);
