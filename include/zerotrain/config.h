@@ -130,6 +130,10 @@ struct OffloadOptimizerConfig {
   bool fast_init = false;
   /// Fraction of optimizer states offloaded (< 1 only with stage 3). 1.0.
   double ratio = 1.0;
+  /// zerotrain extension (ZeRO-Offload's "delayed parameter update"): the CPU step of
+  /// step t runs while step t+1 computes, whose forward/backward therefore see parameters
+  /// one update older. false.
+  bool delayed_param_update = false;
 };
 
 // zero_optimization.offload_param: stage-3 parameters on the host or NVMe.

@@ -18,7 +18,7 @@ for c in ${CONFIGS:-z2_offload z3_offload}; do
   grep -E "offload|ms/iteration|Error|error" $R/log_$c.txt | tail -3
 done
 FA="--model gpt2-large --seq 1024 --micro-batch 8 --steps ${FSTEPS:-6} --warmup 2"
-timeout 240 torchrun --standalone --nproc_per_node 2 bench/anchors/train_anchor.py --mode fsdp2_offload $FA --dtype bf16 --json $R/torch.jsonl > $R/log_fsdp2_offload.txt 2>&1 || tail -5 $R/log_fsdp2_offload.txt
+[ -n "${SKIP_ANCHOR:-}" ] || timeout 240 torchrun --standalone --nproc_per_node 2 bench/anchors/train_anchor.py --mode fsdp2_offload $FA --dtype bf16 --json $R/torch.jsonl > $R/log_fsdp2_offload.txt 2>&1 || tail -5 $R/log_fsdp2_offload.txt
 echo "total: $(( $(date +%s) - t0 )) s"
 tar -czf $OUT/off_results.tar.gz -C $OUT off
 python3 - $R <<'PY'

@@ -38,6 +38,7 @@ OffloadOptimizerConfig parse_offload_optimizer(Section s, std::vector<std::strin
   o.pipeline_write = s.get_bool("pipeline_write", o.pipeline_write);
   o.fast_init = s.get_bool("fast_init", o.fast_init);
   o.ratio = s.get_double("ratio", o.ratio, DoubleRule{0.0, 1.0});
+  o.delayed_param_update = s.get_bool("delayed_param_update", o.delayed_param_update);
   read_known_keys(s, not_supported);
   return o;
 }
@@ -296,6 +297,14 @@ void check_cross_section(Context& ctx, const Config& c) {
     ctx.error("zero_optimization.offload_optimizer needs stage 1, 2 or 3 (found stage 0): set "
               "zero_optimization.stage or remove offload_optimizer");
   }
+  if (z.offload_optimizer.delayed_param_update && z.offload_optimizer.device != OffloadDevice::cpu) {
+    ctx.error("zero_optimization.offload_optimizer.delayed_param_update overlaps the CPU optimizer step with the "
+              "next forward/backward: it needs offload_optimizer.device \"cpu\"");
+  }
+  if (z.offload_optimizer.delayed_param_update && z.offload_param.device != OffloadDevice::none) {
+    ctx.error("zero_optimization.offload_optimizer.delayed_param_update cannot be combined with offload_param (the "
+              "CPU step would write the parameter shards while forward reads them): remove one of them");
+  }
   if (z.offload_optimizer.ratio < 1.0 && z.stage != 3) {
     ctx.error("zero_optimization.offload_optimizer.ratio " + fmt(z.offload_optimizer.ratio) +
               " (partial offload) needs stage 3: set ratio to 1.0 or stage to 3");
@@ -324,7 +333,8 @@ json offload_optimizer_to_json(const OffloadOptimizerConfig& o) {
               {"pipeline_read", o.pipeline_read},
               {"pipeline_write", o.pipeline_write},
               {"fast_init", o.fast_init},
-              {"ratio", o.ratio}};
+              {"ratio", o.ratio},
+              {"delayed_param_update", o.delayed_param_update}};
 }
 
 json offload_param_to_json(const OffloadParamConfig& o) {

@@ -155,6 +155,7 @@ class EngineImpl : public Engine {
                "also set zero_optimization.offload_optimizer.device to \"cpu\"");
     zo.pin_memory = zc.offload_optimizer.pin_memory || (zo.offload_param && zc.offload_param.pin_memory);
     zo.sub_group_numel = zc.sub_group_size;
+    zo.delayed_update = zc.offload_optimizer.delayed_param_update;
     if (stage3) {
       setup_units(params, names, zo);
       if (any_deferred) {

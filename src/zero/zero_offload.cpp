@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
+#include <utility>
 
 #include "optim/cpu_adam.h"
 #include "zero/zero_optimizer.h"
@@ -91,17 +92,63 @@ void ZeroOptimizer::stream_grad_to_host(int b, const comm::WorkPtr& reduce) {
 void ZeroOptimizer::offload_step(double factor, const StepInputs& in) {
   torch::NoGradGuard no_grad;
   const int nb = static_cast<int>(layout_.buckets.size());
-  // 1. Gradients on the host: what backward did not stream yet is copied now.
+  // Delayed update: first apply the previous step's CPU update (it ran while this step's
+  // forward/backward computed); refresh_params() after this call all-gathers it.
+  if (opt_.delayed_update && worker_.joinable()) {
+    worker_.join();
+    if (worker_error_) std::rethrow_exception(std::exchange(worker_error_, nullptr));
+    upload_all();
+  }
+  // Gradients on the host: what backward did not stream yet is copied now.
   for (int b = 0; b < nb; ++b) {
     if (!streamed_[b]) owned_view(host_grad_, b).copy_(grad_view(b));
   }
 #ifdef ZT_WITH_CUDA
-  CopyStreams* cs = streams_ ? std::static_pointer_cast<CopyStreams>(streams_).get() : nullptr;
-  if (cs) cs->d2h.synchronize();
+  if (streams_) std::static_pointer_cast<CopyStreams>(streams_)->d2h.synchronize();
 #endif
   std::fill(streamed_.begin(), streamed_.end(), false);
+  if (!opt_.delayed_update) {
+    cpu_update(host_grad_, factor, in, /*upload=*/true);
+    return;
+  }
+  // The next backward streams into the other buffer while the CPU reads this one.
+  torch::Tensor grads = host_grad_;
+  if (!host_grad_spare_.defined()) host_grad_spare_ = torch::empty_like(host_grad_);
+  std::swap(host_grad_, host_grad_spare_);
+  const int threads = omp_get_max_threads();
+  worker_ = std::thread([this, grads, factor, in, threads] {
+    try {
+      omp_set_num_threads(threads);
+      cpu_update(grads, factor, in, /*upload=*/false);
+    } catch (...) {
+      worker_error_ = std::current_exception();
+    }
+  });
+}
 
-  // 2. CPU Adam per sub-group; each sub-group's upload overlaps the next one's compute.
+void ZeroOptimizer::flush_delayed_update() {
+  if (!worker_.joinable()) return;
+  worker_.join();
+  if (worker_error_) std::rethrow_exception(std::exchange(worker_error_, nullptr));
+  torch::NoGradGuard no_grad;
+  upload_all();
+  refresh_params();
+}
+
+void ZeroOptimizer::upload_all() {
+  for (size_t k = 0; k < layout_.buckets.size(); ++k) {
+    auto dst = param_dst(static_cast<int>(k));
+    if (dst.defined()) dst.copy_(owned_view(host_param_, static_cast<int>(k)), /*non_blocking=*/true);
+  }
+}
+
+void ZeroOptimizer::cpu_update(const torch::Tensor& grads, double factor, const StepInputs& in, bool upload) {
+  torch::NoGradGuard no_grad;
+  const int nb = static_cast<int>(layout_.buckets.size());
+#ifdef ZT_WITH_CUDA
+  CopyStreams* cs = upload && streams_ ? std::static_pointer_cast<CopyStreams>(streams_).get() : nullptr;
+#endif
+  // CPU Adam per sub-group; each sub-group's upload overlaps the next one's compute.
   const auto& P = opt_.optimizer.params;
   optim::AdamHyper h;
   h.lr = static_cast<float>(in.lr);
@@ -125,11 +172,11 @@ void ZeroOptimizer::offload_step(double factor, const StepInputs& in) {
     for (int k = b; k < end; ++k) {
       auto out = owned_view(host_param_, k);
       optim::cpu_adam_step(owned_view(master_, k), owned_view(exp_avg_, k), owned_view(exp_avg_sq_, k),
-                           owned_view(host_grad_, k), h, half_out ? out : torch::Tensor());
+                           owned_view(grads, k), h, half_out ? out : torch::Tensor());
       if (!half_out) out.copy_(owned_view(master_, k));
     }
     // Upload the sub-group (stage 3 with offload_param: it stays on the host).
-    for (int k = b; k < end; ++k) {
+    for (int k = b; k < end && upload; ++k) {
       auto dst = param_dst(k);
       if (!dst.defined()) continue;
 #ifdef ZT_WITH_CUDA

@@ -124,7 +124,9 @@ void ZeroOptimizer::init_hooks(size_t begin, size_t end) {
   }
 }
 
-ZeroOptimizer::~ZeroOptimizer() = default;
+ZeroOptimizer::~ZeroOptimizer() {
+  if (worker_.joinable()) worker_.join();  // a delayed CPU step still running
+}
 
 torch::Tensor ZeroOptimizer::bucket_view(const torch::Tensor& flat, int b) const {
   const Bucket& B = layout_.buckets[b];
@@ -460,6 +462,7 @@ void ZeroOptimizer::reset_counters() {
 
 std::vector<torch::Tensor> ZeroOptimizer::gather_master_params() {
   torch::NoGradGuard no_grad;
+  flush_delayed_update();
   torch::Tensor full;
   if (owns_all_) {
     full = master_;

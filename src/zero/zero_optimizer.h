@@ -19,6 +19,8 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <exception>
+#include <thread>
 #include <functional>
 #include <memory>
 #include <string>
@@ -66,6 +68,7 @@ struct ZeroOptions {
   bool offload_param = false;       // stage 3: the compute-dtype shard lives in host memory too
   bool pin_memory = false;          // page-locked host buffers (async copies)
   int64_t sub_group_numel = 1000000000;  // sub_group_size: CPU step / upload granularity
+  bool delayed_update = false;      // offload_optimizer.delayed_param_update
 };
 
 // Stage 3 counters of one optimizer step.
@@ -171,6 +174,13 @@ class ZeroOptimizer {
   // ZeRO-Offload (zero_offload.cpp).
   void init_offload();
   void offload_step(double factor, const StepInputs& in);
+  void cpu_update(const torch::Tensor& grads, double factor, const StepInputs& in, bool upload);
+  void upload_all();
+ public:
+  // Delayed parameter update: finishes the CPU step in flight and applies it to the
+  // parameters (collective at stages 1-2). Called before anything reads the master.
+  void flush_delayed_update();
+ private:
   void stream_grad_to_host(int b, const comm::WorkPtr& reduce);
   torch::Tensor param_dst(int b);  // where bucket b's updated compute-dtype shard goes
   void refresh_params();
@@ -223,6 +233,9 @@ class ZeroOptimizer {
   std::vector<bool> streamed_;           // per bucket: gradient already copied to host in backward
   bool boundary_ = true;                 // this backward ends the accumulation window
   std::shared_ptr<void> streams_;        // CUDA copy streams (zero_offload.cpp)
+  torch::Tensor host_grad_spare_;        // delayed update: backward fills one while the CPU reads the other
+  std::thread worker_;                   // delayed update: the CPU step of the previous step
+  std::exception_ptr worker_error_;
 
   // Stage 3 state.
   enum class UnitKind { kBlock, kRoot, kPersistent };

@@ -39,6 +39,7 @@ std::vector<torch::Tensor> kind_buffers(const torch::Tensor& master, const torch
 }  // namespace
 
 std::vector<ZeroOptimizer::StateFragment> ZeroOptimizer::state_fragments() {
+  flush_delayed_update();  // a delayed CPU step still writing the master: finish it first
   const auto bufs = kind_buffers(master_, exp_avg_, exp_avg_sq_, momentum_buf_);
   std::vector<StateFragment> out;
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
@@ -62,6 +63,8 @@ std::vector<ZeroOptimizer::StateFragment> ZeroOptimizer::state_fragments() {
 
 void ZeroOptimizer::import_state(const StateFetch& fetch) {
   torch::NoGradGuard no_grad;
+  if (worker_.joinable()) worker_.join();  // its update is replaced by the loaded state
+  worker_error_ = nullptr;
   const auto kinds = state_kinds();
   const auto bufs = kind_buffers(master_, exp_avg_, exp_avg_sq_, momentum_buf_);
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
