@@ -115,7 +115,9 @@ void ZeroOptimizer::offload_step(double factor, const StepInputs& in) {
   torch::Tensor grads = host_grad_;
   if (!host_grad_spare_.defined()) host_grad_spare_ = torch::empty_like(host_grad_);
   std::swap(host_grad_, host_grad_spare_);
-  const int threads = omp_get_max_threads();
+  // Two cores of this rank's share stay free for the training thread, which launches the
+  // next forward/backward while the CPU step runs.
+  const int threads = std::max(1, omp_get_max_threads() - 2);
   worker_ = std::thread([this, grads, factor, in, threads] {
     try {
       omp_set_num_threads(threads);
