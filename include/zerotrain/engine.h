@@ -49,6 +49,22 @@ struct ModelStateBytes {
   int64_t total() const { return params + grads + master + optimizer; }
 };
 
+// One published checkpoint save (Engine::last_checkpoint_save()). Times in ms, rank 0's
+// view; write_ms is the slowest rank's.
+struct CheckpointSaveReport {
+  int64_t index = 0;          // 1 for the engine's first published save, then 2, ...
+  std::string dir, tag;
+  bool async = false;
+  int64_t step = 0;           // global step the checkpoint holds
+  int64_t published_step = 0; // global step at which `latest` was updated (async: later)
+  double wait_ms = 0;         // the call first waited for the previous async save
+  double snapshot_ms = 0;     // async: copying the state to host memory
+  double stall_ms = 0;        // the whole save_checkpoint() call (sync: everything)
+  double write_ms = 0;        // writing + fsync + CRC of the rank's file (max over ranks)
+  double publish_ms = 0;      // agreement, manifest, rename, `latest`
+  int64_t bytes = 0;          // all ranks' files
+};
+
 // Everything the engine knows about one optimizer step (one accumulation boundary).
 struct StepReport {
   int64_t step = 0;           // global step after this one (skipped steps count, like DeepSpeed)
@@ -153,8 +169,25 @@ class Engine {
   // DIR/latest = TAG, atomically: the checkpoint is visible only once complete and
   // synced. Only between steps (at an accumulation boundary). tag "" = "global_stepN".
   // client_state (rank 0's) is stored in the manifest and returned by load_checkpoint.
+  //
+  // async = true: the call only snapshots the state (fragments, counters, RNG, loss
+  // scaler, client_state) into host memory (pinned on CUDA) and returns; a background
+  // thread writes and fsyncs this rank's file. The collective part (agreement, manifest,
+  // rename, `latest`) runs on the calling thread later: at the first step() boundary at
+  // which every rank's writer has finished (one small all-reduce per step while a save is
+  // in flight), or in the next save_checkpoint / load_checkpoint / wait_checkpoint, or
+  // the destructor. A save called while another is in flight first waits for it. A
+  // writer error is thrown (CheckpointError naming the file) by the call that publishes.
   virtual void save_checkpoint(const std::string& dir, const std::string& tag = "",
-                               const nlohmann::json& client_state = nlohmann::json::object()) = 0;
+                               const nlohmann::json& client_state = nlohmann::json::object(),
+                               bool async = false) = 0;
+  // Collective: waits for an in-flight asynchronous save and publishes it (throws its
+  // error). No-op when none is in flight.
+  virtual void wait_checkpoint() = 0;
+  // Whether an asynchronous save is not yet published.
+  virtual bool checkpoint_pending() const = 0;
+  // The last published save (index 0: none yet).
+  virtual const CheckpointSaveReport& last_checkpoint_save() const = 0;
   // Restores parameters, fp32 master weights, optimizer state, step counters, loss scaler,
   // LR schedule position and RNG states from DIR/TAG (tag "" = the tag in DIR/latest),
   // saved by any world size and ZeRO stage. Verifies every file it reads (size, CRC-32C,

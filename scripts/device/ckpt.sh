@@ -2,6 +2,9 @@
 # Device run: checkpoints on 2 GPUs (issue 7 acceptance).
 #  1. GPT-2 Large, ZeRO-2 bf16, 2 ranks: save time, load time, checkpoint size (synchronous
 #     save: the training stall equals the save time), and a resume to step 6.
+#  1b. GPT-2 Large training stall per save, synchronous vs --save-async (snapshot to pinned
+#     host memory, background writer): 8 steps, a save every 3 steps and one at the end;
+#     stall/write/publish ms per save and the step times while the writer runs.
 #  2. `zerotrain convert` of a GPT-2 (124M) checkpoint -> transformers GPT2LMHeadModel
 #     logits vs ours on the converted file, and the converted tensors vs the raw consolidation.
 #  3. the CPU checkpoint tests (dist at 2 ranks) on this host.
@@ -27,6 +30,31 @@ timeout 400 $Z launch -n 2 -- $Z train --config bench/configs/gpt2_bf16_z2.json 
 # Cross world: the 2-rank checkpoint on 1 GPU at stage 1.
 CUDA_VISIBLE_DEVICES=0 timeout 300 $Z launch -n 1 -- $Z train --config bench/configs/gpt2_bf16_z1.json $L --steps 4 --load $WORK/large > $R/large_load_1gpu.txt 2>&1; grep -E "checkpoint load|loaded|Step" $R/large_load_1gpu.txt | head -4
 rm -rf $WORK/large
+
+# 1b. Stall per save, sync vs async (--summary holds checkpoint_saves: stall_ms, write_ms, ...).
+for mode in sync async; do
+  flag=""; [ $mode = async ] && flag="--save-async"
+  rm -rf $WORK/stall_$mode
+  timeout 500 $Z launch -n 2 -- $Z train --config bench/configs/gpt2_bf16_z2.json $L --steps 8 --print-every 1 \
+    --save $WORK/stall_$mode --save-every 3 $flag --summary $R/stall_$mode.json > $R/stall_$mode.txt 2>&1
+  grep -E "checkpoint|Step" $R/stall_$mode.txt | head -20
+  rm -rf $WORK/stall_$mode
+done
+python3 - $R > $R/stall_table.txt 2>&1 <<'PY'
+import json, sys
+r = sys.argv[1]
+for mode in ("sync", "async"):
+    try:
+        s = json.loads(open(f"{r}/stall_{mode}.json").read().splitlines()[-1])
+    except Exception as e:
+        print(mode, "no summary:", e); continue
+    for c in s.get("checkpoint_saves", []):
+        print(f"{mode:5s} {c['tag']:14s} stall {c['stall_ms']:9.1f} ms (snapshot {c['snapshot_ms']:.1f}, wait {c['wait_ms']:.1f})"
+              f"  write {c['write_ms']:9.1f} ms  publish {c['publish_ms']:7.1f} ms  published at step {c['published_step']}"
+              f"  {c['bytes'] / 2**30:.2f} GiB")
+    print(f"{mode:5s} ms/iter {s['ms_per_iter']:.1f}")
+PY
+cat $R/stall_table.txt
 
 # 2. convert -> transformers.
 S="--model gpt2 --seq 256 --micro-batch 4 --warmup 1"
@@ -70,5 +98,7 @@ printf "%-28s %s\n" "large save (2 ranks, z2)" "$(grep -h 'checkpoint save' $R/l
 printf "%-28s %s\n" "large size (bytes)" "$(head -1 $R/large_size.txt | cut -f1)"
 printf "%-28s %s\n" "large load (2 ranks, z2)" "$(grep -h 'checkpoint load' $R/large_load.txt | tail -1 | sed 's/.*load: //')"
 printf "%-28s %s\n" "large load (1 rank, z1)" "$(grep -h 'checkpoint load' $R/large_load_1gpu.txt | tail -1 | sed 's/.*load: //')"
+printf "%-28s %s\n" "large stall sync (max ms)" "$(grep '^sync ' $R/stall_table.txt | grep -o 'stall *[0-9.]*' | awk '{print $2}' | sort -n | tail -1)"
+printf "%-28s %s\n" "large stall async (max ms)" "$(grep '^async ' $R/stall_table.txt | grep -o 'stall *[0-9.]*' | awk '{print $2}' | sort -n | tail -1)"
 printf "%-28s %s\n" "convert -> transformers" "$(tail -1 $R/convert_check.txt)"
 printf "%-28s %s\n" "dist Checkpoint* (2 ranks)" "$(grep -hE 'PASSED|FAILED' $R/dist_ckpt.txt | head -2 | tr '\n' ' ')"

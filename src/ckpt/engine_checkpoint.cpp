@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <cstdio>
@@ -25,6 +26,7 @@
 
 #ifdef ZT_WITH_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <torch/cuda.h>
 #endif
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -282,23 +284,70 @@ torch::Tensor ConsolidatedReader::extra(const std::string& name) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Saving.
+// Saving. take_snapshot (calling thread, collective) -> write_shard (any thread, local)
+// -> publish (calling thread, collective). The synchronous save runs the three in a row;
+// the asynchronous one runs write_shard on AsyncSaver's writer thread.
 
-void save_checkpoint(EngineParts& e, const std::string& dir, const std::string& tag_in,
-                     const nlohmann::json& client_state) {
+namespace {
+std::function<void(const std::string&)>& before_write_hook() {
+  static std::function<void(const std::string&)> h;
+  return h;
+}
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+void testing::set_before_shard_write(std::function<void(const std::string& path)> hook) {
+  before_write_hook() = std::move(hook);
+}
+
+struct Snapshot {
+  std::string dir, tag, partial, final_dir;
+  int rank = 0, world = 1;
+  int64_t step = 0;
+  bool async = false;
+  std::map<std::string, torch::Tensor> tensors;  // this rank's file
+  nlohmann::json frags = nlohmann::json::array();
+  nlohmann::json manifest;  // rank 0: all but the fragments and files
+  double snapshot_ms = 0;
+};
+
+namespace {
+
+// A host copy of t that nothing else aliases (pinned when t is on a GPU; the copy is
+// asynchronous then, see the synchronize in take_snapshot).
+torch::Tensor host_copy(const torch::Tensor& t) {
+  auto out = torch::empty(t.sizes(), t.options().device(torch::kCPU).pinned_memory(t.is_cuda()));
+  out.copy_(t.detach(), /*non_blocking=*/t.is_cuda());
+  return out;
+}
+
+// Collective (rank 0 prepares DIR/.TAG.partial). copy_into != nullptr: the fp32 fragments
+// are copied into *copy_into (grown as needed) and every other tensor is copied too, so
+// the snapshot stays valid while training goes on; nullptr: the tensors are the engine's.
+std::unique_ptr<Snapshot> take_snapshot(EngineParts& e, const std::string& dir, const std::string& tag_in,
+                                        const nlohmann::json& client_state, torch::Tensor* copy_into) {
   torch::NoGradGuard no_grad;
+  const auto t0 = std::chrono::steady_clock::now();
   const auto& g = e.group;
-  const int rank = g->rank(), world = g->size();
-  const std::string tag = tag_in.empty() ? "global_step" + std::to_string(e.counters.global_steps) : tag_in;
-  check_tag(tag);
-  const std::string partial = join_path(dir, "." + tag + ".partial");
-  const std::string final_dir = join_path(dir, tag);
+  auto s = std::make_unique<Snapshot>();
+  s->rank = g->rank();
+  s->world = g->size();
+  s->step = e.counters.global_steps;
+  s->async = copy_into != nullptr;
+  s->dir = dir;
+  s->tag = tag_in.empty() ? "global_step" + std::to_string(e.counters.global_steps) : tag_in;
+  check_tag(s->tag);
+  s->partial = join_path(dir, "." + s->tag + ".partial");
+  s->final_dir = join_path(dir, s->tag);
+  const int rank = s->rank;
 
   collective(g, [&] {
     if (rank != 0) return;
     make_dirs(dir);
-    remove_tree(partial);
-    make_dirs(partial);
+    remove_tree(s->partial);
+    make_dirs(s->partial);
   });
 
   // This rank's shard: its fragments of every managed parameter, its RNG states, and on
@@ -307,42 +356,64 @@ void save_checkpoint(EngineParts& e, const std::string& dir, const std::string& 
   const auto managed = e.zero.user_params();
   const auto shapes = e.zero.user_param_shapes();
   Names names;
-  nlohmann::json info;
   collective(g, [&] {
     names = model_names(e.model, managed);
-    std::map<std::string, torch::Tensor> tensors;
-    nlohmann::json frags = nlohmann::json::array();
-    for (const auto& f : e.zero.state_fragments()) {
-      const std::string& name = names.managed[f.param];
-      for (size_t k = 0; k < kinds.size(); ++k) tensors[state_key(kinds[k], name, f.begin)] = f.state[k].cpu();
-      frags.push_back({f.param, f.begin, f.end});
+    const auto frags = e.zero.state_fragments();
+    torch::Tensor flat;
+    if (copy_into != nullptr) {
+      int64_t n = 0;
+      bool cuda = false;
+      for (const auto& f : frags) {
+        for (const auto& t : f.state) {
+          if (t.scalar_type() == torch::kFloat) n += t.numel();
+          cuda = cuda || t.is_cuda();
+        }
+      }
+      // Reused across saves (the previous save's writer has finished). Its device
+      // (pinned or pageable) follows the state's; the state does not change device.
+      if (!copy_into->defined() || copy_into->numel() < n) {
+        *copy_into = torch::empty({n}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(cuda));
+      }
+      flat = *copy_into;
     }
-    tensors["rng/cpu"] = at::detail::getDefaultCPUGenerator().get_state();
+    int64_t at = 0;
+    bool any_cuda = false;
+    auto keep = [&](const torch::Tensor& t) -> torch::Tensor {
+      if (copy_into == nullptr) return t.cpu();
+      any_cuda = any_cuda || t.is_cuda();
+      if (t.scalar_type() != torch::kFloat) return host_copy(t);
+      auto dst = flat.narrow(0, at, t.numel()).view(t.sizes());
+      at += t.numel();
+      dst.copy_(t.detach(), /*non_blocking=*/t.is_cuda());
+      return dst;
+    };
+    for (const auto& f : frags) {
+      const std::string& name = names.managed[f.param];
+      for (size_t k = 0; k < kinds.size(); ++k) s->tensors[state_key(kinds[k], name, f.begin)] = keep(f.state[k]);
+      s->frags.push_back({f.param, f.begin, f.end});
+    }
+    s->tensors["rng/cpu"] = at::detail::getDefaultCPUGenerator().get_state();
 #ifdef ZT_WITH_CUDA
-    if (e.device.is_cuda()) tensors["rng/cuda"] = at::cuda::detail::getDefaultCUDAGenerator(e.device.index()).get_state();
+    if (e.device.is_cuda()) s->tensors["rng/cuda"] = at::cuda::detail::getDefaultCUDAGenerator(e.device.index()).get_state();
 #endif
     if (rank == 0) {
-      for (const auto& [name, t] : names.extra) tensors["model/" + name] = t.detach().cpu();
+      for (const auto& [name, t] : names.extra) {
+        s->tensors["model/" + name] = copy_into != nullptr ? host_copy(t) : t.detach().cpu();
+        any_cuda = any_cuda || t.is_cuda();
+      }
     }
-    const std::string fname = rank_file_name(rank);
-    const std::string path = join_path(partial, fname);
-    models::save_safetensors(path, tensors, {{"format", kFormat}, {"rank", std::to_string(rank)}});
-    crash_point("after_shard", rank);
-    const FileDigest d = file_crc32c(path);
-    nlohmann::json tmeta = nlohmann::json::object();
-    for (const auto& [k, t] : tensors) tmeta[k] = tensor_meta(t);
-    info = {{"name", fname}, {"rank", rank}, {"bytes", d.bytes}, {"crc32c", crc_hex(d.crc)},
-            {"tensors", tmeta}, {"fragments", frags}};
+#ifdef ZT_WITH_CUDA
+    // The non-blocking device-to-pinned copies above are ordered on the current stream.
+    if (any_cuda) torch::cuda::synchronize(e.device.index());
+#endif
   });
 
-  const auto infos = all_gather_strings(g, info.dump());
-  collective(g, [&] {
-    if (rank != 0) return;
-    nlohmann::json m;
+  if (rank == 0) {
+    nlohmann::json& m = s->manifest;
     m["format"] = kFormat;
     m["version"] = kVersion;
-    m["tag"] = tag;
-    m["world_size"] = world;
+    m["tag"] = s->tag;
+    m["world_size"] = s->world;
     m["zero_stage"] = e.config.zero_optimization.stage;
     m["compute_dtype"] = c10::toString(e.dtype);
     m["fp16"] = e.config.fp16.enabled;
@@ -364,15 +435,6 @@ void save_checkpoint(EngineParts& e, const std::string& dir, const std::string& 
                         {"dtype", models::safetensors_dtype_name(managed[i].scalar_type())},
                         {"fragments", nlohmann::json::array()}});
     }
-    nlohmann::json files = nlohmann::json::array();
-    for (int r = 0; r < world; ++r) {
-      auto fi = nlohmann::json::parse(infos[r]);
-      for (const auto& f : fi.at("fragments")) {
-        params[f[0].get<size_t>()]["fragments"].push_back({r, f[1], f[2]});
-      }
-      fi.erase("fragments");
-      files.push_back(fi);
-    }
     nlohmann::json extra = nlohmann::json::array();
     for (const auto& [name, t] : names.extra) {
       auto meta = tensor_meta(t);
@@ -381,27 +443,193 @@ void save_checkpoint(EngineParts& e, const std::string& dir, const std::string& 
     }
     m["params"] = params;
     m["extra"] = extra;
-    m["files"] = files;
     m["client_state"] = client_state;
-    write_file_atomic(join_path(partial, "manifest.json"), m.dump(1));
-    fsync_path(partial);
+  }
+  s->snapshot_ms = ms_since(t0);
+  return s;
+}
+
+// Writes this rank's file (tmp name, fsync, rename) and returns its manifest entry plus
+// "fragments" and "write_ms". No communication: safe on the writer thread.
+nlohmann::json write_shard(const Snapshot& s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string fname = rank_file_name(s.rank);
+  const std::string path = join_path(s.partial, fname);
+  if (before_write_hook()) before_write_hook()(path);
+  models::save_safetensors(path, s.tensors, {{"format", kFormat}, {"rank", std::to_string(s.rank)}});
+  crash_point("after_shard", s.rank);
+  const FileDigest d = file_crc32c(path);
+  nlohmann::json tmeta = nlohmann::json::object();
+  for (const auto& [k, t] : s.tensors) tmeta[k] = tensor_meta(t);
+  return {{"name", fname},       {"rank", s.rank},    {"bytes", d.bytes}, {"crc32c", crc_hex(d.crc)},
+          {"tensors", tmeta},    {"fragments", s.frags}, {"write_ms", ms_since(t0)}};
+}
+
+// Collective. `error` is this rank's write_shard failure ("" = none): any rank's error
+// throws on every rank. Then rank 0 writes the manifest and publishes.
+void publish(const comm::GroupPtr& g, Snapshot& s, const nlohmann::json& info, const std::string& error,
+             CheckpointSaveReport& rep) {
+  const auto t0 = std::chrono::steady_clock::now();
+  collective(g, [&] {
+    if (!error.empty()) throw CheckpointError(error);
+  });
+  const auto infos = all_gather_strings(g, info.dump());
+  const int rank = s.rank, world = s.world;
+  double write_ms = 0;
+  int64_t bytes = 0;
+  collective(g, [&] {
+    if (rank != 0) return;
+    nlohmann::json& m = s.manifest;
+    nlohmann::json& params = m["params"];
+    nlohmann::json files = nlohmann::json::array();
+    for (int r = 0; r < world; ++r) {
+      auto fi = nlohmann::json::parse(infos[r]);
+      for (const auto& f : fi.at("fragments")) {
+        params[f[0].get<size_t>()]["fragments"].push_back({r, f[1], f[2]});
+      }
+      write_ms = std::max(write_ms, fi.value("write_ms", 0.0));
+      bytes += fi.at("bytes").get<int64_t>();
+      fi.erase("fragments");
+      fi.erase("write_ms");
+      files.push_back(fi);
+    }
+    m["files"] = files;
+    write_file_atomic(join_path(s.partial, "manifest.json"), m.dump(1));
+    fsync_path(s.partial);
     crash_point("before_publish", rank);
-    if (path_exists(final_dir)) {
+    if (path_exists(s.final_dir)) {
       // Re-saving a tag: move the old one aside first, so the rename below cannot fail on
       // a non-empty directory.
-      const std::string old = join_path(dir, "." + tag + ".old");
+      const std::string old = join_path(s.dir, "." + s.tag + ".old");
       remove_tree(old);
-      rename_path(final_dir, old);
-      rename_path(partial, final_dir);
+      rename_path(s.final_dir, old);
+      rename_path(s.partial, s.final_dir);
       remove_tree(old);
     } else {
-      rename_path(partial, final_dir);
+      rename_path(s.partial, s.final_dir);
     }
-    fsync_path(dir);
+    fsync_path(s.dir);
     crash_point("before_latest", rank);
-    write_file_atomic(join_path(dir, "latest"), tag);
+    write_file_atomic(join_path(s.dir, "latest"), s.tag);
   });
-  if (rank == 0) std::printf("[zerotrain] saved checkpoint '%s' in %s\n", tag.c_str(), dir.c_str());
+  rep.dir = s.dir;
+  rep.tag = s.tag;
+  rep.async = s.async;
+  rep.step = s.step;
+  rep.snapshot_ms = s.snapshot_ms;
+  rep.write_ms = write_ms;
+  rep.bytes = bytes;
+  rep.publish_ms = ms_since(t0);
+}
+
+void print_saved(const CheckpointSaveReport& r, int rank) {
+  if (rank != 0) return;
+  if (r.async) {
+    std::printf("[zerotrain] saved checkpoint '%s' in %s (async, published at step %lld): stall %.1f ms "
+                "(snapshot %.1f, waiting for the previous save %.1f), write %.1f ms, publish %.1f ms, %.1f MiB\n",
+                r.tag.c_str(), r.dir.c_str(), static_cast<long long>(r.published_step), r.stall_ms, r.snapshot_ms,
+                r.wait_ms, r.write_ms, r.publish_ms, r.bytes / 1048576.0);
+  } else {
+    std::printf("[zerotrain] saved checkpoint '%s' in %s: stall %.1f ms (write %.1f ms, publish %.1f ms), %.1f MiB\n",
+                r.tag.c_str(), r.dir.c_str(), r.stall_ms, r.write_ms, r.publish_ms, r.bytes / 1048576.0);
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+CheckpointSaveReport save_checkpoint(EngineParts& e, const std::string& dir, const std::string& tag,
+                                     const nlohmann::json& client_state) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto s = take_snapshot(e, dir, tag, client_state, nullptr);
+  nlohmann::json info;
+  collective(e.group, [&] { info = write_shard(*s); });
+  CheckpointSaveReport rep;
+  publish(e.group, *s, info, "", rep);
+  rep.published_step = e.counters.global_steps;
+  rep.stall_ms = ms_since(t0);
+  print_saved(rep, e.group->rank());
+  return rep;
+}
+
+struct AsyncSaver::Pending {
+  std::unique_ptr<Snapshot> snap;
+  std::thread writer;
+  std::atomic<bool> done{false};
+  nlohmann::json info;
+  std::string error;
+  double wait_ms = 0, stall_ms = 0;
+};
+
+AsyncSaver::AsyncSaver() = default;
+AsyncSaver::~AsyncSaver() { abandon(); }
+
+void AsyncSaver::abandon() {
+  if (!pending_) return;
+  if (pending_->writer.joinable()) pending_->writer.join();
+  if (pending_->snap->rank == 0) {
+    std::fprintf(stderr, "[zerotrain] asynchronous checkpoint '%s' in %s was not published (no wait_checkpoint)\n",
+                 pending_->snap->tag.c_str(), pending_->snap->dir.c_str());
+  }
+  pending_.reset();
+}
+
+void AsyncSaver::save(EngineParts& e, const std::string& dir, const std::string& tag,
+                      const nlohmann::json& client_state, bool async, double wait_ms_before) {
+  const auto t0 = std::chrono::steady_clock::now();
+  wait(e.group, e.counters.global_steps);  // a second save waits for the first
+  const double wait_ms = wait_ms_before + ms_since(t0);
+  if (!async) {
+    last_ = save_checkpoint(e, dir, tag, client_state);
+    last_.wait_ms = wait_ms;
+    last_.stall_ms += wait_ms;
+    last_.index = ++published_;
+    return;
+  }
+  auto p = std::make_unique<Pending>();
+  p->snap = take_snapshot(e, dir, tag, client_state, &host_flat_);
+  p->wait_ms = wait_ms;
+  Pending* raw = p.get();
+  p->writer = std::thread([raw] {
+    try {
+      raw->info = write_shard(*raw->snap);
+    } catch (const std::exception& ex) {
+      raw->error = detail::cat("asynchronous save of checkpoint '", raw->snap->tag, "' in '", raw->snap->dir,
+                               "' failed on rank ", raw->snap->rank, ": ", ex.what());
+    }
+    raw->done.store(true, std::memory_order_release);
+  });
+  pending_ = std::move(p);
+  pending_->stall_ms = ms_since(t0);
+}
+
+void AsyncSaver::wait(const comm::GroupPtr& g, int64_t global_step) {
+  if (!pending_) return;
+  if (pending_->writer.joinable()) pending_->writer.join();
+  finish(g, global_step);
+}
+
+void AsyncSaver::poll(const comm::GroupPtr& g, int64_t global_step) {
+  if (!pending_) return;
+  int64_t done = pending_->done.load(std::memory_order_acquire) ? 1 : 0;
+  if (g->size() > 1) {
+    auto flag = torch::full({1}, done, torch::kInt64);
+    g->all_reduce(flag, comm::ReduceOp::kMin);
+    done = flag.item<int64_t>();
+  }
+  if (done == 1) wait(g, global_step);
+}
+
+void AsyncSaver::finish(const comm::GroupPtr& g, int64_t global_step) {
+  std::unique_ptr<Pending> p = std::move(pending_);  // published or failed: not pending any more
+  CheckpointSaveReport rep;
+  publish(g, *p->snap, p->info, p->error, rep);
+  rep.published_step = global_step;
+  rep.wait_ms = p->wait_ms;
+  rep.stall_ms = p->stall_ms;
+  rep.index = ++published_;
+  last_ = rep;
+  print_saved(rep, g->rank());
 }
 
 // ---------------------------------------------------------------------------------------

@@ -5,15 +5,19 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "optim/loss_scaler.h"
 #include "zero/zero_optimizer.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
+#include "zerotrain/engine.h"
 
 namespace zt::ckpt {
 
@@ -42,8 +46,49 @@ struct EngineParts {
 
 // Collective. Writes DIR/TAG/ and then DIR/latest (see [Checkpoint Protocol] in the .cpp).
 // Throws CheckpointError on every rank when any rank fails.
-void save_checkpoint(EngineParts& e, const std::string& dir, const std::string& tag,
-                     const nlohmann::json& client_state);
+CheckpointSaveReport save_checkpoint(EngineParts& e, const std::string& dir, const std::string& tag,
+                                     const nlohmann::json& client_state);
+
+struct Snapshot;  // one save's state, in host memory (async) or referencing the engine (sync)
+
+// [Async Save] One per engine. save(async) snapshots on the calling thread and starts a
+// writer thread that only writes this rank's file; everything collective (error
+// agreement, gathering the file digests, rank 0's manifest/rename/`latest`) runs on the
+// calling thread in wait() or poll(), so it never overlaps training's collectives.
+class AsyncSaver {
+ public:
+  AsyncSaver();
+  AsyncSaver(const AsyncSaver&) = delete;
+  AsyncSaver& operator=(const AsyncSaver&) = delete;
+  ~AsyncSaver();  // abandon(): joins the writer, runs no collective
+
+  // Collective. Waits for (and publishes) an in-flight save first. async = false is
+  // save_checkpoint() above.
+  void save(EngineParts& e, const std::string& dir, const std::string& tag, const nlohmann::json& client_state,
+            bool async, double wait_ms_before = 0);
+  bool pending() const { return pending_ != nullptr; }
+  // Collective: joins the writer and publishes (throws the writer's error on every rank).
+  void wait(const comm::GroupPtr& g, int64_t global_step);
+  // Collective, one 1-element all-reduce: publishes when every rank's writer is done.
+  void poll(const comm::GroupPtr& g, int64_t global_step);
+  // Joins the writer and drops the save unpublished (its .TAG.partial stays). No collective.
+  void abandon();
+  const CheckpointSaveReport& last() const { return last_; }
+
+ private:
+  struct Pending;
+  void finish(const comm::GroupPtr& g, int64_t global_step);
+  std::unique_ptr<Pending> pending_;
+  torch::Tensor host_flat_;  // reused snapshot buffer for the fp32 fragments (pinned on CUDA)
+  CheckpointSaveReport last_;
+  int64_t published_ = 0;
+};
+
+namespace testing {
+// Tests only: called on the writer (async) or calling (sync) thread with the path of the
+// rank's file just before it is written.
+void set_before_shard_write(std::function<void(const std::string& path)> hook);
+}  // namespace testing
 
 // Collective. tag "" = the tag in DIR/latest. Returns the saved client_state. Throws
 // CheckpointError on every rank, naming the file and the mismatch, when any rank fails.

@@ -41,6 +41,8 @@ const char* kTrainUsage =
     "  --seed N            model init and data order (default 1234)\n"
     "  --save DIR          write checkpoints to DIR (DIR/TAG/, DIR/latest) at the end of the run\n"
     "  --save-every N      ... and every N steps (needs --save)\n"
+    "  --save-async        snapshot to host memory and write in a background thread (training\n"
+    "                      stalls only for the snapshot; `latest` moves once every rank's file is done)\n"
     "  --load DIR          resume from DIR/latest: weights, optimizer, step, data position, RNG\n"
     "                      (--steps stays the total, so the run continues to step N)\n"
     "  --init-from PATH    start from Hugging Face GPT-2 weights (a model.safetensors file or a\n"
@@ -54,6 +56,7 @@ struct Args {
           warmup = 2, seed = 1234;
   double clip = 1.0, peak_tflops = -1;
   bool checkpoint = false;
+  bool save_async = false;
   bool help = false;
 };
 
@@ -100,6 +103,7 @@ Args parse_args(int argc, char** argv) {
     else if (f == "--checkpoint-activations") a.checkpoint = true;
     else if (f == "--save") a.save = need(i);
     else if (f == "--save-every") a.save_every = num(i);
+    else if (f == "--save-async") a.save_async = true;
     else if (f == "--load") a.load = need(i);
     else if (f == "--init-from") a.init_from = need(i);
     else throw ConfigError("train: unknown option '" + f + "' (see zerotrain train --help)");
@@ -107,6 +111,7 @@ Args parse_args(int argc, char** argv) {
   ZT_CHECK_T(!a.config.empty(), ConfigError, "train: --config CONFIG.json is required (see zerotrain train --help)");
   ZT_CHECK_T(a.steps >= 1, ConfigError, "train: --steps must be at least 1");
   ZT_CHECK_T(a.save_every == 0 || !a.save.empty(), ConfigError, "train: --save-every needs --save DIR");
+  ZT_CHECK_T(!a.save_async || !a.save.empty(), ConfigError, "train: --save-async needs --save DIR");
   return a;
 }
 
@@ -203,15 +208,33 @@ int cmd_train(int argc, char** argv) {
                                        {"n_embd", mc.n_embd},
                                        {"vocab_size", mc.vocab_size},
                                        {"n_positions", mc.n_positions}}}};
+  // Every published save (the engine prints each; async ones are published a few steps
+  // after the call, when every rank's writer is done), for --summary.
+  nlohmann::json saves = nlohmann::json::array();
+  auto collect_saves = [&] {
+    const CheckpointSaveReport& r = engine->last_checkpoint_save();
+    if (r.index == 0 || static_cast<int64_t>(saves.size()) >= r.index) return;
+    saves.push_back({{"tag", r.tag},           {"async", r.async},         {"step", r.step},
+                     {"published_step", r.published_step}, {"stall_ms", r.stall_ms}, {"wait_ms", r.wait_ms},
+                     {"snapshot_ms", r.snapshot_ms}, {"write_ms", r.write_ms}, {"publish_ms", r.publish_ms},
+                     {"bytes", r.bytes}});
+  };
   auto save = [&] {
     const auto t0 = std::chrono::steady_clock::now();
     const auto pos = loader.state();
-    engine->save_checkpoint(a.save, "", {{"data", {{"epoch", pos.epoch}, {"batch", pos.batch}}},
-                                         {"model", model_json},
-                                         {"seq", seq}});
+    engine->save_checkpoint(a.save, "",
+                            {{"data", {{"epoch", pos.epoch}, {"batch", pos.batch}}}, {"model", model_json}, {"seq", seq}},
+                            a.save_async);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    collect_saves();
     if (rank == 0) {
-      std::printf("[zerotrain] checkpoint save: %.1f ms (training stalled for all of it)\n",
-                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      if (a.save_async) {
+        std::printf("[zerotrain] checkpoint save (async): training stalled %.1f ms (snapshot to host memory); "
+                    "the file write continues in the background\n", ms);
+      } else {
+        std::printf("[zerotrain] checkpoint save: %.1f ms (training stalled for all of it)\n", ms);
+      }
+      std::fflush(stdout);
     }
   };
   int64_t start = 0;
@@ -282,9 +305,19 @@ int cmd_train(int argc, char** argv) {
                   r.skipped ? ", skipped" : "");
       std::fflush(stdout);
     }
+    collect_saves();  // an async save may have been published by this step
     if (a.save_every > 0 && (s + 1) % a.save_every == 0 && s + 1 < a.steps) save();
   }
-  if (!a.save.empty()) save();
+  if (!a.save.empty()) {
+    save();
+    const auto t0 = std::chrono::steady_clock::now();
+    engine->wait_checkpoint();  // the run's last checkpoint must be published before exit
+    collect_saves();
+    if (rank == 0 && a.save_async) {
+      std::printf("[zerotrain] waited %.1f ms at the end of the run for the last checkpoint\n",
+                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
 
   // Totals. Peak memory: max over ranks (one all-reduce).
   auto mem = torch::tensor({peak_fwd.mem_peak, peak_bwd.mem_peak, peak_step.mem_peak, peak_fwd.mem_after,
@@ -349,6 +382,7 @@ int cmd_train(int argc, char** argv) {
           {"loss_last", last_loss},
           {"last_step", engine->last_report().to_json()},  // exposed comm, ZeRO-3 gathers, ...
       };
+      if (!saves.empty()) sj["checkpoint_saves"] = saves;
       std::ofstream f(a.summary, std::ios::app);
       ZT_CHECK(f.good(), "cannot write ", a.summary);
       f << sj.dump() << "\n";

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <set>
 
@@ -197,6 +198,16 @@ class EngineImpl : public Engine {
   }
 
   ~EngineImpl() override {
+    // Publishing is collective: only when not unwinding (a failing rank must not wait for
+    // the others); otherwise the in-flight save is left unpublished (.TAG.partial).
+    if (saver_.pending() && std::uncaught_exceptions() == 0) {
+      try {
+        saver_.wait(group_, global_steps_);
+      } catch (const std::exception& ex) {
+        std::fprintf(stderr, "[zerotrain] asynchronous checkpoint save failed: %s\n", ex.what());
+      }
+    }
+    saver_.abandon();
     if (gpt2_) gpt2_->set_block_hooks({});  // the hooks point at this engine
   }
 
@@ -291,6 +302,9 @@ class EngineImpl : public Engine {
     window_micro_ = 0;
     exposed_ms_ = 0;
     zero_->reset_counters();
+    // An asynchronous checkpoint in flight is published once every rank's writer is done
+    // (one small all-reduce per step until then; throws the writer's error).
+    saver_.poll(group_, global_steps_);
     return true;
   }
 
@@ -329,15 +343,20 @@ class EngineImpl : public Engine {
     models::save_safetensors(path, tensors, {{"format", "pt"}, {"producer", "zerotrain save_16bit_model"}});
   }
 
-  void save_checkpoint(const std::string& dir, const std::string& tag, const nlohmann::json& client_state) override {
+  void save_checkpoint(const std::string& dir, const std::string& tag, const nlohmann::json& client_state,
+                       bool async) override {
     ZT_CHECK_T(window_micro_ == 0, CheckpointError, "save_checkpoint() between micro-steps of an accumulation window (",
                window_micro_, " of ", cfg_.gradient_accumulation_steps, " done): save after step() returned true");
     ckpt::Counters c{micro_, global_steps_, applied_steps_, skipped_};
     ckpt::EngineParts parts{*model_, *zero_, *scaler_, cfg_, group_, device_, dtype_, c};
-    ckpt::save_checkpoint(parts, dir, tag, client_state);
+    saver_.save(parts, dir, tag, client_state, async);
   }
+  void wait_checkpoint() override { saver_.wait(group_, global_steps_); }
+  bool checkpoint_pending() const override { return saver_.pending(); }
+  const CheckpointSaveReport& last_checkpoint_save() const override { return saver_.last(); }
   nlohmann::json load_checkpoint(const std::string& dir, const std::string& tag) override {
     ZT_CHECK_T(window_micro_ == 0, CheckpointError, "load_checkpoint() inside an accumulation window");
+    saver_.wait(group_, global_steps_);  // the checkpoint being loaded may be the one in flight
     ckpt::Counters c{micro_, global_steps_, applied_steps_, skipped_};
     ckpt::EngineParts parts{*model_, *zero_, *scaler_, cfg_, group_, device_, dtype_, c};
     nlohmann::json client = ckpt::load_checkpoint(parts, dir, tag);
@@ -442,6 +461,7 @@ class EngineImpl : public Engine {
   std::unique_ptr<optim::LrSchedule> schedule_;
   std::unique_ptr<PhaseTimer> timer_;
   std::ofstream metrics_;
+  ckpt::AsyncSaver saver_;  // declared after the state it snapshots; joined in ~EngineImpl
   int64_t micro_ = 0, window_micro_ = 0, global_steps_ = 0, applied_steps_ = 0;
   bool skipped_ = false;
   torch::Tensor loss_sum_;

@@ -1,5 +1,6 @@
 // Checkpoints with real ranks (CPU, MPI): exact resume per stage and dtype, loading
-// across world sizes and stages, and verification failures that name the file.
+// across world sizes and stages, verification failures that name the file, and the
+// asynchronous save (same files as a synchronous one, training during the write, errors).
 // Run at world 1, 2 and 4 by ctest. The crash-during-save test is in
 // tests/unit/test_checkpoint_crash.cpp (it needs to kill ranks).
 #include <gtest/gtest.h>
@@ -7,9 +8,13 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <fstream>
+#include <thread>
 
+#include "ckpt/engine_checkpoint.h"
 #include "ckpt/fs.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
@@ -346,6 +351,141 @@ TEST(CheckpointVerify, PartialDirectoryIsIgnoredAndReplaced) {
   EXPECT_FALSE(zt::ckpt::path_exists(dir.path + "/.t2.partial"));
   EXPECT_EQ(zt::ckpt::read_text_file(dir.path + "/latest"), "t2");
   EXPECT_EQ(load_error(dir.path, world), "");
+}
+
+// ---------------------------------------------------------------------------------------
+// Asynchronous save: the snapshot is the state at the call, whatever training does while
+// the writer runs; the files equal a synchronous save's; writer errors name the file.
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Releases a writer held by the test hook and removes the hook, even when a check fails.
+struct HookGuard {
+  std::atomic<bool> go{false};
+  ~HookGuard() {
+    go = true;
+    zt::ckpt::testing::set_before_shard_write(nullptr);
+  }
+};
+
+// Fresh engine (other init seed), load DIR, train [from, to): losses and fp32 master.
+std::pair<std::vector<double>, std::vector<torch::Tensor>> resume_from(const std::string& dir, const nlohmann::json& cfg,
+                                                                       const zt::comm::GroupPtr& world, int from,
+                                                                       int to) {
+  torch::manual_seed(99);
+  Net m;
+  auto e = engine_for(m, cfg, world);
+  e->load_checkpoint(dir);
+  EXPECT_EQ(e->global_steps(), from);
+  auto losses = train(*e, m, from, to);
+  return {losses, e->gather_master_params()};
+}
+
+TEST(CheckpointAsync, SameFilesAsSynchronousSave) {
+  auto world = zt::comm::world_group();
+  TempDir dir(world);
+  torch::manual_seed(7);
+  Net m;
+  auto e = engine_for(m, config(2, "fp32", 1), world);
+  train(*e, m, 0, 3);
+  e->save_checkpoint(dir.path + "/sync", "k", {{"note", 1}});
+  EXPECT_FALSE(e->last_checkpoint_save().async);
+  e->save_checkpoint(dir.path + "/async", "k", {{"note", 1}}, /*async=*/true);
+  EXPECT_TRUE(e->checkpoint_pending());
+  e->wait_checkpoint();
+  EXPECT_FALSE(e->checkpoint_pending());
+  const auto& r = e->last_checkpoint_save();
+  EXPECT_TRUE(r.async);
+  EXPECT_EQ(r.index, 2);
+  EXPECT_EQ(r.step, 3);
+  world->barrier();
+  char name[64];
+  std::snprintf(name, sizeof name, "/k/rank_%05d.safetensors", world->rank());
+  EXPECT_EQ(file_bytes(dir.path + "/sync" + name), file_bytes(dir.path + "/async" + name)) << name;
+  EXPECT_EQ(file_bytes(dir.path + "/sync/k/manifest.json"), file_bytes(dir.path + "/async/k/manifest.json"));
+  EXPECT_EQ(zt::ckpt::read_text_file(dir.path + "/async/latest"), "k");
+  const auto cfg = config(2, "fp32", 1);
+  auto a = resume_from(dir.path + "/async", cfg, world, 3, 5);
+  auto b = resume_from(dir.path + "/sync", cfg, world, 3, 5);
+  EXPECT_EQ(a.first, b.first);
+  expect_equal(a.second, b.second, "master after resuming from the async save");
+}
+
+// Save asynchronously at step k while the writer is held back, train three more steps
+// (fp16: the loss scale moves), then let it write: the checkpoint holds step k and
+// resumes exactly like a synchronous save at step k of an identical run.
+TEST(CheckpointAsync, TrainingContinuesDuringTheWrite) {
+  auto world = zt::comm::world_group();
+  TempDir dir(world);
+  const auto cfg = config(2, "fp16", 1);
+  {
+    HookGuard hold;
+    zt::ckpt::testing::set_before_shard_write([&](const std::string&) {
+      while (!hold.go) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    });
+    torch::manual_seed(7);
+    Net m;
+    auto e = engine_for(m, cfg, world);
+    train(*e, m, 0, 3);
+    e->save_checkpoint(dir.path + "/async", "", {}, /*async=*/true);
+    train(*e, m, 3, 6);  // each step polls: not done yet
+    EXPECT_TRUE(e->checkpoint_pending());
+    EXPECT_FALSE(zt::ckpt::path_exists(dir.path + "/async/latest"));
+    hold.go = true;
+    e->wait_checkpoint();
+    EXPECT_EQ(e->last_checkpoint_save().step, 3);
+    EXPECT_EQ(e->last_checkpoint_save().published_step, 6);
+  }
+  EXPECT_EQ(zt::ckpt::read_text_file(dir.path + "/async/latest"), "global_step3");
+  {
+    torch::manual_seed(7);
+    Net m;
+    auto e = engine_for(m, cfg, world);
+    train(*e, m, 0, 3);
+    e->save_checkpoint(dir.path + "/sync");
+  }
+  auto a = resume_from(dir.path + "/async", cfg, world, 3, 5);
+  auto b = resume_from(dir.path + "/sync", cfg, world, 3, 5);
+  EXPECT_EQ(a.first, b.first);
+  expect_equal(a.second, b.second, "master after resuming from the async save");
+}
+
+// The last rank's file cannot be created (a directory is in the way of its .tmp name):
+// the error is thrown on every rank by the call that publishes, naming the file, and
+// `latest` is not written; the engine saves again afterwards.
+TEST(CheckpointAsync, WriterErrorSurfacesNamingTheFile) {
+  auto world = zt::comm::world_group();
+  TempDir dir(world);
+  const int victim = world->size() - 1;
+  HookGuard guard;
+  zt::ckpt::testing::set_before_shard_write([&](const std::string& path) {
+    if (world->rank() == victim) zt::ckpt::make_dirs(path + ".tmp");
+  });
+  torch::manual_seed(7);
+  Net m;
+  auto e = engine_for(m, config(1, "fp32", 1), world);
+  train(*e, m, 0, 1);
+  e->save_checkpoint(dir.path, "t", {}, /*async=*/true);  // returns: the write fails later
+  std::string err;
+  try {
+    train(*e, m, 1, 2);  // may publish (and throw) at its step boundary
+    e->wait_checkpoint();
+  } catch (const zt::CheckpointError& ex) {
+    err = ex.what();
+  }
+  zt::ckpt::testing::set_before_shard_write(nullptr);
+  char name[64];
+  std::snprintf(name, sizeof name, "/.t.partial/rank_%05d.safetensors", victim);
+  EXPECT_TRUE(has(err, dir.path + name)) << err;
+  EXPECT_TRUE(has(err, "asynchronous save of checkpoint 't'")) << err;
+  EXPECT_FALSE(e->checkpoint_pending());
+  EXPECT_FALSE(zt::ckpt::path_exists(dir.path + "/latest"));
+  e->save_checkpoint(dir.path, "t2", {}, /*async=*/true);
+  e->wait_checkpoint();
+  EXPECT_EQ(zt::ckpt::read_text_file(dir.path + "/latest"), "t2");
 }
 
 }  // namespace
