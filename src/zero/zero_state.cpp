@@ -86,6 +86,17 @@ void ZeroOptimizer::import_state(const StateFetch& fetch) {
 
 void ZeroOptimizer::finish_state_import() {
   torch::NoGradGuard no_grad;
+  if (opt_.offload_optimizer) {
+    // With offload the step writes the compute-dtype copy itself (refresh_params does not
+    // cast the master): bring this rank's copy in line with the loaded master here.
+    for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+      const int bi = static_cast<int>(b);
+      auto master = owned_view(master_, bi);
+      owned_view(host_param_, bi).copy_(master);
+      auto dst = param_dst(bi);
+      if (dst.defined()) dst.copy_(master);
+    }
+  }
   refresh_params();
 }
 

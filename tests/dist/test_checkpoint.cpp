@@ -140,6 +140,7 @@ struct ResumeCase {
   int stage;
   const char* dtype;
   int gas;
+  int offload = 0;  // 1: offload_optimizer cpu; 2: and offload_param cpu (stage 3)
 };
 
 class CheckpointResume : public ::testing::TestWithParam<ResumeCase> {};
@@ -148,7 +149,9 @@ TEST_P(CheckpointResume, BitIdenticalToUninterrupted) {
   const ResumeCase c = GetParam();
   auto world = zt::comm::world_group();
   TempDir dir(world);
-  const auto j = config(c.stage, c.dtype, c.gas);
+  auto j = config(c.stage, c.dtype, c.gas);
+  if (c.offload >= 1) j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+  if (c.offload >= 2) j["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
   constexpr int kN = 6, kK = 3;
 
   torch::manual_seed(7);
@@ -186,10 +189,14 @@ INSTANTIATE_TEST_SUITE_P(Stages, CheckpointResume,
                          ::testing::Values(ResumeCase{0, "fp32", 1}, ResumeCase{0, "bf16", 2}, ResumeCase{0, "fp16", 1},
                                            ResumeCase{1, "fp32", 2}, ResumeCase{1, "bf16", 1}, ResumeCase{1, "fp16", 1},
                                            ResumeCase{2, "fp32", 1}, ResumeCase{2, "bf16", 2}, ResumeCase{2, "fp16", 1},
-                                           ResumeCase{3, "fp32", 2}, ResumeCase{3, "bf16", 1}, ResumeCase{3, "fp16", 1}),
+                                           ResumeCase{3, "fp32", 2}, ResumeCase{3, "bf16", 1}, ResumeCase{3, "fp16", 1},
+                                           ResumeCase{1, "bf16", 1, 1}, ResumeCase{2, "fp16", 1, 1},
+                                           ResumeCase{2, "fp32", 2, 1}, ResumeCase{3, "bf16", 2, 1},
+                                           ResumeCase{3, "fp16", 1, 2}),
                          [](const auto& info) {
                            return "stage" + std::to_string(info.param.stage) + "_" + info.param.dtype + "_gas" +
-                                  std::to_string(info.param.gas);
+                                  std::to_string(info.param.gas) +
+                                  (info.param.offload == 2 ? "_offload_param" : info.param.offload ? "_offload" : "");
                          });
 
 // ---------------------------------------------------------------------------------------
