@@ -1,0 +1,123 @@
+// `zerotrain estimate`: memory per GPU by kind for a GPT-2 job, before running it.
+#include <cstdio>
+#include <string>
+
+#include "cli/commands.h"
+#include "estimate/memory.h"
+#include "models/gpt2.h"
+#include "zerotrain/config.h"
+#include "zerotrain/error.h"
+
+namespace zt::cli {
+namespace {
+const char* kUsage =
+    "usage: zerotrain estimate --model NAME --config CONFIG.json --gpus N [options]\n\n"
+    "  --model NAME        gpt2-tiny | gpt2 | gpt2-medium | gpt2-large | gpt2-xl\n"
+    "  --layers/--embd/--heads/--vocab N   override the named size\n"
+    "  --micro-batch B     micro batch per GPU (default: the config's, else 8)\n"
+    "  --seq S             sequence length (default: min(1024, model positions))\n"
+    "  --checkpoint-activations   activations of checkpointed blocks\n"
+    "  --gpu-mem GIB       say whether the job fits a GPU of this many GiB\n"
+    "  --json              one JSON object instead of the table\n"
+    "The model behind the numbers: docs/zero-costs.md.\n";
+
+int64_t to_int(const std::string& flag, const std::string& v) {
+  try {
+    size_t pos = 0;
+    const double d = std::stod(v, &pos);
+    if (pos == v.size() && d >= 0 && d == static_cast<double>(static_cast<int64_t>(d))) return static_cast<int64_t>(d);
+  } catch (const std::exception&) {
+  }
+  throw ConfigError("estimate: " + flag + " needs a non-negative integer, got '" + v + "'");
+}
+}  // namespace
+
+int cmd_estimate(int argc, char** argv) {
+  std::string model = "gpt2-tiny", config;
+  int64_t layers = 0, embd = 0, heads = 0, vocab = 0, micro = 0, seq = 0, gpus = 1;
+  double gpu_mem = 0;
+  bool ckpt = false, json_out = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    auto need = [&]() -> std::string {
+      ZT_CHECK_T(i + 1 < argc, ConfigError, "estimate: ", f, " needs a value");
+      return argv[++i];
+    };
+    if (f == "-h" || f == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (f == "--model") model = need();
+    else if (f == "--config") config = need();
+    else if (f == "--layers") layers = to_int(f, need());
+    else if (f == "--embd") embd = to_int(f, need());
+    else if (f == "--heads") heads = to_int(f, need());
+    else if (f == "--vocab") vocab = to_int(f, need());
+    else if (f == "--micro-batch") micro = to_int(f, need());
+    else if (f == "--seq") seq = to_int(f, need());
+    else if (f == "--gpus") gpus = to_int(f, need());
+    else if (f == "--gpu-mem") gpu_mem = std::stod(need());
+    else if (f == "--checkpoint-activations") ckpt = true;
+    else if (f == "--json") json_out = true;
+    else throw ConfigError("estimate: unknown option '" + f + "' (see zerotrain estimate --help)");
+  }
+  ZT_CHECK_T(!config.empty(), ConfigError, "estimate: --config CONFIG.json is required (see zerotrain estimate --help)");
+  ZT_CHECK_T(gpus >= 1, ConfigError, "estimate: --gpus must be at least 1");
+  estimate::Job job;
+  job.model = models::named_gpt2(model);
+  if (layers) job.model.n_layer = layers;
+  if (embd) job.model.n_embd = embd;
+  if (heads) job.model.n_head = heads;
+  if (vocab) job.model.vocab_size = vocab;
+  job.gpus = static_cast<int>(gpus);
+  job.seq = seq > 0 ? seq : std::min<int64_t>(1024, job.model.n_positions);
+  nlohmann::json j = Config::read_json_file(config);
+  auto is_auto = [&](const char* k) { return j.contains(k) && j[k].is_string() && j[k] == "auto"; };
+  if (micro > 0 || is_auto("train_micro_batch_size_per_gpu") ||
+      (!j.contains("train_micro_batch_size_per_gpu") && !j.contains("train_batch_size"))) {
+    j["train_micro_batch_size_per_gpu"] = micro > 0 ? micro : 8;
+    j.erase("train_batch_size");
+  }
+  if (is_auto("gradient_accumulation_steps")) j["gradient_accumulation_steps"] = 1;
+  if (is_auto("gradient_clipping")) j["gradient_clipping"] = 1.0;
+  Config cfg = Config::from_json(j, static_cast<int>(gpus), config);
+  job.micro_batch = cfg.train_micro_batch_size_per_gpu;
+  job.checkpointing = ckpt || cfg.activation_checkpointing.number_checkpoints.has_value();
+  const auto r = estimate::estimate_memory(job, cfg);
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  if (json_out) {
+    nlohmann::json o = {{"model", model}, {"num_params", r.num_params}, {"gpus", gpus},
+                        {"stage", cfg.zero_optimization.stage}, {"dtype", c10::toString(cfg.compute_dtype())},
+                        {"micro_batch", job.micro_batch}, {"seq", job.seq}, {"checkpointing", job.checkpointing},
+                        {"gib", {{"params", r.params / gib}, {"grads", r.grads / gib}, {"master", r.master / gib},
+                                 {"optimizer", r.optimizer / gib}, {"gathered", r.gathered / gib},
+                                 {"activations", r.activations / gib}, {"loss", r.loss / gib},
+                                 {"forward_peak", r.forward_peak / gib}, {"backward_peak", r.backward_peak / gib},
+                                 {"step_peak", r.step_peak / gib}, {"peak", r.peak / gib}, {"host", r.host / gib}}}};
+    if (gpu_mem > 0) o["fits"] = r.peak / gib <= gpu_mem;
+    std::printf("%s\n", o.dump().c_str());
+    return gpu_mem > 0 && r.peak / gib > gpu_mem ? 1 : 0;
+  }
+  std::printf("zerotrain estimate: %s (%.2fM parameters), %lld GPU(s), ZeRO stage %lld, %s, micro-batch %lld x seq %lld, "
+              "activation checkpointing %s\n",
+              model.c_str(), r.num_params / 1e6, static_cast<long long>(gpus),
+              static_cast<long long>(cfg.zero_optimization.stage), c10::toString(cfg.compute_dtype()),
+              static_cast<long long>(job.micro_batch), static_cast<long long>(job.seq), job.checkpointing ? "on" : "off");
+  std::printf("  per GPU                       GiB\n");
+  std::printf("  parameters               %8.2f\n  gradients                %8.2f\n  fp32 master              %8.2f\n"
+              "  optimizer state          %8.2f\n  gathered units (ZeRO-3)  %8.2f\n  activations              %8.2f\n"
+              "  logits and loss          %8.2f\n",
+              r.params / gib, r.grads / gib, r.master / gib, r.optimizer / gib, r.gathered / gib, r.activations / gib,
+              r.loss / gib);
+  std::printf("  peak forward / backward / step: %.2f / %.2f / %.2f GiB\n", r.forward_peak / gib, r.backward_peak / gib,
+              r.step_peak / gib);
+  if (r.host > 0) std::printf("  host memory per rank (offload): %.2f GiB\n", r.host / gib);
+  if (gpu_mem > 0) {
+    const bool fits = r.peak / gib <= gpu_mem;
+    std::printf("  %s a %.1f GiB GPU (%.1f GiB %s)\n", fits ? "fits" : "does NOT fit", gpu_mem,
+                fits ? gpu_mem - r.peak / gib : r.peak / gib - gpu_mem, fits ? "to spare" : "short");
+    return fits ? 0 : 1;
+  }
+  return 0;
+}
+
+}  // namespace zt::cli

@@ -1,0 +1,70 @@
+#include "estimate/memory.h"
+
+#include <algorithm>
+#include <cctype>
+
+#include "zerotrain/error.h"
+
+namespace zt::estimate {
+
+Memory estimate_memory(const Job& job, const Config& cfg) {
+  ZT_CHECK_T(job.micro_batch >= 1 && job.seq >= 1 && job.gpus >= 1, ConfigError,
+             "estimate: micro batch, sequence length and GPUs must be at least 1");
+  const auto& m = job.model;
+  const double psi = static_cast<double>(models::gpt2_num_params(m));
+  const double N = job.gpus;
+  const at::ScalarType dt = cfg.compute_dtype();
+  const double d = dt == at::kFloat ? 4.0 : 2.0;
+  std::string type = cfg.optimizer.type;
+  std::transform(type.begin(), type.end(), type.begin(), [](unsigned char c) { return std::tolower(c); });
+  const bool sgd = type == "sgd";
+  const double opt_bytes = sgd ? (cfg.optimizer.params.momentum != 0 ? 4.0 : 0.0) : 8.0;
+  const auto& z = cfg.zero_optimization;
+  const int stage = static_cast<int>(z.stage);
+  const bool off = z.offload_optimizer.device == OffloadDevice::cpu;
+  const bool off_param = z.offload_param.device == OffloadDevice::cpu;
+
+  Memory r;
+  r.num_params = static_cast<int64_t>(psi);
+  const double shard = stage == 0 ? 1.0 : 1.0 / N;
+  r.master = 4.0 * psi * shard;
+  r.optimizer = opt_bytes * psi * shard;
+  r.params = stage <= 2 ? d * psi : 0.0;
+  r.grads = stage <= 1 ? d * psi : d * psi / N;
+  if (stage == 3 && off && !off_param) r.params = d * psi / N;  // standing compute shard for the step to write
+  if (off) {
+    r.host = r.master + r.optimizer + 2.0 * d * psi / N + (off_param ? d * psi / N : 0.0);
+    r.master = r.optimizer = 0.0;
+  }
+  // Stage 3: the root unit (embeddings) for the whole step, plus the running unit and the
+  // prefetch window (bounded by max_live).
+  const double C = static_cast<double>(m.n_embd), V = static_cast<double>(m.vocab_size);
+  const double block = 12.0 * C * C + 13.0 * C;
+  if (stage == 3) {
+    const double root = V * C + static_cast<double>(m.n_positions) * C;
+    const double window = std::min<double>(static_cast<double>(z.stage3_prefetch_bucket_size),
+                                           static_cast<double>(z.stage3_max_live_parameters));
+    r.gathered = d * (root + block + std::min(window, block * static_cast<double>(m.n_layer)));
+  }
+
+  const double tokens = static_cast<double>(job.micro_batch * job.seq);
+  const double L = static_cast<double>(m.n_layer);
+  const double per_layer = 16.0 * C * d * tokens;
+  r.activations = job.checkpointing ? L * C * d * tokens + per_layer : L * per_layer;
+  r.loss = tokens * V * (d + 8.0);
+  r.backward_extra = tokens * V * d;
+
+  // Resident in forward: params (stage 0-2), master/optimizer on the device, gathered units.
+  // The gradient buffers of stages 0-1 are standing; those of stages 2-3 appear in backward.
+  const double standing = r.params + r.master + r.optimizer + r.gathered + (stage <= 1 ? r.grads : 0.0);
+  r.forward_peak = standing + r.activations + r.loss;
+  r.backward_peak = r.forward_peak + r.backward_extra + (stage >= 2 ? r.grads : 0.0);
+  // Step: states + gradients + one group of fp32 gradients (at most 2^27 elements) or, with
+  // offload, the upload buffers only.
+  const double group = 4.0 * std::min<double>(psi * shard, static_cast<double>(int64_t{1} << 27));
+  r.step_peak = standing + r.grads + (off ? 0.0 : group);
+  r.peak = std::max({r.forward_peak, r.backward_peak, r.step_peak});
+  return r;
+}
+
+}  // namespace zt::estimate

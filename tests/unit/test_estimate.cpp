@@ -1,0 +1,80 @@
+// zerotrain estimate against what was measured on the GPU machine. The reference peaks are
+// copied from the committed results (each row names its file); the estimate must be within
+// 5% of every one of them.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "estimate/memory.h"
+#include "zerotrain/config.h"
+#include "zerotrain/error.h"
+
+namespace {
+
+struct Measured {
+  const char* config;       // bench/configs/NAME.json
+  const char* model;
+  int64_t layers, embd, heads;  // 0 = the named size
+  int gpus;
+  int64_t micro;
+  bool checkpointing;
+  double forward_peak_gib, backward_peak_gib;
+  const char* source;
+};
+
+const Measured kMeasured[] = {
+    {"gpt2_bf16_z0", "gpt2-large", 0, 0, 0, 2, 8, false, 0, 27.51, "2026-11-22_h200x2 (zerotrain ZeRO-0)"},
+    {"gpt2_bf16_z1", "gpt2-large", 0, 0, 0, 2, 8, false, 0, 23.19, "2026-11-22_h200x2 (zerotrain ZeRO-1)"},
+    {"gpt2_bf16_z2", "gpt2-large", 0, 0, 0, 2, 8, false, 21.70, 22.47, "2026-11-22_z3_h200x2 first call, zt_z2"},
+    {"gpt2_bf16_z3_reshard", "gpt2-large", 0, 0, 0, 2, 8, false, 19.70, 20.47, "2026-11-22_z3_h200x2/zt_z3_reshard"},
+    {"gpt2_bf16_z3", "gpt2-large", 0, 0, 0, 2, 8, false, 20.63, 21.39, "2026-11-22_z3_h200x2/zt_z3"},
+    {"gpt2_bf16_z2_offload", "gpt2-large", 0, 0, 0, 2, 8, false, 16.66, 17.42, "2026-11-22_offload_h200x2/run5"},
+    {"gpt2_bf16_z3_offload", "gpt2-large", 0, 0, 0, 2, 8, false, 16.10, 16.86, "2026-11-22_offload_h200x2/run5"},
+    {"gpt2_10b_bf16_z3", "gpt2", 50, 4096, 32, 2, 1, true, 59.22, 69.63, "2026-11-22_z3_h200x2/zt_10b"},
+    {"cap_z3", "gpt2", 44, 4096, 32, 1, 1, true, 103.29, 120.84, "2026-11-22_capacity_h200 (44 layers)"},
+};
+
+TEST(Estimate, WithinFivePercentOfEveryMeasuredPeak) {
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  for (const auto& m : kMeasured) {
+    SCOPED_TRACE(std::string(m.config) + " from " + m.source);
+    auto cfg = zt::Config::from_file(std::string(ZT_SOURCE_DIR) + "/bench/configs/" + m.config + ".json", m.gpus);
+    zt::estimate::Job job;
+    job.model = zt::models::named_gpt2(m.model);
+    if (m.layers) job.model.n_layer = m.layers;
+    if (m.embd) job.model.n_embd = m.embd;
+    if (m.heads) job.model.n_head = m.heads;
+    job.gpus = m.gpus;
+    job.micro_batch = m.micro;
+    job.seq = 1024;
+    job.checkpointing = m.checkpointing;
+    const auto r = zt::estimate::estimate_memory(job, cfg);
+    if (m.forward_peak_gib > 0) EXPECT_NEAR(r.forward_peak / gib / m.forward_peak_gib, 1.0, 0.05);
+    EXPECT_NEAR(r.backward_peak / gib / m.backward_peak_gib, 1.0, 0.05);
+    EXPECT_NEAR(r.peak / gib / m.backward_peak_gib, 1.0, 0.05);
+  }
+}
+
+TEST(Estimate, StagesShrinkModelStatesAsZeroSays) {
+  auto job = zt::estimate::Job{};
+  job.model = zt::models::named_gpt2("gpt2-large");
+  job.gpus = 4;
+  job.micro_batch = 1;
+  double last = 1e300;
+  for (int stage = 0; stage <= 3; ++stage) {
+    nlohmann::json j = {{"train_micro_batch_size_per_gpu", 1}, {"bf16", {{"enabled", true}}},
+                        {"zero_optimization", {{"stage", stage}}}};
+    auto r = zt::estimate::estimate_memory(job, zt::Config::from_json(j, 4));
+    const double states = r.params + r.grads + r.master + r.optimizer;
+    EXPECT_LT(states, last) << "stage " << stage;
+    last = states;
+    const double psi = static_cast<double>(r.num_params);
+    const double expect[] = {16 * psi, 4 * psi + 12 * psi / 4, 2 * psi + 14 * psi / 4, 14 * psi / 4};
+    EXPECT_NEAR(states / expect[stage], 1.0, 1e-9) << "stage " << stage;
+  }
+  EXPECT_THROW(zt::estimate::estimate_memory(zt::estimate::Job{job.model, 0, 1024, 1, false},
+                                             zt::Config::from_json({{"train_batch_size", 1}}, 1)),
+               zt::ConfigError);
+}
+
+}  // namespace
