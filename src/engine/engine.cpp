@@ -8,6 +8,7 @@
 #include <exception>
 #include <fstream>
 #include <set>
+#include <type_traits>
 
 #include "ckpt/engine_checkpoint.h"
 #include "engine/phase_timer.h"
@@ -213,9 +214,12 @@ class EngineImpl : public Engine {
 
   torch::Tensor forward(const std::function<torch::Tensor()>& fn) override {
     timer_->begin();
-    zero_->begin_forward();
-    torch::Tensor loss = fn();
-    zero_->end_forward();
+    torch::Tensor loss = in_phase("forward", [&] {
+      zero_->begin_forward();
+      torch::Tensor l = fn();
+      zero_->end_forward();
+      return l;
+    });
     forward_.add(timer_->end());
     return loss;
   }
@@ -245,8 +249,11 @@ class EngineImpl : public Engine {
     // DeepSpeed scales the loss by 1/accumulation steps, and by the fp16 loss scale.
     double factor = scaler_->scale() / static_cast<double>(cfg_.gradient_accumulation_steps);
     torch::Tensor scaled = factor == 1.0 ? loss : loss * factor;
-    scaled.backward();
-    exposed_ms_ += zero_->end_backward();
+    in_phase("backward", [&] {
+      scaled.backward();
+      exposed_ms_ += zero_->end_backward();
+      return 0;
+    });
     backward_.add(timer_->end());
     ++micro_;
     ++window_micro_;
@@ -262,7 +269,7 @@ class EngineImpl : public Engine {
     in.loss_scale = scaler_->scale();
     in.clip = cfg_.gradient_clipping;
     in.step = applied_steps_ + 1;
-    zero::StepOutcome out = zero_->step(in);
+    zero::StepOutcome out = in_phase("step", [&] { return zero_->step(in); });
     const double scale_used = scaler_->scale();
     skipped_ = scaler_->update(out.overflow);
     if (!skipped_) ++applied_steps_;
@@ -368,6 +375,21 @@ class EngineImpl : public Engine {
   }
 
  private:
+  // Runs one phase; running out of device memory becomes an error naming the rank, the
+  // phase and the step, with what to change (a CUDA OOM alone names none of them).
+  template <class F>
+  std::invoke_result_t<F> in_phase(const char* phase, F&& f) {
+    try {
+      return f();
+    } catch (const c10::OutOfMemoryError& e) {
+      throw TrainingError(detail::cat(
+          "rank ", group_->rank(), ": out of device memory in the ", phase, " phase of step ", global_steps_ + 1, " (",
+          e.what_without_backtrace(), "). `zerotrain estimate` shows the memory by kind for this job; lower "
+          "train_micro_batch_size_per_gpu, turn on activation checkpointing, or use a higher ZeRO stage or "
+          "offload_optimizer"));
+    }
+  }
+
   void report(const StepReport& r) {
     if (group_->rank() != 0) return;
     if (metrics_.is_open()) {

@@ -196,3 +196,35 @@ TEST(OffloadDelayed, NeedsCpuOffloadAndNoParamOffload) {
 }
 
 }  // namespace
+
+namespace {
+
+// Running out of device memory inside a phase is reported with the rank, the phase and the
+// step (the CUDA allocator's own error names none of them). Injected from the user's
+// forward, as the caching allocator would throw it.
+TEST(EngineErrors, OutOfMemoryNamesRankPhaseAndStep) {
+  auto group = zt::comm::world_group();
+  torch::manual_seed(3);
+  Net m;
+  zt::EngineOptions o;
+  o.device = torch::Device(torch::kCPU);
+  o.print = false;
+  o.units = {m->a->parameters(), m->b->parameters()};
+  auto engine = zt::initialize(m.ptr(), zt::Config::from_json(config(2, "fp32", 1, false), group->size()), o);
+  try {
+    engine->forward([&]() -> torch::Tensor {
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate 18.40 GiB");
+      return {};
+    });
+    FAIL() << "no error";
+  } catch (const zt::TrainingError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("rank " + std::to_string(group->rank()) + ": out of device memory in the forward phase of step 1"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("Tried to allocate 18.40 GiB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("zerotrain estimate"), std::string::npos) << msg;
+  }
+}
+
+}  // namespace
