@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <string>
 
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "estimate/memory.h"
 #include "models/gpt2.h"
@@ -21,15 +22,6 @@ const char* kUsage =
     "  --json              one JSON object instead of the table\n"
     "The model behind the numbers: docs/zero-costs.md.\n";
 
-int64_t to_int(const std::string& flag, const std::string& v) {
-  try {
-    size_t pos = 0;
-    const double d = std::stod(v, &pos);
-    if (pos == v.size() && d >= 0 && d == static_cast<double>(static_cast<int64_t>(d))) return static_cast<int64_t>(d);
-  } catch (const std::exception&) {
-  }
-  throw ConfigError("estimate: " + flag + " needs a non-negative integer, got '" + v + "'");
-}
 }  // namespace
 
 int cmd_estimate(int argc, char** argv) {
@@ -48,13 +40,13 @@ int cmd_estimate(int argc, char** argv) {
       return 0;
     } else if (f == "--model") model = need();
     else if (f == "--config") config = need();
-    else if (f == "--layers") layers = to_int(f, need());
-    else if (f == "--embd") embd = to_int(f, need());
-    else if (f == "--heads") heads = to_int(f, need());
-    else if (f == "--vocab") vocab = to_int(f, need());
-    else if (f == "--micro-batch") micro = to_int(f, need());
-    else if (f == "--seq") seq = to_int(f, need());
-    else if (f == "--gpus") gpus = to_int(f, need());
+    else if (f == "--layers") layers = parse_count("estimate", f, need());
+    else if (f == "--embd") embd = parse_count("estimate", f, need());
+    else if (f == "--heads") heads = parse_count("estimate", f, need());
+    else if (f == "--vocab") vocab = parse_count("estimate", f, need());
+    else if (f == "--micro-batch") micro = parse_count("estimate", f, need());
+    else if (f == "--seq") seq = parse_count("estimate", f, need());
+    else if (f == "--gpus") gpus = parse_count("estimate", f, need());
     else if (f == "--gpu-mem") gpu_mem = std::stod(need());
     else if (f == "--checkpoint-activations") ckpt = true;
     else if (f == "--json") json_out = true;
@@ -71,14 +63,7 @@ int cmd_estimate(int argc, char** argv) {
   job.gpus = static_cast<int>(gpus);
   job.seq = seq > 0 ? seq : std::min<int64_t>(1024, job.model.n_positions);
   nlohmann::json j = Config::read_json_file(config);
-  auto is_auto = [&](const char* k) { return j.contains(k) && j[k].is_string() && j[k] == "auto"; };
-  if (micro > 0 || is_auto("train_micro_batch_size_per_gpu") ||
-      (!j.contains("train_micro_batch_size_per_gpu") && !j.contains("train_batch_size"))) {
-    j["train_micro_batch_size_per_gpu"] = micro > 0 ? micro : 8;
-    j.erase("train_batch_size");
-  }
-  if (is_auto("gradient_accumulation_steps")) j["gradient_accumulation_steps"] = 1;
-  if (is_auto("gradient_clipping")) j["gradient_clipping"] = 1.0;
+  fill_batch_auto(j, micro, 0, 1.0);  // as `zerotrain train` resolves it
   Config cfg = Config::from_json(j, static_cast<int>(gpus), config);
   job.micro_batch = cfg.train_micro_batch_size_per_gpu;
   job.checkpointing = ckpt || cfg.activation_checkpointing.number_checkpoints.has_value();

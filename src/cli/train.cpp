@@ -8,6 +8,7 @@
 #include <map>
 #include <string>
 
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "data/loader.h"
 #include "data/sampler.h"
@@ -67,15 +68,8 @@ Args parse_args(int argc, char** argv) {
     return argv[++i];
   };
   auto num = [&](int& i) -> int64_t {
-    std::string flag = argv[i], v = need(i);
-    try {
-      size_t pos = 0;
-      double d = std::stod(v, &pos);
-      ZT_CHECK_T(pos == v.size() && d >= 0 && d == static_cast<double>(static_cast<int64_t>(d)), ConfigError, "x");
-      return static_cast<int64_t>(d);
-    } catch (const std::exception&) {
-      throw ConfigError("train: " + flag + " needs a non-negative integer, got '" + v + "'");
-    }
+    const std::string flag = argv[i];
+    return parse_count("train", flag, need(i));
   };
   for (int i = 1; i < argc; ++i) {
     std::string f = argv[i];
@@ -115,21 +109,6 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
-// Fills the top-level "auto" keys (as Hugging Face's trainer does) from the flags.
-void fill_auto(nlohmann::json& j, const Args& a) {
-  auto is_auto = [&](const char* k) { return j.contains(k) && j[k].is_string() && j[k] == "auto"; };
-  if (is_auto("train_micro_batch_size_per_gpu") ||
-      (!j.contains("train_micro_batch_size_per_gpu") && !j.contains("train_batch_size"))) {
-    j["train_micro_batch_size_per_gpu"] = a.micro > 0 ? a.micro : 8;
-  } else if (a.micro > 0) {
-    j["train_micro_batch_size_per_gpu"] = a.micro;
-  }
-  if (is_auto("gradient_accumulation_steps")) j["gradient_accumulation_steps"] = a.accum > 0 ? a.accum : 1;
-  else if (a.accum > 0) j["gradient_accumulation_steps"] = a.accum;
-  if (is_auto("train_batch_size") || (a.micro > 0 || a.accum > 0)) j.erase("train_batch_size");
-  if (is_auto("gradient_clipping")) j["gradient_clipping"] = a.clip;
-}
-
 double detect_peak_tflops(const torch::Device& d) {
 #ifdef ZT_WITH_CUDA
   if (d.is_cuda()) {
@@ -152,7 +131,7 @@ int cmd_train(int argc, char** argv) {
   const int rank = group->rank(), world = group->size();
 
   nlohmann::json j = Config::read_json_file(a.config);
-  fill_auto(j, a);
+  fill_batch_auto(j, a.micro, a.accum, a.clip);
   Config cfg = Config::from_json(j, world, a.config);
 
   models::GPT2Config mc = models::named_gpt2(a.model);
