@@ -23,6 +23,7 @@
 #endif
 
 #include <algorithm>
+#include <optional>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -39,6 +40,7 @@ namespace {
 struct CopyStreams {
   c10::cuda::CUDAStream d2h, h2d;
 };
+CopyStreams* copy_streams(const std::shared_ptr<void>& s) { return static_cast<CopyStreams*>(s.get()); }
 #endif
 }  // namespace
 
@@ -78,8 +80,7 @@ torch::Tensor ZeroOptimizer::param_dst(int b) {
 void ZeroOptimizer::stream_grad_to_host(int b, const comm::WorkPtr& reduce) {
 #ifdef ZT_WITH_CUDA
   if (!opt_.device.is_cuda() || !streams_) return;
-  auto& cs = *std::static_pointer_cast<CopyStreams>(streams_);
-  c10::cuda::CUDAStreamGuard guard(cs.d2h);
+  c10::cuda::CUDAStreamGuard guard(copy_streams(streams_)->d2h);
   reduce->wait();  // the copy stream waits for the reduce-scatter, not the host
   owned_view(host_grad_, b).copy_(owned_view(grad_shard_, b), /*non_blocking=*/true);
   streamed_[b] = true;
@@ -104,7 +105,7 @@ void ZeroOptimizer::offload_step(double factor, const StepInputs& in) {
     if (!streamed_[b]) owned_view(host_grad_, b).copy_(grad_view(b));
   }
 #ifdef ZT_WITH_CUDA
-  if (streams_) std::static_pointer_cast<CopyStreams>(streams_)->d2h.synchronize();
+  if (streams_) copy_streams(streams_)->d2h.synchronize();
 #endif
   std::fill(streamed_.begin(), streamed_.end(), false);
   if (!opt_.delayed_update) {
@@ -137,18 +138,20 @@ void ZeroOptimizer::flush_delayed_update() {
   refresh_params();
 }
 
+void ZeroOptimizer::upload_bucket(int k) {
+  auto dst = param_dst(k);
+  if (dst.defined()) dst.copy_(owned_view(host_param_, k), /*non_blocking=*/true);  // on the current stream
+}
+
 void ZeroOptimizer::upload_all() {
-  for (size_t k = 0; k < layout_.buckets.size(); ++k) {
-    auto dst = param_dst(static_cast<int>(k));
-    if (dst.defined()) dst.copy_(owned_view(host_param_, static_cast<int>(k)), /*non_blocking=*/true);
-  }
+  for (size_t k = 0; k < layout_.buckets.size(); ++k) upload_bucket(static_cast<int>(k));
 }
 
 void ZeroOptimizer::cpu_update(const torch::Tensor& grads, double factor, const StepInputs& in, bool upload) {
   torch::NoGradGuard no_grad;
   const int nb = static_cast<int>(layout_.buckets.size());
 #ifdef ZT_WITH_CUDA
-  CopyStreams* cs = upload && streams_ ? std::static_pointer_cast<CopyStreams>(streams_).get() : nullptr;
+  CopyStreams* cs = upload && streams_ ? copy_streams(streams_) : nullptr;
 #endif
   // CPU Adam per sub-group; each sub-group's upload overlaps the next one's compute.
   const auto& P = opt_.optimizer.params;
@@ -177,18 +180,14 @@ void ZeroOptimizer::cpu_update(const torch::Tensor& grads, double factor, const 
                            owned_view(grads, k), h, half_out ? out : torch::Tensor());
       if (!half_out) out.copy_(owned_view(master_, k));
     }
-    // Upload the sub-group (stage 3 with offload_param: it stays on the host).
-    for (int k = b; k < end && upload; ++k) {
-      auto dst = param_dst(k);
-      if (!dst.defined()) continue;
+    // Upload the sub-group on the upload stream (stage 3 with offload_param: it stays on
+    // the host).
+    if (upload) {
 #ifdef ZT_WITH_CUDA
-      if (cs) {
-        c10::cuda::CUDAStreamGuard guard(cs->h2d);
-        dst.copy_(owned_view(host_param_, k), /*non_blocking=*/true);
-        continue;
-      }
+      std::optional<c10::cuda::CUDAStreamGuard> guard;
+      if (cs) guard.emplace(cs->h2d);
 #endif
-      dst.copy_(owned_view(host_param_, k));
+      for (int k = b; k < end; ++k) upload_bucket(k);
     }
     b = end;
   }

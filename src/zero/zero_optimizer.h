@@ -175,6 +175,7 @@ class ZeroOptimizer {
   void init_offload();
   void offload_step(double factor, const StepInputs& in);
   void cpu_update(const torch::Tensor& grads, double factor, const StepInputs& in, bool upload);
+  void upload_bucket(int b);  // bucket b's updated compute-dtype shard to param_dst(b)
   void upload_all();
  public:
   // Delayed parameter update: finishes the CPU step in flight and applies it to the
