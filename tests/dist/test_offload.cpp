@@ -48,16 +48,22 @@ nlohmann::json config(int stage, const std::string& dtype, int gas, bool offload
   return j;
 }
 
-std::vector<torch::Tensor> train(const nlohmann::json& j, int gas, int64_t* host_bytes = nullptr) {
-  auto group = zt::comm::world_group();
-  const int world = group->size(), rank = group->rank();
+// An engine on the CPU for a fresh Net (seed 3) with units a and b, quiet.
+std::unique_ptr<zt::Engine> net_engine(Net& m, const nlohmann::json& j) {
   torch::manual_seed(3);
-  Net m;
+  m = Net();
   zt::EngineOptions o;
   o.device = torch::Device(torch::kCPU);
   o.print = false;
   o.units = {m->a->parameters(), m->b->parameters()};
-  auto engine = zt::initialize(m.ptr(), zt::Config::from_json(j, world), o);
+  return zt::initialize(m.ptr(), zt::Config::from_json(j, zt::comm::world_group()->size()), o);
+}
+
+std::vector<torch::Tensor> train(const nlohmann::json& j, int gas, int64_t* host_bytes = nullptr) {
+  auto group = zt::comm::world_group();
+  const int world = group->size(), rank = group->rank();
+  Net m{nullptr};
+  auto engine = net_engine(m, j);
   if (host_bytes) *host_bytes = engine->model_state_bytes().host;
   for (int s = 0; s < kSteps; ++s) {
     auto g = at::make_generator<at::CPUGeneratorImpl>(777 + s);
@@ -143,13 +149,8 @@ namespace {
 std::vector<torch::Tensor> params_after(const nlohmann::json& j, int steps) {
   auto group = zt::comm::world_group();
   const int world = group->size(), rank = group->rank();
-  torch::manual_seed(3);
-  Net m;
-  zt::EngineOptions o;
-  o.device = torch::Device(torch::kCPU);
-  o.print = false;
-  o.units = {m->a->parameters(), m->b->parameters()};
-  auto engine = zt::initialize(m.ptr(), zt::Config::from_json(j, world), o);
+  Net m{nullptr};
+  auto engine = net_engine(m, j);
   for (int s = 0; s < steps; ++s) {
     auto g = at::make_generator<at::CPUGeneratorImpl>(777 + s);
     auto x = at::randn({kMicro * world, kWidth}, g), y = at::randn({kMicro * world, 3}, g);
@@ -204,13 +205,8 @@ namespace {
 // forward, as the caching allocator would throw it.
 TEST(EngineErrors, OutOfMemoryNamesRankPhaseAndStep) {
   auto group = zt::comm::world_group();
-  torch::manual_seed(3);
-  Net m;
-  zt::EngineOptions o;
-  o.device = torch::Device(torch::kCPU);
-  o.print = false;
-  o.units = {m->a->parameters(), m->b->parameters()};
-  auto engine = zt::initialize(m.ptr(), zt::Config::from_json(config(2, "fp32", 1, false), group->size()), o);
+  Net m{nullptr};
+  auto engine = net_engine(m, config(2, "fp32", 1, false));
   try {
     engine->forward([&]() -> torch::Tensor {
       TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate 18.40 GiB");
