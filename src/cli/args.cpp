@@ -1,5 +1,10 @@
 #include "cli/args.h"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include "zerotrain/error.h"
 
 namespace zt::cli {
@@ -28,6 +33,14 @@ void fill_batch_auto(nlohmann::json& j, int64_t micro, int64_t accum, double cli
   else if (accum > 0) j["gradient_accumulation_steps"] = accum;
   if (is_auto("train_batch_size") || (micro > 0 || accum > 0)) j.erase("train_batch_size");
   if (is_auto("gradient_clipping")) j["gradient_clipping"] = clip;
+}
+
+std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  ZT_CHECK(n > 0, "cannot read /proc/self/exe: ", std::strerror(errno));
+  buf[n] = '\0';
+  return buf;
 }
 
 }  // namespace zt::cli

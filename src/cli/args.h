@@ -17,4 +17,7 @@ int64_t parse_count(const std::string& command, const std::string& flag, const s
 // config, and train_batch_size is then derived instead of checked.
 void fill_batch_auto(nlohmann::json& j, int64_t micro, int64_t accum, double clip);
 
+// The path of the running `zerotrain` executable (/proc/self/exe).
+std::string self_exe();
+
 }  // namespace zt::cli

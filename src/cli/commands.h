@@ -9,5 +9,6 @@ int cmd_check_config(int argc, char** argv);  // zerotrain check-config CONFIG.j
 int cmd_train(int argc, char** argv);         // zerotrain train --config ... --model ...
 int cmd_convert(int argc, char** argv);       // zerotrain convert CKPT_DIR OUT.safetensors
 int cmd_bench_adam(int argc, char** argv);    // zerotrain bench adam ...
+int cmd_bench_sweep(int argc, char** argv);   // zerotrain bench --model ... (the ZeRO cost sweep)
 int cmd_estimate(int argc, char** argv);      // zerotrain estimate --model ... --config ... --gpus N
 }  // namespace zt::cli

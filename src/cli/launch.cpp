@@ -18,19 +18,12 @@
 #include <string>
 #include <vector>
 
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "zerotrain/error.h"
 
 namespace zt::cli {
 namespace {
-
-std::string self_exe() {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  ZT_CHECK(n > 0, "cannot read /proc/self/exe: ", std::strerror(errno));
-  buf[n] = '\0';
-  return buf;
-}
 
 bool on_path(const std::string& prog) {
   const char* path = std::getenv("PATH");

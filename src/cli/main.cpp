@@ -16,8 +16,7 @@ struct Subcommand {
 };
 int cmd_bench(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "adam") == 0) return zt::cli::cmd_bench_adam(argc - 1, argv + 1);
-  std::fprintf(stderr, "usage: zerotrain bench adam [options]   (CPU Adam microbenchmark)\n");
-  return 2;
+  return zt::cli::cmd_bench_sweep(argc, argv);
 }
 const Subcommand kSubcommands[] = {
     {"train", "train a model with a DeepSpeed JSON config", zt::cli::cmd_train},
@@ -25,7 +24,7 @@ const Subcommand kSubcommands[] = {
     {"convert", "consolidate a checkpoint into one safetensors file (HF GPT-2 names)", zt::cli::cmd_convert},
     {"check-config", "validate a DeepSpeed config and print it resolved", zt::cli::cmd_check_config},
     {"estimate", "memory per GPU by kind for a GPT-2 job, before running it", zt::cli::cmd_estimate},
-    {"bench", "benchmarks: bench adam", cmd_bench},
+    {"bench", "the ZeRO cost sweep (bench --model NAME) or the CPU Adam benchmark (bench adam)", cmd_bench},
 };
 void usage(std::FILE* out) {
   std::fprintf(out, "zerotrain: DeepSpeed's ZeRO training engine in C++\n\nusage: zerotrain <command> [args]\n\ncommands:\n");

@@ -1,5 +1,8 @@
 // `zerotrain train`: GPT-2 on a text file or random tokens, through the engine.
 #include <torch/torch.h>
+#ifdef ZT_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -40,6 +43,7 @@ const char* kTrainUsage =
     "  --warmup N          steps left out of the throughput figures (default 2)\n"
     "  --peak-tflops X     per-device peak for MFU (default: 989 on H100/H200, else none)\n"
     "  --seed N            model init and data order (default 1234)\n"
+    "  --device cpu|cuda   where the ranks run (default: cuda:LOCAL_RANK when CUDA is available)\n"
     "  --save DIR          write checkpoints to DIR (DIR/TAG/, DIR/latest) at the end of the run\n"
     "  --save-every N      ... and every N steps (needs --save)\n"
     "  --save-async        snapshot to host memory and write in a background thread (training\n"
@@ -51,7 +55,7 @@ const char* kTrainUsage =
     "Run N ranks with: zerotrain launch -n N -- zerotrain train ...\n";
 
 struct Args {
-  std::string config, model = "gpt2-tiny", data = "random", metrics, summary, save, load, init_from;
+  std::string config, model = "gpt2-tiny", data = "random", metrics, summary, save, load, init_from, device;
   int64_t save_every = 0;
   int64_t steps = 20, seq = 0, micro = 0, accum = 0, layers = 0, embd = 0, heads = 0, vocab = 0, print_every = 0,
           warmup = 2, seed = 1234;
@@ -100,12 +104,15 @@ Args parse_args(int argc, char** argv) {
     else if (f == "--save-async") a.save_async = true;
     else if (f == "--load") a.load = need(i);
     else if (f == "--init-from") a.init_from = need(i);
+    else if (f == "--device") a.device = need(i);
     else throw ConfigError("train: unknown option '" + f + "' (see zerotrain train --help)");
   }
   ZT_CHECK_T(!a.config.empty(), ConfigError, "train: --config CONFIG.json is required (see zerotrain train --help)");
   ZT_CHECK_T(a.steps >= 1, ConfigError, "train: --steps must be at least 1");
   ZT_CHECK_T(a.save_every == 0 || !a.save.empty(), ConfigError, "train: --save-every needs --save DIR");
   ZT_CHECK_T(!a.save_async || !a.save.empty(), ConfigError, "train: --save-async needs --save DIR");
+  ZT_CHECK_T(a.device.empty() || a.device == "cpu" || a.device == "cuda", ConfigError,
+             "train: --device must be cpu or cuda, got '", a.device, "'");
   return a;
 }
 
@@ -115,6 +122,28 @@ double detect_peak_tflops(const torch::Device& d) {
     // H100/H200 SXM dense bf16 (and fp16) tensor-core peak.
     return 989.0;
   }
+#endif
+  return 0;
+}
+
+std::string device_name(const torch::Device& d) {
+#ifdef ZT_WITH_CUDA
+  if (d.is_cuda()) return at::cuda::getDeviceProperties(d.index())->name;
+#endif
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      return "CPU: " + line.substr(line.find(':') + 2);
+    }
+  }
+  return "CPU";
+}
+
+// Device memory (0 for the CPU: ranks share the host's memory).
+double device_total_bytes(const torch::Device& d) {
+#ifdef ZT_WITH_CUDA
+  if (d.is_cuda()) return static_cast<double>(at::cuda::getDeviceProperties(d.index())->totalGlobalMem);
 #endif
   return 0;
 }
@@ -168,6 +197,11 @@ int cmd_train(int argc, char** argv) {
   EngineOptions eo;
   eo.metrics_path = a.metrics;
   eo.flops_per_sample = flops_per_token * static_cast<double>(seq);
+  if (a.device == "cpu") eo.device = torch::Device(torch::kCPU);
+  if (a.device == "cuda") {
+    ZT_CHECK_T(torch::cuda::is_available(), ConfigError, "train: --device cuda but CUDA is not available here");
+    eo.device = default_device();
+  }
   auto engine = initialize(model.ptr(), cfg, eo);
   const torch::Device device = engine->device();
   const double peak = a.peak_tflops >= 0 ? a.peak_tflops : detect_peak_tflops(device);
@@ -249,7 +283,7 @@ int cmd_train(int argc, char** argv) {
   const int64_t print_every = a.print_every > 0 ? a.print_every : std::max<int64_t>(1, cfg.steps_per_print);
   const double tokens_per_step = static_cast<double>(cfg.train_batch_size) * static_cast<double>(seq);
   double timed_ms = 0, first_loss = 0, last_loss = 0;
-  int64_t timed_steps = 0;
+  int64_t timed_steps = 0, skipped_steps = 0;
   PhaseStats peak_fwd, peak_bwd, peak_step;
   std::map<std::string, double> phase_ms_sum{{"forward", 0}, {"backward", 0}, {"step", 0}};
   for (int64_t s = start; s < a.steps; ++s) {
@@ -263,6 +297,7 @@ int cmd_train(int argc, char** argv) {
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const StepReport& r = engine->last_report();
     if (s == start) first_loss = r.loss;
+    if (r.skipped) ++skipped_steps;
     last_loss = r.loss;
     if (s - start >= a.warmup) {
       timed_ms += ms;
@@ -342,6 +377,10 @@ int cmd_train(int argc, char** argv) {
           {"steps", a.steps},
           {"timed_steps", timed_steps},
           {"device", device.str()},
+          {"device_name", device_name(device)},
+          {"device_total_gib", device_total_bytes(device) / gib},
+          {"skipped_steps", skipped_steps},
+          {"peak_tflops", peak},
           {"ms_per_iter", ms_per_iter},
           {"tokens_per_s", tokens_per_s},
           {"tflops_per_gpu", tflops},

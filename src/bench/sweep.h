@@ -1,0 +1,32 @@
+// `zerotrain bench` (the sweep): what each ZeRO configuration costs in memory and time,
+// measured in fresh processes, next to PyTorch's anchors. src/cli/bench_sweep.cpp runs
+// it; sweep_report.cpp reads run logs and turns the rows into the Markdown table and the
+// PNG charts.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+namespace zt::bench {
+
+// One configuration of the sweep.
+struct SweepConfig {
+  const char* name;    // short label, used in file names and charts
+  int stage;
+  const char* dtype;   // "bf16" | "fp16"
+  bool offload_optimizer;
+  bool offload_param;
+  const char* anchor;  // the PyTorch mode it is compared with (bench/anchors/train_anchor.py)
+};
+
+// results.json's object: {"meta": {...}, "rows": [...], "anchors": [...]}. Writes
+// OUT/results.md, OUT/memory.png and OUT/time.png.
+void write_sweep_report(const nlohmann::json& results, const std::string& out_dir);
+
+// Why a run failed, from its log text: {"status": "oom", "phase": P} when the engine said
+// "out of device memory in the P phase" (or "setup" for any other out-of-memory), else
+// {"status": "timeout"|"failed"}; plus "error" (the first line mentioning an error: the
+// root cause, later ones are other ranks ending) and "exit_code".
+nlohmann::json classify_failure(const std::string& log_text, int exit_code, bool timed_out);
+
+}  // namespace zt::bench

@@ -1,0 +1,149 @@
+// `zerotrain bench`: the CPU sweep runs every configuration in real CPU ranks and writes
+// its three outputs (JSON, Markdown, PNG charts); failure logs are classified.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/sweep.h"
+#include "ckpt/fs.h"
+
+namespace {
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+uint32_t be32(const std::string& s, size_t at) {
+  return (static_cast<uint32_t>(static_cast<uint8_t>(s[at])) << 24) |
+         (static_cast<uint32_t>(static_cast<uint8_t>(s[at + 1])) << 16) |
+         (static_cast<uint32_t>(static_cast<uint8_t>(s[at + 2])) << 8) | static_cast<uint32_t>(static_cast<uint8_t>(s[at + 3]));
+}
+
+// A PNG's chunk sequence parses (IHDR first, IEND last, lengths consistent) and its
+// pixel data (stored, uncompressed blocks) is at least width x height x 3 bytes.
+void expect_png(const std::string& path) {
+  const std::string s = read_all(path);
+  ASSERT_GT(s.size(), 8u + 25u + 12u) << path;
+  EXPECT_EQ(s.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8)) << path;
+  size_t at = 8;
+  std::vector<std::string> types;
+  uint64_t idat = 0;
+  uint32_t w = 0, h = 0;
+  while (at + 12 <= s.size()) {
+    const uint32_t len = be32(s, at);
+    const std::string type = s.substr(at + 4, 4);
+    ASSERT_LE(at + 12 + len, s.size()) << path << ": chunk " << type << " runs past the end";
+    if (type == "IHDR") {
+      w = be32(s, at + 8);
+      h = be32(s, at + 12);
+    }
+    if (type == "IDAT") idat += len;
+    types.push_back(type);
+    at += 12 + len;
+  }
+  EXPECT_EQ(at, s.size()) << path;
+  ASSERT_FALSE(types.empty());
+  EXPECT_EQ(types.front(), "IHDR");
+  EXPECT_EQ(types.back(), "IEND");
+  EXPECT_GE(w, 400u);
+  EXPECT_GE(h, 200u);
+  EXPECT_GE(idat, static_cast<uint64_t>(w) * h * 3) << path;
+}
+
+TEST(BenchSweep, CpuSweepWritesJsonMarkdownAndCharts) {
+  const std::string out = ZT_BINARY_DIR "/bench_sweep_test";
+  zt::ckpt::remove_tree(out);
+  const std::string cmd = "timeout -k 5 600 " ZT_BINARY_DIR "/zerotrain bench --model gpt2-tiny --gpus 0 --steps 3 --out " +
+                          out + " > " + out + ".log 2>&1";
+  const int rc = std::system(cmd.c_str());
+  ASSERT_EQ(rc, 0) << read_all(out + ".log");
+
+  const auto results = nlohmann::json::parse(read_all(out + "/results.json"));
+  const auto& rows = results.at("rows");
+  ASSERT_EQ(rows.size(), 10u);
+  std::set<std::string> names;
+  bool offload_opt = false, offload_param = false, fp16 = false;
+  for (const auto& r : rows) {
+    const std::string name = r.at("name");
+    names.insert(name);
+    EXPECT_EQ(r.at("status"), "ok") << name << ": " << r.dump();
+    if (r.at("status") != "ok") continue;
+    EXPECT_GT(r.at("ms_per_iter").get<double>(), 0) << name;
+    EXPECT_GT(r.at("tokens_per_s").get<double>(), 0) << name;
+    for (const char* p : {"forward", "backward", "step"}) {
+      EXPECT_GE(r.at("phase_ms").at(p).get<double>(), 0) << name << " " << p;
+      EXPECT_GT(r.at("phase_mem_gib").at(p).at("peak").get<double>(), 0) << name << " " << p;
+    }
+    EXPECT_GT(r.at("estimate_gib").at("peak").get<double>(), 0) << name;
+    // Model states shrink with the stage on 2 ranks (CPU memory is the engine's accounting).
+    offload_opt = offload_opt || r.at("offload") == "optimizer";
+    offload_param = offload_param || r.at("offload") == "optimizer+params";
+    fp16 = fp16 || r.at("dtype") == "fp16";
+  }
+  EXPECT_TRUE(offload_opt && offload_param && fp16);
+  EXPECT_EQ(names.size(), rows.size());
+  auto state = [&](const std::string& n) {
+    for (const auto& r : rows) {
+      if (r.at("name") == n) return r.at("model_state_gib").get<double>();
+    }
+    return -1.0;
+  };
+  EXPECT_GT(state("z1-bf16"), state("z2-bf16"));
+  EXPECT_GT(state("z2-bf16"), state("z3-bf16"));
+  EXPECT_EQ(results.at("meta").at("gpus"), 0);
+  EXPECT_EQ(results.at("meta").at("ranks"), 2);
+
+  const std::string md = read_all(out + "/results.md");
+  for (const auto& n : names) EXPECT_NE(md.find("| " + n + " |"), std::string::npos) << n << " missing in results.md";
+  EXPECT_NE(md.find("|---|"), std::string::npos);
+  expect_png(out + "/memory.png");
+  expect_png(out + "/time.png");
+  // Each run left its config, log and summary.
+  for (const auto& n : names) {
+    EXPECT_FALSE(read_all(out + "/configs/" + n + ".json").empty()) << n;
+    EXPECT_FALSE(read_all(out + "/runs/" + n + ".json").empty()) << n;
+  }
+}
+
+TEST(BenchSweep, UnknownConfigurationIsAClearError) {
+  const std::string cmd = ZT_BINARY_DIR "/zerotrain bench --model gpt2-tiny --gpus 0 --only z9-bf16 --out " ZT_BINARY_DIR
+                                        "/bench_sweep_bad 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string text;
+  char buf[512];
+  while (std::fgets(buf, sizeof(buf), p)) text += buf;
+  const int rc = pclose(p);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(text.find("unknown configuration 'z9-bf16'"), std::string::npos) << text;
+  EXPECT_NE(text.find("z3-offall"), std::string::npos) << text;  // lists the known ones
+}
+
+TEST(BenchSweep, OutOfMemoryIsAResultWithItsPhase) {
+  const auto r = zt::bench::classify_failure(
+      "[rank 0] Epoch 1, Step 0, Loss: 10.9\n[rank 1] zerotrain train: error: rank 1: out of device memory in the "
+      "backward phase of step 2 (CUDA out of memory. Tried to allocate 2.00 GiB)\n[rank 0] zerotrain train: error: "
+      "collective aborted\n",
+      1, false);
+  EXPECT_EQ(r.at("status"), "oom");
+  EXPECT_EQ(r.at("phase"), "backward");
+  EXPECT_NE(r.at("error").get<std::string>().find("rank 1"), std::string::npos);  // the root cause, not rank 0's echo
+  const auto setup = zt::bench::classify_failure("torch.OutOfMemoryError: CUDA out of memory\n", 1, false);
+  EXPECT_EQ(setup.at("status"), "oom");
+  EXPECT_EQ(setup.at("phase"), "setup");
+  const auto other = zt::bench::classify_failure("zerotrain train: error: bad key\n", 1, false);
+  EXPECT_EQ(other.at("status"), "failed");
+  EXPECT_EQ(other.at("error"), "zerotrain train: error: bad key");
+  EXPECT_EQ(zt::bench::classify_failure("", 143, true).at("status"), "timeout");
+}
+
+}  // namespace
