@@ -13,7 +13,7 @@ t0=$(date +%s)
 if [ ! -f $B/build.ninja ]; then cmake -S . -B $B -G Ninja -DZT_PYTHON=python3 -DZT_WERROR=OFF > $R/cmake.log 2>&1 || { tail -30 $R/cmake.log; exit 1; }; fi
 ninja -C $B zerotrain_cli > $R/build.log 2>&1 || { grep -E "error" $R/build.log | head -30; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
-COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+COMMIT=${COMMIT:?pass COMMIT=<sha> (the device copy has no current git HEAD)}
 t1=$(date +%s)
 $Z bench --model ${MODEL:-gpt2-large} --gpus 2 --steps ${STEPS:-20} --warmup ${WARMUP:-2} --with-anchors --python python3 \
   --timeout 150 --commit $COMMIT --out $R/gpt2-large ${ONLY:+--only $ONLY} > $R/bench.log 2>&1

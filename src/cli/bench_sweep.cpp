@@ -91,12 +91,13 @@ const char* kUsage =
     "  --anchors DIR       the anchor scripts (default " ZT_DEFAULT_ANCHORS ")\n"
     "  --timeout S         seconds one run may take before it is ended (default 600)\n"
     "  --commit SHA        recorded in the results (default: git rev-parse in the source tree)\n"
+    "  --report DIR        only re-render DIR/results.md and the charts from DIR/results.json\n"
     "MFU = (6N + 12·L·C·T) · tokens/s per GPU / peak, N = parameters without the position\n"
     "table (nanoGPT's convention), peak 989 TFLOP/s on H100/H200 (dense bf16).\n";
 
 struct Args {
   std::string model = "gpt2-large", out = "zerotrain-bench", python = ZT_DEFAULT_PYTHON,
-              anchors = ZT_DEFAULT_ANCHORS, commit, only;
+              anchors = ZT_DEFAULT_ANCHORS, commit, only, report;
   int64_t gpus = -1, ranks = 2, steps = 20, warmup = 2, micro = 0, seq = 0, timeout = 600;
   int64_t layers = 0, embd = 0, heads = 0, vocab = 0;
   bool with_anchors = false;
@@ -261,6 +262,7 @@ Args parse(int argc, char** argv, bool& help) {
     else if (f == "--anchors") a.anchors = need();
     else if (f == "--timeout") a.timeout = num();
     else if (f == "--commit") a.commit = need();
+    else if (f == "--report") a.report = need();
     else throw ConfigError("bench: unknown option '" + f + "' (see zerotrain bench --help)");
   }
   return a;
@@ -273,6 +275,14 @@ int cmd_bench_sweep(int argc, char** argv) {
   Args a = parse(argc, argv, help);
   if (help) {
     std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (!a.report.empty()) {
+    const std::string path = a.report + "/results.json";
+    const std::string text = read_text(path);
+    ZT_CHECK_T(!text.empty(), ConfigError, "bench: --report ", a.report, ": no ", path, " (the output of a sweep)");
+    bench::write_sweep_report(json::parse(text), a.report);
+    std::printf("[bench] re-rendered %s/results.md, memory.png, time.png\n", a.report.c_str());
     return 0;
   }
   const int64_t have_gpus = torch::cuda::is_available() ? static_cast<int64_t>(torch::cuda::device_count()) : 0;
@@ -380,7 +390,7 @@ int cmd_bench_sweep(int argc, char** argv) {
 
     json row = {{"name", name},        {"framework", "zerotrain"}, {"stage", c->stage},
                 {"dtype", c->dtype},   {"offload", offload_label(*c)}, {"anchor", c->anchor},
-                {"config", cfg_path},  {"log", log}};
+                {"config", "configs/" + name + ".json"}, {"log", "logs/" + name + ".log"}};
     // The prediction, before running.
     const Config cfg = Config::from_json(cj, static_cast<int>(ranks), cfg_path);
     estimate::Job job;
@@ -450,7 +460,8 @@ int cmd_bench_sweep(int argc, char** argv) {
                                       "--steps", std::to_string(a.steps), "--warmup", std::to_string(a.warmup),
                                       "--dtype", "bf16", "--json", res, "--device", cpu ? "cpu" : "cuda"};
       const ProcResult pr = run_logged(cmd, log, a.timeout, env);
-      json row = {{"name", name}, {"framework", "pytorch"}, {"mode", mode}, {"log", log}, {"wall_s", pr.seconds}};
+      json row = {{"name", name}, {"framework", "pytorch"}, {"mode", mode}, {"log", "logs/" + name + ".log"},
+                  {"wall_s", pr.seconds}};
       const auto aj = last_json_line(res);
       if (pr.exit_code == 0 && aj && aj->value("status", "") == "ok") {
         row["status"] = "ok";
