@@ -3,6 +3,10 @@
 // 5% of every one of them.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "estimate/memory.h"
@@ -53,6 +57,36 @@ TEST(Estimate, WithinFivePercentOfEveryMeasuredPeak) {
     EXPECT_NEAR(r.backward_peak / gib / m.backward_peak_gib, 1.0, 0.05);
     EXPECT_NEAR(r.peak / gib / m.backward_peak_gib, 1.0, 0.05);
   }
+}
+
+// The committed `zerotrain bench` sweep on the GPU machine: every configuration that ran,
+// re-estimated now from the config it ran with, against the peak it measured (the issue
+// asks for 10%; the calibration holds 5%).
+TEST(Estimate, WithinFivePercentOfEveryPeakOfTheCommittedSweep) {
+  const std::string dir = std::string(ZT_SOURCE_DIR) + "/bench/results/2026-11-22_sweep_h200x2/gpt2-large";
+  std::ifstream f(dir + "/results.json");
+  ASSERT_TRUE(f.good()) << dir;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const auto results = nlohmann::json::parse(ss.str());
+  const auto& meta = results.at("meta");
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  int checked = 0;
+  for (const auto& row : results.at("rows")) {
+    if (row.at("status") != "ok") continue;
+    SCOPED_TRACE(row.at("name").get<std::string>());
+    const int ranks = meta.at("ranks").get<int>();
+    auto cfg = zt::Config::from_file(dir + "/" + row.at("config").get<std::string>(), ranks);
+    zt::estimate::Job job;
+    job.model = zt::models::named_gpt2(meta.at("model").get<std::string>());
+    job.gpus = ranks;
+    job.micro_batch = meta.at("micro_batch").get<int64_t>();
+    job.seq = meta.at("seq").get<int64_t>();
+    const auto r = zt::estimate::estimate_memory(job, cfg);
+    EXPECT_NEAR(r.peak / gib / row.at("peak_gib").get<double>(), 1.0, 0.05);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 10);
 }
 
 TEST(Estimate, StagesShrinkModelStatesAsZeroSays) {
