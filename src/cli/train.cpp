@@ -13,6 +13,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/profile.h"
 #include "data/loader.h"
 #include "data/sampler.h"
 #include "data/token_dataset.h"
@@ -44,6 +45,9 @@ const char* kTrainUsage =
     "  --peak-tflops X     per-device peak for MFU (default: 989 on H100/H200, else none)\n"
     "  --seed N            model init and data order (default 1234)\n"
     "  --device cpu|cuda   where the ranks run (default: cuda:LOCAL_RANK when CUDA is available)\n"
+    "  --profile STEP      profile that step (0-based) with Kineto: writes PATH.rank<R>.json (Chrome\n"
+    "                      trace) and PATH.rank<R>.txt (GPU time by kernel kind, top kernels)\n"
+    "  --profile-out PATH  where (default zerotrain-profile)\n"
     "  --save DIR          write checkpoints to DIR (DIR/TAG/, DIR/latest) at the end of the run\n"
     "  --save-every N      ... and every N steps (needs --save)\n"
     "  --save-async        snapshot to host memory and write in a background thread (training\n"
@@ -55,8 +59,9 @@ const char* kTrainUsage =
     "Run N ranks with: zerotrain launch -n N -- zerotrain train ...\n";
 
 struct Args {
-  std::string config, model = "gpt2-tiny", data = "random", metrics, summary, save, load, init_from, device;
+  std::string config, model = "gpt2-tiny", data = "random", metrics, summary, save, load, init_from, device, profile_out = "zerotrain-profile";
   int64_t save_every = 0;
+  int64_t profile_step = -1;
   int64_t steps = 20, seq = 0, micro = 0, accum = 0, layers = 0, embd = 0, heads = 0, vocab = 0, print_every = 0,
           warmup = 2, seed = 1234;
   double clip = 1.0, peak_tflops = -1;
@@ -105,6 +110,8 @@ Args parse_args(int argc, char** argv) {
     else if (f == "--load") a.load = need(i);
     else if (f == "--init-from") a.init_from = need(i);
     else if (f == "--device") a.device = need(i);
+    else if (f == "--profile") a.profile_step = num(i);
+    else if (f == "--profile-out") a.profile_out = need(i);
     else throw ConfigError("train: unknown option '" + f + "' (see zerotrain train --help)");
   }
   ZT_CHECK_T(!a.config.empty(), ConfigError, "train: --config CONFIG.json is required (see zerotrain train --help)");
@@ -286,7 +293,14 @@ int cmd_train(int argc, char** argv) {
   int64_t timed_steps = 0, skipped_steps = 0;
   PhaseStats peak_fwd, peak_bwd, peak_step;
   std::map<std::string, double> phase_ms_sum{{"forward", 0}, {"backward", 0}, {"step", 0}};
+  StepProfiler profiler;
   for (int64_t s = start; s < a.steps; ++s) {
+    if (s == a.profile_step) {
+#ifdef ZT_WITH_CUDA
+      if (device.is_cuda()) torch::cuda::synchronize(device.index());
+#endif
+      profiler.start(device.is_cuda());
+    }
     auto t0 = std::chrono::steady_clock::now();
     for (int64_t k = 0; k < cfg.gradient_accumulation_steps; ++k) {
       auto [x, y] = loader.next();
@@ -295,6 +309,10 @@ int cmd_train(int argc, char** argv) {
       engine->step();
     }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (s == a.profile_step) {
+      const std::string text = profiler.stop(a.profile_out, rank, ms);
+      if (rank == 0) std::printf("%s", text.c_str());
+    }
     const StepReport& r = engine->last_report();
     if (s == start) first_loss = r.loss;
     if (r.skipped) ++skipped_steps;

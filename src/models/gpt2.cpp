@@ -1,6 +1,8 @@
 #include "models/gpt2.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -273,7 +275,7 @@ torch::Tensor GPT2Impl::run_block(int64_t i, const torch::Tensor& x) {
   return hooks_.wrap_output ? hooks_.wrap_output(i, y) : y;
 }
 
-torch::Tensor GPT2Impl::forward(const torch::Tensor& idx) {
+torch::Tensor GPT2Impl::hidden(const torch::Tensor& idx) {
   ZT_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong, "GPT2: idx must be (B, T) int64, got ",
            idx.sizes(), " ", idx.scalar_type());
   const int64_t T = idx.size(1);
@@ -281,17 +283,33 @@ torch::Tensor GPT2Impl::forward(const torch::Tensor& idx) {
   auto pos = torch::arange(T, idx.options());  // (T)
   auto x = wte(idx) + wpe(pos);                 // (B, T, C)
   for (int64_t i = 0; i < cfg_.n_layer; ++i) x = run_block(i, x);
-  x = ln_f(x);
-  return F::linear(x, wte->weight);  // (B, T, V): LM head tied to wte
+  return ln_f(x);  // (B, T, C)
+}
+
+torch::Tensor GPT2Impl::forward(const torch::Tensor& idx) {
+  return lm_head(hidden(idx)).narrow(-1, 0, cfg_.vocab_size).contiguous();  // (B, T, V)
+}
+
+torch::Tensor GPT2Impl::lm_head(const torch::Tensor& x) {
+  const int64_t V = cfg_.vocab_size, m = std::max<int64_t>(1, cfg_.lm_head_pad_multiple);
+  const int64_t Vp = (V + m - 1) / m * m;
+  // Tied to wte; see GPT2Config::lm_head_pad_multiple for the zero rows.
+  const auto w = Vp > V ? at::constant_pad_nd(wte->weight, {0, 0, 0, Vp - V}) : wte->weight;  // (Vp, C)
+  return F::linear(x, w);  // (B, T, Vp)
 }
 
 torch::Tensor GPT2Impl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
-  auto logits = forward(idx);  // (B, T, V)
   ZT_CHECK(targets.sizes() == idx.sizes(), "GPT2::loss: targets ", targets.sizes(), " must match idx ",
            idx.sizes());
+  const int64_t V = cfg_.vocab_size;
+  const auto logits = lm_head(hidden(idx));  // (B, T, Vp)
+  const int64_t Vp = logits.size(-1);
   // fp32 softmax: a bf16/fp16 log-sum-exp over 50k logits loses most of its mantissa.
-  return F::cross_entropy(logits.to(torch::kFloat).view({-1, logits.size(-1)}), targets.reshape({-1}),
-                          F::CrossEntropyFuncOptions().ignore_index(-1));
+  auto lf = logits.to(torch::kFloat).view({-1, Vp});  // (B*T, Vp)
+  // Padding columns take no probability (exp(-inf) = 0) and pass back zero gradient, so the
+  // loss equals the one over the V real columns.
+  if (Vp > V) lf.narrow(1, V, Vp - V).fill_(-std::numeric_limits<float>::infinity());
+  return F::cross_entropy(lf, targets.reshape({-1}), F::CrossEntropyFuncOptions().ignore_index(-1));
 }
 
 void GPT2Impl::set_activation_checkpointing(bool enabled, std::optional<int64_t> number_checkpoints,

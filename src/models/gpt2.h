@@ -30,6 +30,13 @@ struct GPT2Config {
   // device, through param_shape()/init_parameter() (the engine does this at initialize).
   // LayerNorm parameters (2C per norm) are built for real.
   bool deferred_init = false;
+  // The LM head multiplies by wte padded with zero rows up to a multiple of this (50257 ->
+  // 50304 for 64): a vocabulary of odd size makes the logits' row stride odd, which sends
+  // cuBLAS to unaligned kernels that took 26 of GPT-2 Large's 139 ms per step on an H200.
+  // The padded logits are never seen: forward() returns the first V columns and loss()
+  // masks the rest with -inf, so the math is unchanged. The parameter stays (V, C).
+  // 1 = no padding.
+  int64_t lm_head_pad_multiple = 64;
 };
 
 // "gpt2-tiny" (2/4/128, V=256, T=256: the byte-tokenizer model that trains on a laptop
@@ -103,6 +110,10 @@ struct GPT2Impl : torch::nn::Module {
   // Mean cross entropy over all positions, computed in fp32 whatever the param dtype;
   // targets (B, T) int64, entries equal to -1 are ignored. Returns a scalar fp32 tensor.
   torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
+  // The trunk: embeddings, blocks, final LayerNorm. idx (B, T) -> (B, T, C).
+  torch::Tensor hidden(const torch::Tensor& idx);
+  // x (B, T, C) -> logits (B, T, Vp) over the padded vocabulary (lm_head_pad_multiple).
+  torch::Tensor lm_head(const torch::Tensor& x);
 
   // Re-initialises every parameter with GPT-2's scheme: N(0, 0.02) for Linear and
   // Embedding weights, N(0, 0.02/sqrt(2*n_layer)) for the residual projections

@@ -206,6 +206,40 @@ TEST(GPT2, CheckpointFiresParameterHooksAndWorksWithoutInputGrad) {
   EXPECT_EQ(fired, 2);
 }
 
+// The LM head pads the vocabulary (100 -> 128 here) for aligned matmuls; logits, loss and
+// every gradient must equal the unpadded model's with the same weights.
+TEST(GPT2, PaddedLmHeadGivesTheUnpaddedLossAndGradients) {
+  GPT2Config c{2, 2, 32, 100, 16};
+  torch::manual_seed(7);
+  GPT2 padded(c);
+  c.lm_head_pad_multiple = 1;
+  GPT2 plain(c);
+  {
+    torch::NoGradGuard g;
+    auto src = padded->named_parameters();
+    for (auto& kv : plain->named_parameters()) kv.value().copy_(src[kv.key()]);
+  }
+  EXPECT_EQ(padded->lm_head(torch::zeros({1, 1, 32})).size(-1), 128);
+  EXPECT_EQ(plain->lm_head(torch::zeros({1, 1, 32})).size(-1), 100);
+  auto idx = tokens(3, 16, 100, 11);
+  auto tgt = tokens(3, 16, 100, 12);
+  tgt.index_put_({0, 3}, -1);  // an ignored position
+  EXPECT_EQ(padded->forward(idx).sizes(), (std::vector<int64_t>{3, 16, 100}));
+  EXPECT_TRUE(torch::allclose(padded->forward(idx), plain->forward(idx), 1e-6, 1e-6));
+  auto lp = padded->loss(idx, tgt);
+  auto lq = plain->loss(idx, tgt);
+  EXPECT_NEAR(lp.item<double>(), lq.item<double>(), 1e-6);
+  lp.backward();
+  lq.backward();
+  auto gq = plain->named_parameters();
+  for (auto& kv : padded->named_parameters()) {
+    SCOPED_TRACE(kv.key());
+    ASSERT_TRUE(kv.value().grad().defined());
+    EXPECT_EQ(kv.value().grad().sizes(), gq[kv.key()].grad().sizes());
+    EXPECT_TRUE(torch::allclose(kv.value().grad(), gq[kv.key()].grad(), 1e-5, 1e-6));
+  }
+}
+
 TEST(GPT2, TinyModelLearns) {
   // Next token = current + 7 (mod 256): 30 AdamW steps must cut the loss far below
   // uniform (ln 256 = 5.55).
