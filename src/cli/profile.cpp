@@ -92,7 +92,11 @@ std::string StepProfiler::stop(const std::string& path, int rank, double step_wa
   s += "  top kernels (ms, calls, name):\n";
   for (size_t i = 0; i < std::min<size_t>(30, top.size()); ++i) {
     std::string name = top[i].first;
-    if (name.size() > 150) name = name.substr(0, 150) + "...";
+    if (name.size() > 150) {
+      // resize + append rather than substr(...) + "...": GCC 12's -Warray-bounds misfires on the temporary.
+      name.resize(150);
+      name += "...";
+    }
     std::snprintf(buf, sizeof(buf), "    %8.2f %6lld  %s\n", top[i].second.first, static_cast<long long>(top[i].second.second),
                   name.c_str());
     s += buf;
