@@ -46,6 +46,10 @@ struct ModelStateBytes {
   // Offload: bytes of the above (and of the host-side gradient / upload buffers) that live
   // in host memory instead of device memory.
   int64_t host = 0;
+  // NVMe offload: bytes of the swap file that holds master + optimizer (each sub-group's
+  // arrays padded to 4096 bytes); master and optimizer above are then on the drive, and
+  // host counts only the gradient and staging buffers.
+  int64_t nvme = 0;
   int64_t total() const { return params + grads + master + optimizer; }
 };
 
@@ -83,6 +87,13 @@ struct StepReport {
   // bytes gathered at once.
   int64_t gathers = 0, gathers_prefetched = 0;
   int64_t gathered_peak_bytes = 0;
+  // NVMe offload: the step's swap of the optimizer state. Time the CPU step waited for reads
+  // and writes of the swap file (what the overlap did not hide), the CPU Adam and uploads
+  // (visit_ms), and the bytes moved. All 0 without NVMe offload or on a skipped step.
+  struct Nvme {
+    double read_wait_ms = 0, write_wait_ms = 0, visit_ms = 0;
+    int64_t bytes_read = 0, bytes_written = 0;
+  } nvme;
   nlohmann::json to_json() const;
 };
 

@@ -275,6 +275,14 @@ ActivationCheckpointingConfig parse_activation_checkpointing(Section s) {
 AioConfig parse_aio(Section s, std::vector<std::string>& not_supported) {
   AioConfig a;
   a.block_size = s.get_int("block_size", a.block_size, kPositive);
+  // NVMe offload splits every transfer into block_size requests at block_size offsets;
+  // O_DIRECT needs them page-aligned (src/offload/aio.h).
+  constexpr int64_t kPage = 4096, kMaxBlock = int64_t{1} << 30;
+  if (a.block_size > 0 && (a.block_size % kPage != 0 || a.block_size > kMaxBlock)) {
+    s.ctx().error(s.path_of("block_size") + " = " + std::to_string(a.block_size) + " is not a multiple of " +
+                  std::to_string(kPage) + " bytes up to 1 GiB: NVMe offload issues page-aligned requests of " +
+                  "block_size bytes; use a multiple of 4096 such as 1048576 (the default)");
+  }
   a.queue_depth = s.get_int("queue_depth", a.queue_depth, kPositive);
   a.thread_count = s.get_int("thread_count", a.thread_count, kPositive, {"intra_op_parallelism"});
   a.single_submit = s.get_bool("single_submit", a.single_submit);
@@ -299,7 +307,16 @@ void check_cross_section(Context& ctx, const Config& c) {
   }
   if (z.offload_optimizer.delayed_param_update && z.offload_optimizer.device != OffloadDevice::cpu) {
     ctx.error("zero_optimization.offload_optimizer.delayed_param_update overlaps the CPU optimizer step with the "
-              "next forward/backward: it needs offload_optimizer.device \"cpu\"");
+              "next forward/backward: it needs offload_optimizer.device \"cpu\"" +
+              std::string(z.offload_optimizer.device == OffloadDevice::nvme
+                              ? " (it is not supported with \"nvme\", whose step swaps the state through staging "
+                                "buffers): remove delayed_param_update or use device \"cpu\""
+                              : ""));
+  }
+  if (z.offload_optimizer.device == OffloadDevice::nvme && z.offload_optimizer.buffer_count < 1) {
+    ctx.error("zero_optimization.offload_optimizer.buffer_count = " + std::to_string(z.offload_optimizer.buffer_count) +
+              ": device \"nvme\" needs at least 1 staging buffer (one sub-group of master + m + v each); use 4 "
+              "(DeepSpeed's default), which overlaps the reads and writes of the swap file with the CPU step");
   }
   if (z.offload_optimizer.delayed_param_update && z.offload_param.device != OffloadDevice::none) {
     ctx.error("zero_optimization.offload_optimizer.delayed_param_update cannot be combined with offload_param (the "

@@ -37,12 +37,16 @@ nlohmann::json StepReport::to_json() const {
             {"grads", model_state.grads},
             {"master", model_state.master},
             {"optimizer", model_state.optimizer},
-            {"host", model_state.host}}},
+            {"host", model_state.host},
+            {"nvme", model_state.nvme}}},
           {"comm", {{"buckets", buckets},
                     {"buckets_before_backward_end", buckets_before_backward_end},
                     {"exposed_ms", exposed_comm_ms}}},
           {"zero3", {{"gathers", gathers}, {"prefetched", gathers_prefetched},
-                     {"gathered_peak_bytes", gathered_peak_bytes}, {"gathered_bytes", model_state.gathered}}}};
+                     {"gathered_peak_bytes", gathered_peak_bytes}, {"gathered_bytes", model_state.gathered}}},
+          {"nvme", {{"read_wait_ms", nvme.read_wait_ms}, {"write_wait_ms", nvme.write_wait_ms},
+                    {"visit_ms", nvme.visit_ms}, {"bytes_read", nvme.bytes_read},
+                    {"bytes_written", nvme.bytes_written}}}};
 }
 
 torch::Device default_device() {
@@ -150,11 +154,24 @@ class EngineImpl : public Engine {
     zo.optimizer = cfg_.optimizer;
     if (zo.optimizer.type.empty()) zo.optimizer.type = "AdamW";
     const auto& zc = cfg_.zero_optimization;
-    zo.offload_optimizer = zc.offload_optimizer.device == OffloadDevice::cpu;
+    zo.offload_optimizer = zc.offload_optimizer.device == OffloadDevice::cpu ||
+                           zc.offload_optimizer.device == OffloadDevice::nvme;
     zo.offload_param = zc.offload_param.device == OffloadDevice::cpu;
     ZT_CHECK_T(!zo.offload_param || zo.offload_optimizer, ConfigError,
                "zero_optimization.offload_param keeps parameter shards in host memory for the CPU step to write: "
-               "also set zero_optimization.offload_optimizer.device to \"cpu\"");
+               "also set zero_optimization.offload_optimizer.device to \"cpu\" (or \"nvme\")");
+    // ZeRO-Infinity: master and Adam state in a swap file under nvme_path (src/zero/zero_offload_nvme.cpp).
+    zo.nvme = zc.offload_optimizer.device == OffloadDevice::nvme;
+    zo.nvme_path = zc.offload_optimizer.nvme_path;
+    zo.buffer_count = zc.offload_optimizer.buffer_count;
+    zo.aio.block_size = cfg_.aio.block_size;
+    zo.aio.queue_depth = cfg_.aio.queue_depth;
+    zo.aio.thread_count = cfg_.aio.thread_count;
+    zo.aio.single_submit = cfg_.aio.single_submit;
+    zo.aio.overlap_events = cfg_.aio.overlap_events;
+    ZT_CHECK_T(!zo.nvme || !zc.offload_optimizer.delayed_param_update, ConfigError,
+               "zero_optimization.offload_optimizer.delayed_param_update is not supported with device \"nvme\": "
+               "remove it or use device \"cpu\"");
     zo.pin_memory = zc.offload_optimizer.pin_memory || (zo.offload_param && zc.offload_param.pin_memory);
     zo.sub_group_numel = zc.sub_group_size;
     zo.delayed_update = zc.offload_optimizer.delayed_param_update;
@@ -301,6 +318,7 @@ class EngineImpl : public Engine {
     r.gathers = z3.gathers;
     r.gathers_prefetched = z3.prefetched;
     r.gathered_peak_bytes = z3.peak_live_numel * esize;
+    if (!out.overflow) r.nvme = zero_->nvme_step_stats();
     last_ = r;
     report(r);
     forward_ = {};
@@ -409,7 +427,15 @@ class EngineImpl : public Engine {
                   r.model_state.params / gib, r.model_state.grads / gib, r.model_state.master / gib,
                   r.model_state.optimizer / gib, static_cast<long long>(r.buckets),
                   static_cast<long long>(r.buckets_before_backward_end), r.exposed_comm_ms);
-      if (r.model_state.host > 0) {
+      if (r.model_state.nvme > 0) {
+        std::printf("[zerotrain]   offload: %.3f GiB in host memory (gradient and staging buffers), %.3f GiB of "
+                    "master + optimizer state in the NVMe swap file\n",
+                    r.model_state.host / gib, r.model_state.nvme / gib);
+        std::printf("[zerotrain]   nvme step: read %.3f GiB (waited %.1f ms), wrote %.3f GiB (waited %.1f ms), "
+                    "CPU Adam + uploads %.1f ms\n",
+                    r.nvme.bytes_read / gib, r.nvme.read_wait_ms, r.nvme.bytes_written / gib, r.nvme.write_wait_ms,
+                    r.nvme.visit_ms);
+      } else if (r.model_state.host > 0) {
         std::printf("[zerotrain]   offload: %.3f GiB of model state in host memory\n", r.model_state.host / gib);
       }
       if (cfg_.zero_optimization.stage == 3) {

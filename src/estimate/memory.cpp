@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 
 #include "zerotrain/error.h"
 
@@ -21,7 +22,8 @@ Memory estimate_memory(const Job& job, const Config& cfg) {
   const double opt_bytes = sgd ? (cfg.optimizer.params.momentum != 0 ? 4.0 : 0.0) : 8.0;
   const auto& z = cfg.zero_optimization;
   const int stage = static_cast<int>(z.stage);
-  const bool off = z.offload_optimizer.device == OffloadDevice::cpu;
+  const bool nvme = z.offload_optimizer.device == OffloadDevice::nvme;
+  const bool off = z.offload_optimizer.device == OffloadDevice::cpu || nvme;
   const bool off_param = z.offload_param.device == OffloadDevice::cpu;
 
   Memory r;
@@ -32,8 +34,21 @@ Memory estimate_memory(const Job& job, const Config& cfg) {
   r.params = stage <= 2 ? d * psi : 0.0;
   r.grads = stage <= 1 ? d * psi : d * psi / N;
   if (stage == 3 && off && !off_param) r.params = d * psi / N;  // standing compute shard for the step to write
-  if (off) {
+  if (off && !nvme) {
     r.host = r.master + r.optimizer + 2.0 * d * psi / N + (off_param ? d * psi / N : 0.0);
+    r.master = r.optimizer = 0.0;
+  } else if (nvme) {
+    // Master + optimizer in the swap file; the host keeps the gradient buffer and
+    // min(buffer_count, sub-groups) staging buffers of one sub-group's master + m + v (12
+    // bytes per element) plus its compute-dtype copy for the upload (not with offload_param,
+    // whose host shard the step writes directly). Page padding is ignored.
+    r.nvme = r.master + r.optimizer;
+    const double owned = psi / N;
+    const double sub = std::min<double>(owned, static_cast<double>(std::max<int64_t>(1, z.sub_group_size)));
+    const double groups = std::ceil(owned / sub);
+    const double buffers = std::min<double>(static_cast<double>(z.offload_optimizer.buffer_count), groups);
+    const double scratch = d == 4.0 || off_param ? 0.0 : d;
+    r.host = d * owned + buffers * sub * (12.0 + scratch) + (off_param ? d * owned : 0.0);
     r.master = r.optimizer = 0.0;
   }
   // Stage 3: the root unit (embeddings) for the whole step, plus the running unit and the

@@ -9,6 +9,9 @@
 //   offload   KΨ/N (and stage 3 with offload_param the dΨ/N shard) move to the host, which
 //             also holds the gradient and upload buffers (2 × dΨ/N); stage 3 without
 //             offload_param keeps a dΨ/N compute shard on the device
+//   nvme      KΨ/N go to the swap file instead; the host keeps the gradient buffer dΨ/N
+//             and min(buffer_count, sub-groups) staging buffers of (12 + d) bytes per
+//             sub-group element
 // Activations per token (what autograd keeps for one pre-LN GPT-2 block with fused
 // attention, in the compute dtype): 16·C elements per layer (x, ln_1, qkv 3C, attention out,
 // h1, ln_2, c_fc 4C, gelu 4C) = 16·C·d bytes; with activation checkpointing only the block
@@ -41,8 +44,10 @@ struct Memory {
   double loss = 0;         // logits and the fp32 loss workspace at the end of forward
   double backward_extra = 0;
   double forward_peak = 0, backward_peak = 0, step_peak = 0, peak = 0;
-  // Host, bytes per rank (offload).
+  // Host, bytes per rank (offload; with NVMe the gradient and staging buffers only).
   double host = 0;
+  // NVMe offload: master + optimizer bytes per rank in the swap file.
+  double nvme = 0;
   int64_t num_params = 0;
 };
 

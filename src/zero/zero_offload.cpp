@@ -30,26 +30,26 @@
 #include <utility>
 
 #include "optim/cpu_adam.h"
+#include "zero/offload_streams.h"
 #include "zero/zero_optimizer.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/error.h"
 
 namespace zt::zero {
-namespace {
-#ifdef ZT_WITH_CUDA
-struct CopyStreams {
-  c10::cuda::CUDAStream d2h, h2d;
-};
-CopyStreams* copy_streams(const std::shared_ptr<void>& s) { return static_cast<CopyStreams*>(s.get()); }
-#endif
-}  // namespace
 
 void ZeroOptimizer::init_offload() {
   const bool pin = opt_.pin_memory && opt_.device.is_cuda();
   auto host = torch::TensorOptions().device(torch::kCPU).dtype(opt_.dtype).pinned_memory(pin);
-  host_grad_ = torch::empty({master_.numel()}, host);
+  const int64_t owned = owns_all_ ? layout_.total_numel : layout_.shard_numel;
+  host_grad_ = torch::empty({owned}, host);
   // Stage 3 with offload_param: the CPU step writes the host-resident shard directly.
-  host_param_ = (opt_.stage == 3 && opt_.offload_param) ? param_shard_ : torch::empty({master_.numel()}, host);
+  // NVMe: the step writes its compute-dtype copy into the staging buffers and uploads from
+  // there (zero_offload_nvme.cpp), so there is no separate upload buffer.
+  if (opt_.stage == 3 && opt_.offload_param) {
+    host_param_ = param_shard_;
+  } else if (!opt_.nvme) {
+    host_param_ = torch::empty({owned}, host);
+  }
   streamed_.assign(layout_.buckets.size(), false);
 #ifdef ZT_WITH_CUDA
   if (opt_.device.is_cuda()) {
@@ -64,7 +64,7 @@ void ZeroOptimizer::init_offload() {
     const int cores = std::max(1u, std::thread::hardware_concurrency());
     omp_set_num_threads(std::max(1, cores / local));
   }
-  if (rank_ == 0) {
+  if (rank_ == 0 && !opt_.nvme) {  // NVMe: init_nvme says where the state is
     std::fprintf(stderr, "[zerotrain] offload_optimizer: %.3f GiB of fp32 state in %s host memory, CPU Adam kernel %s, "
                  "%d threads per rank\n",
                  3.0 * static_cast<double>(master_.nbytes()) / (1024.0 * 1024.0 * 1024.0), pin ? "page-locked" : "pageable",
@@ -108,6 +108,10 @@ void ZeroOptimizer::offload_step(double factor, const StepInputs& in) {
   if (streams_) copy_streams(streams_)->d2h.synchronize();
 #endif
   std::fill(streamed_.begin(), streamed_.end(), false);
+  if (nvme_) {
+    nvme_update(host_grad_, factor, in);  // the config rejects the delayed update with NVMe
+    return;
+  }
   if (!opt_.delayed_update) {
     cpu_update(host_grad_, factor, in, /*upload=*/true);
     return;
@@ -147,13 +151,7 @@ void ZeroOptimizer::upload_all() {
   for (size_t k = 0; k < layout_.buckets.size(); ++k) upload_bucket(static_cast<int>(k));
 }
 
-void ZeroOptimizer::cpu_update(const torch::Tensor& grads, double factor, const StepInputs& in, bool upload) {
-  torch::NoGradGuard no_grad;
-  const int nb = static_cast<int>(layout_.buckets.size());
-#ifdef ZT_WITH_CUDA
-  CopyStreams* cs = upload && streams_ ? copy_streams(streams_) : nullptr;
-#endif
-  // CPU Adam per sub-group; each sub-group's upload overlaps the next one's compute.
+optim::AdamHyper ZeroOptimizer::adam_hyper(double factor, const StepInputs& in) const {
   const auto& P = opt_.optimizer.params;
   optim::AdamHyper h;
   h.lr = static_cast<float>(in.lr);
@@ -165,6 +163,17 @@ void ZeroOptimizer::cpu_update(const torch::Tensor& grads, double factor, const 
   h.bias_correction = P.bias_correction;
   h.step = in.step;
   h.grad_scale = static_cast<float>(factor);
+  return h;
+}
+
+void ZeroOptimizer::cpu_update(const torch::Tensor& grads, double factor, const StepInputs& in, bool upload) {
+  torch::NoGradGuard no_grad;
+  const int nb = static_cast<int>(layout_.buckets.size());
+#ifdef ZT_WITH_CUDA
+  CopyStreams* cs = upload && streams_ ? copy_streams(streams_) : nullptr;
+#endif
+  // CPU Adam per sub-group; each sub-group's upload overlaps the next one's compute.
+  const optim::AdamHyper h = adam_hyper(factor, in);
   const bool half_out = opt_.dtype != at::kFloat;
   int b = 0;
   while (b < nb) {

@@ -61,34 +61,42 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr g
   }
 
   const int64_t owned = owns_all_ ? layout_.total_numel : layout_.shard_numel;
-  // Offload: the fp32 shard and its optimizer state live in host memory.
+  const std::string type = lower(opt_.optimizer.type);
+  sgd_ = type == "sgd";
+  adamw_ = type == "adamw" || opt_.optimizer.params.adam_w_mode;
+  // Offload: the fp32 shard and its optimizer state live in host memory (NVMe: in a swap
+  // file, zero_offload_nvme.cpp).
   auto sopt = topt;
   if (opt_.offload_optimizer) {
     ZT_CHECK_T(opt_.stage >= 1, ConfigError, "zero_optimization.offload_optimizer needs stage 1, 2 or 3");
+    ZT_CHECK_T(!sgd_, ConfigError, "zero_optimization.offload_optimizer runs the step with zerotrain's CPU Adam: "
+               "use optimizer.type Adam or AdamW, or remove offload_optimizer");
     sopt = torch::TensorOptions().device(torch::kCPU).pinned_memory(opt_.pin_memory && opt_.device.is_cuda());
   }
-  master_ = torch::empty({owned}, sopt.dtype(at::kFloat));
-  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
-    owned_view(master_, b)
-        .copy_(opt_.stage == 3 ? owned_view(param_shard_, b)
-                               : (owns_all_ ? bucket_view(flat_param_, b) : shard_view(flat_param_, b)));
+  ZT_CHECK_T(!opt_.nvme || opt_.offload_optimizer, InternalError, "ZeroOptions.nvme needs offload_optimizer");
+  ZT_CHECK_T(!(opt_.nvme && opt_.delayed_update), ConfigError, "zero_optimization.offload_optimizer."
+             "delayed_param_update is not supported with device \"nvme\": remove it or use device \"cpu\"");
+  if (opt_.nvme) check_nvme(owned);  // before any state is allocated
+  if (!opt_.nvme) {
+    master_ = torch::empty({owned}, sopt.dtype(at::kFloat));
+    for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+      owned_view(master_, b)
+          .copy_(opt_.stage == 3 ? owned_view(param_shard_, b)
+                                 : (owns_all_ ? bucket_view(flat_param_, b) : shard_view(flat_param_, b)));
+    }
   }
   // Stage 3: the master is the only standing copy of the shard, except with offload: then
   // the compute-dtype shard stays (on the device, or in host memory with offload_param)
   // and the CPU step writes it.
   if (!opt_.offload_optimizer) param_shard_ = torch::Tensor();
-  const std::string type = lower(opt_.optimizer.type);
-  sgd_ = type == "sgd";
-  adamw_ = type == "adamw" || opt_.optimizer.params.adam_w_mode;
-  ZT_CHECK_T(!(sgd_ && opt_.offload_optimizer), ConfigError, "zero_optimization.offload_optimizer runs the step "
-             "with zerotrain's CPU Adam: use optimizer.type Adam or AdamW, or remove offload_optimizer");
   if (sgd_) {
     if (opt_.optimizer.params.momentum != 0) momentum_buf_ = torch::zeros({owned}, sopt.dtype(at::kFloat));
-  } else {
+  } else if (!opt_.nvme) {
     exp_avg_ = torch::zeros({owned}, sopt.dtype(at::kFloat));
     exp_avg_sq_ = torch::zeros({owned}, sopt.dtype(at::kFloat));
   }
   if (opt_.offload_optimizer) init_offload();
+  if (opt_.nvme) init_nvme(owned);
   step_t_ = torch::zeros({}, topt.dtype(at::kFloat));
 
   if (opt_.stage <= 1) {
@@ -126,6 +134,10 @@ void ZeroOptimizer::init_hooks(size_t begin, size_t end) {
 
 ZeroOptimizer::~ZeroOptimizer() {
   if (worker_.joinable()) worker_.join();  // a delayed CPU step still running
+}
+
+int64_t ZeroOptimizer::owned_begin(int b) const {
+  return owns_all_ ? layout_.buckets[b].offset : layout_.shard_buffer_offsets[b];
 }
 
 torch::Tensor ZeroOptimizer::bucket_view(const torch::Tensor& flat, int b) const {
@@ -451,6 +463,7 @@ ModelStateBytes ZeroOptimizer::state_bytes() const {
     m.host = m.master + m.optimizer + nb(host_grad_) + (host_param_.is_same(param_shard_) ? 0 : nb(host_param_));
     if (opt_.offload_param) m.host += nb(param_shard_);
   }
+  if (nvme_) nvme_state_bytes(m);  // master and Adam state on the drive, staging buffers in host memory
   return m;
 }
 
@@ -463,14 +476,16 @@ void ZeroOptimizer::reset_counters() {
 std::vector<torch::Tensor> ZeroOptimizer::gather_master_params() {
   torch::NoGradGuard no_grad;
   flush_delayed_update();
+  // NVMe: the master is read back from the swap file (a host copy of this rank's shard).
+  const torch::Tensor master = nvme_ ? nvme_read_state(/*master_only=*/true)[0] : master_;
   torch::Tensor full;
   if (owns_all_) {
-    full = master_;
+    full = master;
   } else {
-    full = torch::empty({layout_.total_numel}, master_.options());
+    full = torch::empty({layout_.total_numel}, master.options());
     for (size_t b = 0; b < layout_.buckets.size(); ++b) {
       auto out = bucket_view(full, b);
-      auto in = owned_view(master_, b).clone();
+      auto in = owned_view(master, b).clone();
       group_->all_gather(out, in);
     }
   }

@@ -26,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "offload/aio.h"
+#include "optim/cpu_adam.h"
 #include "zero/partition.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
@@ -69,7 +71,16 @@ struct ZeroOptions {
   bool pin_memory = false;          // page-locked host buffers (async copies)
   int64_t sub_group_numel = 1000000000;  // sub_group_size: CPU step / upload granularity
   bool delayed_update = false;      // offload_optimizer.delayed_param_update
+  // ZeRO-Infinity (offload_optimizer.device nvme, zero_offload_nvme.cpp): master and Adam
+  // state in one swap file per rank under nvme_path instead of host memory, swapped per
+  // sub-group through buffer_count staging buffers. Needs offload_optimizer.
+  bool nvme = false;
+  std::string nvme_path;
+  int64_t buffer_count = 4;         // offload_optimizer.buffer_count
+  offload::AioOptions aio;          // the "aio" section
 };
+
+struct NvmeOffload;  // zero_offload_nvme.cpp
 
 // Stage 3 counters of one optimizer step.
 struct Zero3Stats {
@@ -127,6 +138,9 @@ class ZeroOptimizer {
   int num_units() const { return static_cast<int>(unit_bucket_.size()); }
 
   ModelStateBytes state_bytes() const;
+  // NVMe: the swap file of this rank ("" without NVMe offload), and the last step's swap.
+  std::string nvme_file() const;
+  StepReport::Nvme nvme_step_stats() const { return nvme_step_; }
   std::vector<torch::Tensor> gather_master_params();
   const FlatLayout& layout() const { return layout_; }
   int64_t buckets_launched() const { return buckets_launched_; }
@@ -177,6 +191,23 @@ class ZeroOptimizer {
   void cpu_update(const torch::Tensor& grads, double factor, const StepInputs& in, bool upload);
   void upload_bucket(int b);  // bucket b's updated compute-dtype shard to param_dst(b)
   void upload_all();
+  optim::AdamHyper adam_hyper(double factor, const StepInputs& in) const;
+  int64_t owned_begin(int b) const;  // bucket b's first element in the owned buffers
+  // The buckets' parts of owned elements [begin, begin + n): fn(bucket, offset in the range,
+  // offset in the bucket's owned part, length), in bucket order.
+  void owned_pieces(int64_t begin, int64_t n,
+                    const std::function<void(int b, int64_t at, int64_t in_bucket, int64_t len)>& fn) const;
+  // NVMe (zero_offload_nvme.cpp). check_nvme runs before any state exists; init_nvme
+  // creates the swap file and writes the initial state into it.
+  void check_nvme(int64_t owned);
+  void init_nvme(int64_t owned);
+  void nvme_update(const torch::Tensor& grads, double factor, const StepInputs& in);
+  // The owned fp32 state read back from the swap file into host tensors (state_kinds()
+  // order; master only when master_only).
+  std::vector<torch::Tensor> nvme_read_state(bool master_only);
+  void nvme_import(const StateFetch& fetch);
+  void nvme_finish_import();
+  void nvme_state_bytes(ModelStateBytes& m) const;
  public:
   // Delayed parameter update: finishes the CPU step in flight and applies it to the
   // parameters (collective at stages 1-2). Called before anything reads the master.
@@ -237,6 +268,8 @@ class ZeroOptimizer {
   torch::Tensor host_grad_spare_;        // delayed update: backward fills one while the CPU reads the other
   std::thread worker_;                   // delayed update: the CPU step of the previous step
   std::exception_ptr worker_error_;
+  std::shared_ptr<NvmeOffload> nvme_;    // NVMe: the swap file, staging buffers, upload events
+  StepReport::Nvme nvme_step_;           // NVMe: the last step's swap (nvme_update)
 
   // Stage 3 state.
   enum class UnitKind { kBlock, kRoot, kPersistent };

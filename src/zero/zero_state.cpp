@@ -7,7 +7,7 @@ namespace zt::zero {
 
 std::vector<std::string> ZeroOptimizer::state_kinds() const {
   std::vector<std::string> k{"master"};
-  if (exp_avg_.defined()) k.insert(k.end(), {"exp_avg", "exp_avg_sq"});
+  if (exp_avg_.defined() || nvme_) k.insert(k.end(), {"exp_avg", "exp_avg_sq"});  // NVMe: Adam only
   if (momentum_buf_.defined()) k.push_back("momentum");
   return k;
 }
@@ -40,7 +40,10 @@ std::vector<torch::Tensor> kind_buffers(const torch::Tensor& master, const torch
 
 std::vector<ZeroOptimizer::StateFragment> ZeroOptimizer::state_fragments() {
   flush_delayed_update();  // a delayed CPU step still writing the master: finish it first
-  const auto bufs = kind_buffers(master_, exp_avg_, exp_avg_sq_, momentum_buf_);
+  // NVMe: a host copy of the state read back from the swap file; the fragments are views
+  // into it and keep it alive until the checkpoint is written.
+  const auto bufs = nvme_ ? nvme_read_state(/*master_only=*/false)
+                          : kind_buffers(master_, exp_avg_, exp_avg_sq_, momentum_buf_);
   std::vector<StateFragment> out;
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
     const Bucket& B = layout_.buckets[b];
@@ -65,6 +68,10 @@ void ZeroOptimizer::import_state(const StateFetch& fetch) {
   torch::NoGradGuard no_grad;
   if (worker_.joinable()) worker_.join();  // its update is replaced by the loaded state
   worker_error_ = nullptr;
+  if (nvme_) {
+    nvme_import(fetch);  // sub-group by sub-group through the staging buffers
+    return;
+  }
   const auto kinds = state_kinds();
   const auto bufs = kind_buffers(master_, exp_avg_, exp_avg_sq_, momentum_buf_);
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
@@ -86,7 +93,9 @@ void ZeroOptimizer::import_state(const StateFetch& fetch) {
 
 void ZeroOptimizer::finish_state_import() {
   torch::NoGradGuard no_grad;
-  if (opt_.offload_optimizer) {
+  if (nvme_) {
+    nvme_finish_import();
+  } else if (opt_.offload_optimizer) {
     // With offload the step writes the compute-dtype copy itself (refresh_params does not
     // cast the master): bring this rank's copy in line with the loaded master here.
     for (size_t b = 0; b < layout_.buckets.size(); ++b) {

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "ckpt/engine_checkpoint.h"
@@ -140,7 +141,8 @@ struct ResumeCase {
   int stage;
   const char* dtype;
   int gas;
-  int offload = 0;  // 1: offload_optimizer cpu; 2: and offload_param cpu (stage 3)
+  int offload = 0;  // 1: offload_optimizer cpu; 2: and offload_param cpu (stage 3); 3: offload_optimizer
+                    // nvme; 4: nvme and offload_param cpu (stage 3)
 };
 
 class CheckpointResume : public ::testing::TestWithParam<ResumeCase> {};
@@ -151,7 +153,16 @@ TEST_P(CheckpointResume, BitIdenticalToUninterrupted) {
   TempDir dir(world);
   auto j = config(c.stage, c.dtype, c.gas);
   if (c.offload >= 1) j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
-  if (c.offload >= 2) j["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
+  if (c.offload == 2 || c.offload == 4) j["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
+  // NVMe: this rank's swap files (three engines alive at once below: three names) in a
+  // directory of its own; sub-groups of 100 elements, fewer staging buffers than sub-groups.
+  std::optional<TempDir> nvme;
+  if (c.offload >= 3) {
+    nvme.emplace(world);
+    j["zero_optimization"]["offload_optimizer"] = {
+        {"device", "nvme"}, {"nvme_path", nvme->path}, {"buffer_count", 3}};
+    j["zero_optimization"]["sub_group_size"] = 100;
+  }
   constexpr int kN = 6, kK = 3;
 
   torch::manual_seed(7);
@@ -192,11 +203,17 @@ INSTANTIATE_TEST_SUITE_P(Stages, CheckpointResume,
                                            ResumeCase{3, "fp32", 2}, ResumeCase{3, "bf16", 1}, ResumeCase{3, "fp16", 1},
                                            ResumeCase{1, "bf16", 1, 1}, ResumeCase{2, "fp16", 1, 1},
                                            ResumeCase{2, "fp32", 2, 1}, ResumeCase{3, "bf16", 2, 1},
-                                           ResumeCase{3, "fp16", 1, 2}),
+                                           ResumeCase{3, "fp16", 1, 2}, ResumeCase{1, "fp32", 2, 3},
+                                           ResumeCase{2, "bf16", 1, 3}, ResumeCase{2, "fp16", 1, 3},
+                                           ResumeCase{3, "fp32", 1, 3}, ResumeCase{3, "bf16", 2, 4}),
                          [](const auto& info) {
                            return "stage" + std::to_string(info.param.stage) + "_" + info.param.dtype + "_gas" +
                                   std::to_string(info.param.gas) +
-                                  (info.param.offload == 2 ? "_offload_param" : info.param.offload ? "_offload" : "");
+                                  (info.param.offload == 4   ? "_nvme_offload_param"
+                                   : info.param.offload == 3 ? "_nvme"
+                                   : info.param.offload == 2 ? "_offload_param"
+                                   : info.param.offload      ? "_offload"
+                                                             : "");
                          });
 
 // ---------------------------------------------------------------------------------------
@@ -205,7 +222,9 @@ INSTANTIATE_TEST_SUITE_P(Stages, CheckpointResume,
 // the same global batch must match to fp32 summation-order tolerance (with the optimizer
 // state lost, Adam's step would differ by ~lr).
 
-void cross_load(int save_stage, int load_stage, bool save_on_all) {
+// save_offload / load_offload: "" (none), "cpu" or "nvme" (offload_optimizer device).
+void cross_load(int save_stage, int load_stage, bool save_on_all, const std::string& save_offload = "",
+                const std::string& load_offload = "") {
   auto world = zt::comm::world_group();
   const int rank = world->rank(), n = world->size();
   const int half = std::max(1, n / 2);
@@ -213,12 +232,22 @@ void cross_load(int save_stage, int load_stage, bool save_on_all) {
   auto save_group = save_on_all ? world : sub;
   auto load_group = save_on_all ? sub : world;
   TempDir dir(world);
+  TempDir nvme_dir(world);
+  auto config_with = [&](int stage, int ranks, const std::string& offload) {
+    auto j = config(stage, "fp32", 1, 4 * kMicro / ranks);
+    if (offload == "cpu") j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+    if (offload == "nvme") {
+      j["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", nvme_dir.path}};
+      j["zero_optimization"]["sub_group_size"] = 150;
+    }
+    return j;
+  };
 
   std::vector<torch::Tensor> saved_master, saved_next;
   if (save_group) {
     torch::manual_seed(7);
     Net m;
-    auto e = engine_for(m, config(save_stage, "fp32", 1, 4 * kMicro / save_group->size()), save_group);
+    auto e = engine_for(m, config_with(save_stage, save_group->size(), save_offload), save_group);
     train(*e, m, 0, 2, /*noise=*/false);
     e->save_checkpoint(dir.path, "universal");
     saved_master = e->gather_master_params();
@@ -229,7 +258,7 @@ void cross_load(int save_stage, int load_stage, bool save_on_all) {
   if (load_group) {
     torch::manual_seed(99);
     Net m;
-    auto e = engine_for(m, config(load_stage, "fp32", 1, 4 * kMicro / load_group->size()), load_group);
+    auto e = engine_for(m, config_with(load_stage, load_group->size(), load_offload), load_group);
     e->load_checkpoint(dir.path);
     EXPECT_EQ(e->global_steps(), 2);
     auto master = e->gather_master_params();
@@ -252,6 +281,10 @@ TEST(CheckpointUniversal, HalfRanksStage2LoadedOnAllStage1) { cross_load(2, 1, f
 TEST(CheckpointUniversal, AllRanksStage0LoadedOnHalfStage1) { cross_load(0, 1, true); }
 TEST(CheckpointUniversal, AllRanksStage1LoadedOnHalfStage3) { cross_load(1, 3, true); }
 TEST(CheckpointUniversal, HalfRanksStage3LoadedOnAllStage2) { cross_load(3, 2, false); }
+// The NVMe swap file is not part of the checkpoint: its fragments are those of any other run.
+TEST(CheckpointUniversal, AllRanksStage2NvmeLoadedOnHalfStage3Cpu) { cross_load(2, 3, true, "nvme", "cpu"); }
+TEST(CheckpointUniversal, HalfRanksStage1CpuLoadedOnAllStage2Nvme) { cross_load(1, 2, false, "cpu", "nvme"); }
+TEST(CheckpointUniversal, AllRanksStage3NvmeLoadedOnHalfStage1) { cross_load(3, 1, true, "nvme", ""); }
 
 // ---------------------------------------------------------------------------------------
 // Verification: damaged files fail the load on every rank, naming the file.

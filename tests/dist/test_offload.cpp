@@ -2,8 +2,11 @@
 // over host-resident state) follows the same run without offload, for stages 1-3, and
 // bad combinations are named. Run at world 1, 2 and 4.
 #include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/stat.h>
 #include <torch/torch.h>
 
+#include "ckpt/fs.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
@@ -31,10 +34,17 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
-nlohmann::json config(int stage, const std::string& dtype, int gas, bool offload, bool offload_param = false) {
+// nvme_dir non-empty: offload_optimizer device nvme there (sub-groups of 200 elements, so
+// the swap pipeline has several sub-groups to overlap), with `buffers` staging buffers.
+nlohmann::json config(int stage, const std::string& dtype, int gas, bool offload, bool offload_param = false,
+                      const std::string& nvme_dir = "", int buffers = 4) {
   nlohmann::json z = {{"stage", stage}, {"reduce_bucket_size", 300}, {"sub_group_size", 500},
                       {"stage3_param_persistence_threshold", 0}};
   if (offload) z["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
+  if (offload && !nvme_dir.empty()) {
+    z["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", nvme_dir}, {"pin_memory", true}, {"buffer_count", buffers}};
+    z["sub_group_size"] = 200;
+  }
   if (offload_param) z["offload_param"] = {{"device", "cpu"}, {"pin_memory", true}};
   nlohmann::json j = {
       {"train_micro_batch_size_per_gpu", kMicro},
@@ -59,12 +69,14 @@ std::unique_ptr<zt::Engine> net_engine(Net& m, const nlohmann::json& j) {
   return zt::initialize(m.ptr(), zt::Config::from_json(j, zt::comm::world_group()->size()), o);
 }
 
-std::vector<torch::Tensor> train(const nlohmann::json& j, int gas, int64_t* host_bytes = nullptr) {
+std::vector<torch::Tensor> train(const nlohmann::json& j, int gas, int64_t* host_bytes = nullptr,
+                                 zt::ModelStateBytes* state = nullptr) {
   auto group = zt::comm::world_group();
   const int world = group->size(), rank = group->rank();
   Net m{nullptr};
   auto engine = net_engine(m, j);
   if (host_bytes) *host_bytes = engine->model_state_bytes().host;
+  if (state) *state = engine->model_state_bytes();
   for (int s = 0; s < kSteps; ++s) {
     auto g = at::make_generator<at::CPUGeneratorImpl>(777 + s);
     auto x = at::randn({kMicro * gas * world, kWidth}, g), y = at::randn({kMicro * gas * world, 3}, g);
@@ -194,6 +206,168 @@ TEST(OffloadDelayed, NeedsCpuOffloadAndNoParamOffload) {
   auto k = config(3, "fp32", 1, true, true);
   k["zero_optimization"]["offload_optimizer"]["delayed_param_update"] = true;
   EXPECT_THROW(zt::Config::from_json(k, zt::comm::world_group()->size()), zt::ConfigError);
+}
+
+}  // namespace
+
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// ZeRO-Infinity: offload_optimizer device nvme. Each rank swaps its state through its own
+// file in a fresh directory under the build tree.
+
+struct NvmeDir {
+  NvmeDir() {
+    std::string templ = std::string(ZT_BINARY_DIR) + "/nvme_test_XXXXXX";
+    EXPECT_NE(mkdtemp(templ.data()), nullptr);
+    path = templ;
+  }
+  ~NvmeDir() { zt::ckpt::remove_tree(path); }
+  std::string path;
+};
+
+// This rank's swap file in `dir`: the n-th engine alive at once gets name n.
+std::string swap_file(const std::string& dir, int n = 0) {
+  return dir + "/zerotrain_rank" + std::to_string(zt::comm::discover_rank().rank) + "_optimizer" +
+         (n == 0 ? "" : "." + std::to_string(n)) + ".swp";
+}
+
+int64_t file_size(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
+}
+
+struct NvmeCase {
+  int stage;
+  const char* dtype;
+  int gas;
+  bool offload_param;
+  int buffers;  // offload_optimizer.buffer_count: 1 synchronous, 2 write overlap, 4 reads and writes
+};
+void PrintTo(const NvmeCase& c, std::ostream* os) {
+  *os << "stage " << c.stage << " " << c.dtype << " gas " << c.gas << " buffers " << c.buffers;
+}
+
+class NvmeEquivalence : public ::testing::TestWithParam<NvmeCase> {};
+
+// The same run without offload within the CPU-offload tolerance, and bit for bit the CPU
+// offload run (same CPU Adam, same gradients: only where the state lives differs).
+TEST_P(NvmeEquivalence, MatchesNoOffloadAndEqualsCpuOffload) {
+  const NvmeCase c = GetParam();
+  NvmeDir dir;
+  zt::ModelStateBytes cpu_state, nvme_state;
+  auto ref = train(config(c.stage, c.dtype, c.gas, false), c.gas);
+  auto cpu = train(config(c.stage, c.dtype, c.gas, true, c.offload_param), c.gas, nullptr, &cpu_state);
+  auto got = train(config(c.stage, c.dtype, c.gas, true, c.offload_param, dir.path, c.buffers), c.gas, nullptr,
+                   &nvme_state);
+  EXPECT_EQ(file_size(swap_file(dir.path)), -1) << "the swap file outlived its engine";
+
+  // Accounting: the same master and Adam state, now in the swap file (each 200-element
+  // sub-group's three arrays padded to 4096 bytes); the host keeps the gradient buffer,
+  // the staging buffers (master, m, v and a compute-dtype copy for the upload each) and,
+  // with offload_param, the compute-dtype shard.
+  const int64_t owned = cpu_state.master / 4;
+  const int64_t groups = (owned + 199) / 200, d = std::string(c.dtype) == "bf16" ? 2 : 4;
+  const int64_t staging = std::min<int64_t>(c.buffers, groups) * (3 * 4096 + (d == 2 && !c.offload_param ? 4096 : 0));
+  EXPECT_EQ(nvme_state.master, cpu_state.master);
+  EXPECT_EQ(nvme_state.optimizer, cpu_state.optimizer);
+  EXPECT_EQ(cpu_state.nvme, 0);
+  EXPECT_EQ(nvme_state.nvme, groups * 3 * 4096);
+  EXPECT_EQ(nvme_state.host, d * owned + staging + (c.offload_param ? d * owned : 0));
+  EXPECT_EQ(cpu_state.host, 12 * owned + d * owned + d * owned);
+
+  ASSERT_EQ(got.size(), ref.size());
+  const bool bf16 = d == 2;
+  const double tol = bf16 ? 1e-2 : 1e-5, mean_tol = bf16 ? 5e-4 : 1e-6;  // as OffloadEquivalence
+  for (size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_LE((got[i] - ref[i]).abs().max().item<double>(), tol) << "parameter " << i;
+    EXPECT_LE((got[i] - ref[i]).abs().mean().item<double>(), mean_tol) << "parameter " << i;
+    EXPECT_TRUE(torch::equal(got[i], cpu[i])) << "parameter " << i << " differs from the CPU-offload run by "
+                                              << (got[i] - cpu[i]).abs().max().item<double>();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, NvmeEquivalence,
+                         ::testing::Values(NvmeCase{1, "fp32", 1, false, 4}, NvmeCase{1, "bf16", 2, false, 1},
+                                           NvmeCase{2, "bf16", 1, false, 4}, NvmeCase{2, "fp32", 2, false, 2},
+                                           NvmeCase{3, "fp32", 2, false, 4}, NvmeCase{3, "bf16", 1, false, 3},
+                                           NvmeCase{3, "bf16", 2, true, 4}),
+                         [](const auto& info) {
+                           return "stage" + std::to_string(info.param.stage) + "_" + info.param.dtype + "_gas" +
+                                  std::to_string(info.param.gas) + (info.param.offload_param ? "_param" : "") +
+                                  "_buffers" + std::to_string(info.param.buffers);
+                         });
+
+TEST(OffloadNvme, SwapFileLivesWithItsEngine) {
+  NvmeDir dir;
+  const std::string path = swap_file(dir.path);
+  const auto j = config(2, "fp32", 1, true, false, dir.path);
+  {
+    Net m{nullptr};
+    auto engine = net_engine(m, j);
+    const int64_t bytes = engine->model_state_bytes().nvme;
+    EXPECT_GT(bytes, 0);
+    EXPECT_EQ(file_size(path), bytes) << path;
+    {
+      // A second engine alive at the same time (another job on the same nvme_path alike)
+      // claims the next name instead of overwriting the first one's file.
+      Net m2{nullptr};
+      auto second = net_engine(m2, j);
+      EXPECT_EQ(file_size(swap_file(dir.path, 1)), bytes);
+    }
+    EXPECT_EQ(file_size(swap_file(dir.path, 1)), -1) << "the second engine's swap file was not removed";
+    const int world = zt::comm::world_group()->size(), rank = zt::comm::world_group()->rank();
+    for (int s = 0; s < 2; ++s) {
+      auto g = at::make_generator<at::CPUGeneratorImpl>(5 + s);
+      auto x = at::randn({kMicro * world, kWidth}, g), y = at::randn({kMicro * world, 3}, g);
+      auto xb = x.narrow(0, rank * kMicro, kMicro), yb = y.narrow(0, rank * kMicro, kMicro);
+      auto loss = engine->forward([&] { return torch::mse_loss(m->forward(xb, engine.get()), yb); });
+      engine->backward(loss);
+      engine->step();
+      EXPECT_EQ(file_size(path), bytes) << "during training";
+      // The step swapped the whole state through the staging buffers once each way.
+      EXPECT_EQ(engine->last_report().nvme.bytes_read, bytes);
+      EXPECT_EQ(engine->last_report().nvme.bytes_written, bytes);
+    }
+  }
+  EXPECT_EQ(file_size(path), -1) << "the swap file outlived its engine";
+}
+
+TEST(OffloadNvme, MissingPathFailsAtInitializeNamingKeyAndPath) {
+  const std::string missing = std::string(ZT_BINARY_DIR) + "/no_such_nvme_dir_for_tests/swap";
+  for (int stage : {1, 3}) {
+    Net m{nullptr};
+    try {
+      net_engine(m, config(stage, "fp32", 1, true, false, missing));
+      ADD_FAILURE() << "no error at stage " << stage;
+    } catch (const zt::ConfigError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("zero_optimization.offload_optimizer.nvme_path"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("'" + missing + "' does not exist"), std::string::npos) << msg;
+    }
+  }
+}
+
+TEST(OffloadNvme, DelayedUpdateAndGdsAreRejected) {
+  NvmeDir dir;
+  const int world = zt::comm::world_group()->size();
+  auto delayed = config(2, "fp32", 1, true, false, dir.path);
+  delayed["zero_optimization"]["offload_optimizer"]["delayed_param_update"] = true;
+  try {
+    zt::Config::from_json(delayed, world);
+    ADD_FAILURE() << "delayed_param_update with nvme accepted";
+  } catch (const zt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("delayed_param_update"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not supported with \"nvme\""), std::string::npos) << e.what();
+  }
+  auto gds = config(2, "fp32", 1, true, false, dir.path);
+  gds["aio"] = {{"use_gds", true}};
+  try {
+    zt::Config::from_json(gds, world);
+    ADD_FAILURE() << "aio.use_gds accepted";
+  } catch (const zt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("aio.use_gds = true is not supported yet"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -76,7 +76,8 @@ TEST(ConfigFiles, CheckedInConfigsParse) {
     }
   }
   for (const char* expected : {"cifar10_tutorial.json", "cifar10_ds_config.json", "zero0.json", "zero1.json",
-                               "zero2.json", "demo_zero2.json", "zero2_offload.json", "zero3_offload.json"})
+                               "zero2.json", "demo_zero2.json", "zero2_offload.json", "zero3_offload.json",
+                               "zero3_nvme.json"})
     EXPECT_TRUE(seen.count(expected)) << expected;
 }
 
@@ -240,9 +241,21 @@ const BadCase kBadCases[] = {
      1, true,
      {"1 setting not supported yet by zerotrain",
       "zero_optimization.offload_param.device = \"nvme\" is not supported yet by zerotrain: use device \"cpu\""}},
-    {"not_supported_offload_nvme",
-     R"({"train_batch_size": 8, "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}})",
-     1, true, {"zero_optimization.offload_optimizer.device = \"nvme\" is not supported yet by zerotrain"}},
+    {"not_supported_aio_use_gds", R"({"train_batch_size": 8, "aio": {"use_gds": true}})", 1, true,
+     {"aio.use_gds = true is not supported yet by zerotrain: set it false"}},
+    {"aio_block_size_not_page_multiple", R"({"train_batch_size": 8, "aio": {"block_size": 1000000}})", 1, false,
+     {"aio.block_size = 1000000 is not a multiple of 4096 bytes up to 1 GiB",
+      "use a multiple of 4096 such as 1048576"}},
+    {"aio_block_size_over_1gib", R"({"train_batch_size": 8, "aio": {"block_size": 2147483648}})", 1, false,
+     {"aio.block_size = 2147483648 is not a multiple of 4096 bytes up to 1 GiB"}},
+    {"nvme_zero_buffers",
+     R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 0}}})",
+     1, false, {"zero_optimization.offload_optimizer.buffer_count = 0: device \"nvme\" needs at least 1 staging buffer"}},
+    {"nvme_delayed_update",
+     R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "delayed_param_update": true}}})",
+     1, false,
+     {"zero_optimization.offload_optimizer.delayed_param_update", "it is not supported with \"nvme\"",
+      "remove delayed_param_update or use device \"cpu\""}},
     {"not_supported_offload_ratio",
      R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})",
      1, true, {"zero_optimization.offload_optimizer.ratio = 0.5"}},
@@ -271,6 +284,23 @@ TEST(ConfigErrors, BadConfigsNameTheKeyAndTheFix) {
     std::string what = error_of(json::parse(c.config), c.world, c.full);
     for (const auto& e : c.expect) EXPECT_NE(what.find(e), std::string::npos) << "missing: " << e << "\nin: " << what;
   }
+}
+
+TEST(ConfigDefaults, NvmeOffloadAndAio) {
+  auto c = zt::Config::from_json(json::parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme", "buffer_count": 6}},
+      "aio": {"block_size": 262144, "queue_depth": 16, "thread_count": 2, "single_submit": true,
+              "overlap_events": false}})"),
+                                 1);
+  EXPECT_TRUE(c.not_supported_yet.empty());
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, zt::OffloadDevice::nvme);
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.nvme_path, "/local_nvme");
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.buffer_count, 6);
+  EXPECT_EQ(c.aio.block_size, 262144);
+  EXPECT_EQ(c.aio.queue_depth, 16);
+  EXPECT_EQ(c.aio.thread_count, 2);
+  EXPECT_TRUE(c.aio.single_submit);
+  EXPECT_FALSE(c.aio.overlap_events);
 }
 
 TEST(ConfigErrors, NotSupportedYetIsCollectedByParse) {

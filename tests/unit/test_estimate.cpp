@@ -111,4 +111,31 @@ TEST(Estimate, StagesShrinkModelStatesAsZeroSays) {
                zt::ConfigError);
 }
 
+// NVMe offload: the device is as with CPU offload; master + Adam state (12 bytes per owned
+// parameter) move from host memory to the swap file, and the host keeps the gradient
+// buffer and the staging buffers: min(buffer_count, sub-groups) x sub-group x (12 + 2).
+TEST(Estimate, NvmeMovesTheOptimizerStateFromHostToDrive) {
+  auto job = zt::estimate::Job{};
+  job.model = zt::models::named_gpt2("gpt2-large");
+  job.gpus = 2;
+  auto config = [](const nlohmann::json& offload, int64_t sub_group) {
+    nlohmann::json j = {{"train_micro_batch_size_per_gpu", 1}, {"bf16", {{"enabled", true}}},
+                        {"zero_optimization", {{"stage", 2}, {"sub_group_size", sub_group}, {"offload_optimizer", offload}}}};
+    return zt::Config::from_json(j, 2);
+  };
+  const auto cpu = zt::estimate::estimate_memory(job, config({{"device", "cpu"}}, 100000000));
+  const auto nvme = zt::estimate::estimate_memory(
+      job, config({{"device", "nvme"}, {"nvme_path", "/local_nvme"}, {"buffer_count", 3}}, 100000000));
+  const double owned = static_cast<double>(cpu.num_params) / 2;
+  EXPECT_EQ(cpu.nvme, 0.0);
+  EXPECT_NEAR(cpu.host, 12 * owned + 2 * 2 * owned, 1.0);
+  EXPECT_NEAR(nvme.nvme, 12 * owned, 1.0);
+  EXPECT_NEAR(nvme.host, 2 * owned + 3 * 1e8 * 14, 1.0);  // 387M owned: 4 sub-groups, 3 buffers
+  EXPECT_EQ(nvme.peak, cpu.peak);                        // nothing changes on the device
+  EXPECT_EQ(nvme.master + nvme.optimizer, 0.0);
+  // One sub-group (sub_group_size above the shard): one staging buffer of the whole shard.
+  const auto one = zt::estimate::estimate_memory(job, config({{"device", "nvme"}, {"nvme_path", "/x"}}, 1000000000));
+  EXPECT_NEAR(one.host, 2 * owned + 14 * owned, 1.0);
+}
+
 }  // namespace

@@ -1,0 +1,332 @@
+// ZeRO-Infinity: the fp32 master weights and Adam state of this rank's shard live in one
+// swap file per rank on an NVMe drive (offload_optimizer.device "nvme"), not in host memory.
+//
+// Host memory holds the gradient buffer (streamed during backward, as with CPU offload)
+// and buffer_count staging buffers, each sized for one sub-group's master + m + v plus its
+// compute-dtype copy. The step walks the sub-groups of sub_group_size elements through
+// offload::NvmeOptimizerState::pass (see [NVMe Pipeline] in src/offload/nvme_state.h):
+//   read    the next sub-groups' state is read from the file while the CPU Adam updates
+//           the current one in its staging buffer;
+//   step    the CPU Adam writes master, m, v in place and the bf16/fp16 copy into the
+//           buffer's scratch area (fp32: the master itself is the copy);
+//   upload  the copy goes to the device on the upload stream, as in the CPU path (stage 3
+//           with offload_param: it is written straight into the host-resident shard);
+//   write   the sub-group is written back asynchronously; its buffer is refilled only
+//           after that write and the upload from it (an event per buffer) are done.
+// Checkpoints read the state back through the same buffers (export: a host copy of the
+// rank's state while the checkpoint is taken; import: sub-group by sub-group).
+#include <omp.h>
+
+#ifdef ZT_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <functional>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "offload/nvme_state.h"
+#include "optim/cpu_adam.h"
+#include "zero/offload_streams.h"
+#include "zero/zero_optimizer.h"
+#include "zerotrain/comm.h"
+#include "zerotrain/error.h"
+
+namespace zt::zero {
+
+struct NvmeOffload {
+#ifdef ZT_WITH_CUDA
+  std::vector<at::cuda::CUDAEvent> uploaded;  // per staging buffer: its last upload to the device
+#endif
+  // After the events: its destructor runs the reuse fence, which waits on them.
+  std::unique_ptr<offload::NvmeOptimizerState> state;
+};
+
+namespace {
+
+constexpr const char* kNvmePathKey = "zero_optimization.offload_optimizer.nvme_path";
+
+std::string bytes_text(int64_t bytes) {
+  char buf[64];
+  const double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024.0 * 1024.0) {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024.0 * 1024.0));
+  } else if (b >= 1024.0 * 1024.0) {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1024.0 * 1024.0));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
+  }
+  return buf;
+}
+
+// Runs fn on every rank of g. When any rank threw, every rank throws: a failing rank its
+// own exception, the others an E naming the lowest failing rank and its message, so no
+// rank goes on into a collective that a failed rank never joins.
+template <class E>
+void agree(const comm::GroupPtr& g, const std::function<void()>& fn) {
+  std::string err;
+  std::exception_ptr mine;
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    mine = std::current_exception();
+    err = e.what();
+    if (err.empty()) err = "unknown error";
+  }
+  if (g->size() > 1) {
+    auto flag = torch::full({1}, err.empty() ? g->size() : g->rank(), torch::kInt64);
+    g->all_reduce(flag, comm::ReduceOp::kMin);
+    const int root = static_cast<int>(flag.item<int64_t>());
+    if (root == g->size()) return;
+    auto len = torch::full({1}, static_cast<int64_t>(err.size()), torch::kInt64);
+    g->broadcast(len, root);
+    auto bytes = torch::zeros({len.item<int64_t>()}, torch::kUInt8);
+    if (g->rank() == root) std::memcpy(bytes.data_ptr(), err.data(), err.size());
+    g->broadcast(bytes, root);
+    if (!mine) {
+      throw E(detail::cat("rank ", root, " failed: ",
+                          std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()))));
+    }
+  }
+  if (mine) std::rethrow_exception(mine);
+}
+
+// aio's lines: held while the swap file is created, then printed (see init_nvme), then
+// printed as they come (e.g. a swap file that cannot be removed at the end).
+struct LogSink {
+  int rank = 0;
+  bool hold = true;
+  std::vector<std::string> held;
+  void print(const std::string& line) const { std::fprintf(stderr, "[zerotrain] rank %d: %s\n", rank, line.c_str()); }
+};
+
+}  // namespace
+
+void ZeroOptimizer::owned_pieces(int64_t begin, int64_t n,
+                                 const std::function<void(int b, int64_t at, int64_t in_bucket, int64_t len)>& fn) const {
+  for (size_t k = 0; k < layout_.buckets.size(); ++k) {
+    const int b = static_cast<int>(k);
+    const Bucket& B = layout_.buckets[k];
+    const int64_t ob = owned_begin(b);
+    const Range r = intersect({begin, begin + n}, {ob, ob + (owns_all_ ? B.numel : B.shard_numel)});
+    if (r.size() > 0) fn(b, r.begin - begin, r.begin - ob, r.size());
+  }
+}
+
+void ZeroOptimizer::check_nvme(int64_t owned) {
+  ZT_CHECK_T(!sgd_, ConfigError, "zero_optimization.offload_optimizer.device \"nvme\" swaps Adam's state: use "
+             "optimizer.type Adam or AdamW");
+  const auto groups = offload::NvmeOptimizerState::split(owned, std::max<int64_t>(1, opt_.sub_group_numel));
+  const int64_t bytes = offload::NvmeOptimizerState::file_bytes_for(groups);
+  // Ranks of one host usually share the drive: each needs room for its own file.
+  const int local = std::max(1, comm::discover_rank().local_world_size);
+  agree<ConfigError>(group_, [&] { offload::check_nvme_path(kNvmePathKey, opt_.nvme_path, bytes * local); });
+}
+
+void ZeroOptimizer::init_nvme(int64_t owned) {
+  torch::NoGradGuard no_grad;
+  const bool half = opt_.dtype != at::kFloat;
+  const bool host_shard = opt_.stage == 3 && opt_.offload_param;  // the step writes the host shard directly
+  const int world_rank = comm::discover_rank().rank;
+  auto sink = std::make_shared<LogSink>();
+  sink->rank = world_rank;
+
+  offload::NvmeStateOptions so;
+  so.dir = opt_.nvme_path;
+  so.stem = "zerotrain_rank" + std::to_string(world_rank) + "_optimizer";
+  so.buffer_count = opt_.buffer_count;
+  so.scratch_bytes_per_element = half && !host_shard ? static_cast<int64_t>(c10::elementSize(opt_.dtype)) : 0;
+  so.pin = opt_.pin_memory && opt_.device.is_cuda();
+  so.aio = opt_.aio;
+  so.log = [sink](const std::string& line) {
+    if (sink->hold) {
+      sink->held.push_back(line);
+    } else {
+      sink->print(line);
+    }
+  };
+  auto n = std::make_shared<NvmeOffload>();
+  agree<Error>(group_, [&] {
+#ifdef ZT_WITH_CUDA
+    std::optional<c10::cuda::CUDAGuard> device;  // cudaHostRegister in this rank's context
+    if (opt_.device.is_cuda()) device.emplace(opt_.device);
+#endif
+    n->state = std::make_unique<offload::NvmeOptimizerState>(
+        offload::NvmeOptimizerState::split(owned, std::max<int64_t>(1, opt_.sub_group_numel)), so);
+  });
+  offload::NvmeOptimizerState& st = *n->state;
+#ifdef ZT_WITH_CUDA
+  if (opt_.device.is_cuda()) {
+    n->uploaded.resize(static_cast<size_t>(st.num_buffers()));
+    NvmeOffload* raw = n.get();
+    st.set_reuse_fence([raw](int k) { raw->uploaded[k].synchronize(); });
+  }
+#endif
+  nvme_ = n;
+
+  // Rank 0 says where the state went; another rank speaks up only when its file fell back
+  // (no io_uring or no O_DIRECT), so no fallback goes unreported.
+  const bool fell_back = st.file().engine() != "io_uring" || !st.file().direct();
+  if (rank_ == 0 || fell_back) {
+    for (const auto& line : sink->held) sink->print(line);
+  }
+  sink->hold = false;
+  sink->held.clear();
+  if (rank_ == 0) {
+    std::fprintf(stderr,
+                 "[zerotrain] offload_optimizer nvme: %s of fp32 master + Adam state per rank in swap file '%s' (%s, "
+                 "engine %s, %s), %d sub-groups of <= %lld elements, %d staging buffers of %s in %s host memory, "
+                 "CPU Adam kernel %s, %d threads per rank\n",
+                 bytes_text(owned * 12).c_str(), st.path().c_str(), bytes_text(st.file_bytes()).c_str(),
+                 st.file().engine().c_str(), st.file().direct() ? "O_DIRECT" : "buffered, no O_DIRECT",
+                 st.num_groups(), static_cast<long long>(std::min(owned, std::max<int64_t>(1, opt_.sub_group_numel))),
+                 st.num_buffers(), bytes_text(st.staging_bytes() / st.num_buffers()).c_str(),
+                 st.pinned() ? "page-locked" : "pageable", optim::kernel_name(optim::best_cpu_kernel()),
+                 omp_get_max_threads());
+    if (st.num_groups() > 1 && st.num_buffers() < 3) {
+      std::fprintf(stderr, "[zerotrain] offload_optimizer nvme: buffer_count %lld: the swap-file reads do not overlap "
+                   "the CPU step (that needs 3 or more staging buffers; 4 is DeepSpeed's default)\n",
+                   static_cast<long long>(opt_.buffer_count));
+    }
+  }
+
+  // The initial state: master = the (rank 0) parameters in fp32, m = v = 0.
+  agree<Error>(group_, [&] {
+    st.pass(offload::NvmeOptimizerState::Mode::kWrite, [&](const offload::NvmeOptimizerState::Staged& s) {
+      auto master = torch::from_blob(s.master, {s.numel}, torch::kFloat);
+      owned_pieces(s.begin, s.numel, [&](int b, int64_t at, int64_t in_bucket, int64_t len) {
+        auto src = opt_.stage == 3 ? owned_view(param_shard_, b)
+                                   : (owns_all_ ? bucket_view(flat_param_, b) : shard_view(flat_param_, b));
+        master.narrow(0, at, len).copy_(src.narrow(0, in_bucket, len));
+      });
+      std::memset(s.exp_avg, 0, static_cast<size_t>(s.numel) * sizeof(float));
+      std::memset(s.exp_avg_sq, 0, static_cast<size_t>(s.numel) * sizeof(float));
+    });
+  });
+}
+
+void ZeroOptimizer::nvme_update(const torch::Tensor& grads, double factor, const StepInputs& in) {
+  torch::NoGradGuard no_grad;
+  const optim::AdamHyper h = adam_hyper(factor, in);
+  const bool half = opt_.dtype != at::kFloat;
+  const bool host_shard = opt_.stage == 3 && opt_.offload_param;
+  const auto esize = static_cast<int64_t>(grads.element_size());
+  const char* g0 = static_cast<const char*>(grads.data_ptr());
+  ZT_ASSERT(grads.is_contiguous() && grads.scalar_type() == opt_.dtype, "host gradient buffer");
+  NvmeOffload& N = *nvme_;
+#ifdef ZT_WITH_CUDA
+  CopyStreams* cs = streams_ ? copy_streams(streams_) : nullptr;
+#endif
+  N.state->pass(offload::NvmeOptimizerState::Mode::kReadWrite, [&](const offload::NvmeOptimizerState::Staged& s) {
+    void* out = nullptr;
+    if (half) out = host_shard ? static_cast<char*>(param_shard_.data_ptr()) + s.begin * esize : s.scratch;
+    optim::cpu_adam_step(s.master, s.exp_avg, s.exp_avg_sq, g0 + s.begin * esize, opt_.dtype, s.numel, h, out,
+                         half ? opt_.dtype : at::ScalarType::Undefined);
+    // What the device gets: the compute-dtype copy, or the fp32 master itself.
+    auto src = torch::from_blob(half ? out : s.master, {s.numel}, torch::TensorOptions().dtype(opt_.dtype));
+    if (host_shard) {
+      if (!half) param_shard_.narrow(0, s.begin, s.numel).copy_(src);
+      return;  // gathered (uploaded) from the host shard when its unit is next used
+    }
+#ifdef ZT_WITH_CUDA
+    std::optional<c10::cuda::CUDAStreamGuard> guard;
+    if (cs) guard.emplace(cs->h2d);
+#endif
+    owned_pieces(s.begin, s.numel, [&](int b, int64_t at, int64_t in_bucket, int64_t len) {
+      param_dst(b).narrow(0, in_bucket, len).copy_(src.narrow(0, at, len), /*non_blocking=*/true);
+    });
+#ifdef ZT_WITH_CUDA
+    if (cs) N.uploaded[s.buffer].record(cs->h2d);  // the buffer is refilled only after this
+#endif
+  });
+  const auto& ps = N.state->last_pass();
+  nvme_step_.read_wait_ms = ps.read_wait_ms;
+  nvme_step_.write_wait_ms = ps.write_wait_ms;
+  nvme_step_.visit_ms = ps.visit_ms;
+  nvme_step_.bytes_read = ps.bytes_read;
+  nvme_step_.bytes_written = ps.bytes_written;
+#ifdef ZT_WITH_CUDA
+  if (cs) {
+    // The compute stream (all-gather, next forward) waits for the uploads; the host does not.
+    at::cuda::CUDAEvent done;
+    done.record(cs->h2d);
+    done.block(c10::cuda::getCurrentCUDAStream(opt_.device.index()));
+  }
+#endif
+}
+
+std::vector<torch::Tensor> ZeroOptimizer::nvme_read_state(bool master_only) {
+  const int64_t owned = owns_all_ ? layout_.total_numel : layout_.shard_numel;
+  std::vector<torch::Tensor> out;
+  for (int k = 0; k < (master_only ? 1 : 3); ++k) out.push_back(torch::empty({owned}, torch::kFloat));
+  nvme_->state->pass(offload::NvmeOptimizerState::Mode::kRead, [&](const offload::NvmeOptimizerState::Staged& s) {
+    const float* src[3] = {s.master, s.exp_avg, s.exp_avg_sq};
+    for (size_t k = 0; k < out.size(); ++k) {
+      std::memcpy(out[k].data_ptr<float>() + s.begin, src[k], static_cast<size_t>(s.numel) * sizeof(float));
+    }
+  });
+  return out;
+}
+
+void ZeroOptimizer::nvme_import(const StateFetch& fetch) {
+  const auto kinds = state_kinds();
+  ZT_ASSERT(kinds.size() == 3, "NVMe offload holds master, exp_avg and exp_avg_sq");
+  // Read-modify-write: elements no parameter covers (padding) keep what the file holds.
+  nvme_->state->pass(offload::NvmeOptimizerState::Mode::kReadWrite, [&](const offload::NvmeOptimizerState::Staged& s) {
+    float* dst[3] = {s.master, s.exp_avg, s.exp_avg_sq};
+    owned_pieces(s.begin, s.numel, [&](int b, int64_t at, int64_t in_bucket, int64_t len) {
+      const Bucket& B = layout_.buckets[b];
+      const int64_t own0 = owns_all_ ? B.offset : B.shard_offset(rank_);  // flat index of the bucket's owned part
+      const Range flat{own0 + in_bucket, own0 + in_bucket + len};
+      for (int i = B.first_param; i < B.first_param + B.num_params; ++i) {
+        const ParamSlot& p = layout_.params[i];
+        const Range piece = intersect(flat, {p.offset, p.offset + p.numel});
+        if (piece.size() == 0) continue;
+        for (size_t k = 0; k < kinds.size(); ++k) {
+          torch::Tensor v = fetch(user_index_[i], piece.begin - p.offset, piece.end - p.offset, kinds[k]);
+          ZT_ASSERT(v.numel() == piece.size(), "state fetch returned ", v.numel(), " values for ", piece.size());
+          torch::from_blob(dst[k] + at + (piece.begin - flat.begin), {piece.size()}, torch::kFloat)
+              .copy_(v.reshape(-1));
+        }
+      }
+    });
+  });
+}
+
+void ZeroOptimizer::nvme_finish_import() {
+  // The step writes the compute-dtype copy itself: bring this rank's copy in line with the
+  // loaded master (as the CPU path does from its host master).
+  const bool host_shard = opt_.stage == 3 && opt_.offload_param;
+  nvme_->state->pass(offload::NvmeOptimizerState::Mode::kRead, [&](const offload::NvmeOptimizerState::Staged& s) {
+    auto master = torch::from_blob(s.master, {s.numel}, torch::kFloat);
+    if (host_shard) {
+      param_shard_.narrow(0, s.begin, s.numel).copy_(master);
+      return;
+    }
+    // Blocking copies: the buffer is refilled right after this visit.
+    owned_pieces(s.begin, s.numel, [&](int b, int64_t at, int64_t in_bucket, int64_t len) {
+      param_dst(b).narrow(0, in_bucket, len).copy_(master.narrow(0, at, len));
+    });
+  });
+}
+
+void ZeroOptimizer::nvme_state_bytes(ModelStateBytes& m) const {
+  // master_ and the Adam buffers do not exist: the state is on the drive. host already
+  // counts the gradient buffer (and the host shard with offload_param).
+  const int64_t owned = owns_all_ ? layout_.total_numel : layout_.shard_numel;
+  m.master = owned * static_cast<int64_t>(sizeof(float));
+  m.optimizer = 2 * owned * static_cast<int64_t>(sizeof(float));
+  m.nvme = nvme_->state->file_bytes();
+  m.host += nvme_->state->staging_bytes();
+}
+
+std::string ZeroOptimizer::nvme_file() const { return nvme_ ? nvme_->state->path() : std::string(); }
+
+}  // namespace zt::zero
