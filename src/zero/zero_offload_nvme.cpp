@@ -121,8 +121,6 @@ void ZeroOptimizer::owned_pieces(int64_t begin, int64_t n,
 }
 
 void ZeroOptimizer::check_nvme(int64_t owned) {
-  ZT_CHECK_T(!sgd_, ConfigError, "zero_optimization.offload_optimizer.device \"nvme\" swaps Adam's state: use "
-             "optimizer.type Adam or AdamW");
   const auto groups = offload::NvmeOptimizerState::split(owned, std::max<int64_t>(1, opt_.sub_group_numel));
   const int64_t bytes = offload::NvmeOptimizerState::file_bytes_for(groups);
   // Ranks of one host usually share the drive: each needs room for its own file.
