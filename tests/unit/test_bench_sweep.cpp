@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -12,6 +14,7 @@
 
 #include "bench/sweep.h"
 #include "ckpt/fs.h"
+#include "support/png_reader.h"
 
 namespace {
 
@@ -22,41 +25,29 @@ std::string read_all(const std::string& path) {
   return ss.str();
 }
 
-uint32_t be32(const std::string& s, size_t at) {
-  return (static_cast<uint32_t>(static_cast<uint8_t>(s[at])) << 24) |
-         (static_cast<uint32_t>(static_cast<uint8_t>(s[at + 1])) << 16) |
-         (static_cast<uint32_t>(static_cast<uint8_t>(s[at + 2])) << 8) | static_cast<uint32_t>(static_cast<uint8_t>(s[at + 3]));
-}
-
-// A PNG's chunk sequence parses (IHDR first, IEND last, lengths consistent) and its
-// pixel data (stored, uncompressed blocks) is at least width x height x 3 bytes.
+// A PNG decodes with the independent reader of tests/support/png_reader.h (chunk CRCs,
+// inflate, Adler-32, un-filtering), is chart-sized, compressed (the charts are mostly flat
+// colour) and not blank.
 void expect_png(const std::string& path) {
   const std::string s = read_all(path);
   ASSERT_GT(s.size(), 8u + 25u + 12u) << path;
-  EXPECT_EQ(s.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8)) << path;
-  size_t at = 8;
-  std::vector<std::string> types;
-  uint64_t idat = 0;
-  uint32_t w = 0, h = 0;
-  while (at + 12 <= s.size()) {
-    const uint32_t len = be32(s, at);
-    const std::string type = s.substr(at + 4, 4);
-    ASSERT_LE(at + 12 + len, s.size()) << path << ": chunk " << type << " runs past the end";
-    if (type == "IHDR") {
-      w = be32(s, at + 8);
-      h = be32(s, at + 12);
-    }
-    if (type == "IDAT") idat += len;
-    types.push_back(type);
-    at += 12 + len;
+  zt::test::DecodedPng d;
+  try {
+    d = zt::test::decode_png(std::vector<uint8_t>(s.begin(), s.end()));
+  } catch (const std::exception& e) {
+    FAIL() << path << ": " << e.what();
   }
-  EXPECT_EQ(at, s.size()) << path;
-  ASSERT_FALSE(types.empty());
-  EXPECT_EQ(types.front(), "IHDR");
-  EXPECT_EQ(types.back(), "IEND");
-  EXPECT_GE(w, 400u);
-  EXPECT_GE(h, 200u);
-  EXPECT_GE(idat, static_cast<uint64_t>(w) * h * 3) << path;
+  EXPECT_EQ(d.chunk_types.front(), "IHDR") << path;
+  EXPECT_EQ(d.chunk_types.back(), "IEND") << path;
+  EXPECT_GE(d.img.width, 400) << path;
+  EXPECT_GE(d.img.height, 200) << path;
+  const size_t pixels = static_cast<size_t>(d.img.width) * static_cast<size_t>(d.img.height);
+  EXPECT_LT(d.idat_bytes, pixels * 3 / 10) << path << ": not compressed";
+  size_t inked = 0;
+  for (size_t i = 0; i < pixels; ++i) {
+    inked += d.img.rgb[3 * i] != 255 || d.img.rgb[3 * i + 1] != 255 || d.img.rgb[3 * i + 2] != 255 ? 1 : 0;
+  }
+  EXPECT_GT(inked, pixels / 100) << path << ": (almost) blank";
 }
 
 TEST(BenchSweep, CpuSweepWritesJsonMarkdownAndCharts) {

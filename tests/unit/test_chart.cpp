@@ -1,5 +1,6 @@
-// report/png and report/chart: checksums against known values, PNG round trip through an
-// independent stored-block reader, text drawing, nice ticks, and chart geometry read back
+// report/png and report/chart: checksums against known values, the deflate encoder and
+// PNG round trips through the independent reader of tests/support/png_reader.h (itself
+// checked on streams from zlib), text drawing, nice ticks, and chart geometry read back
 // from the rendered pixels.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -22,6 +23,7 @@
 #include "report/font.h"
 #include "report/png.h"
 #include "report/text_fit.h"
+#include "support/png_reader.h"
 
 namespace {
 
@@ -34,96 +36,28 @@ namespace fs = std::filesystem;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr Rgb kWhite{255, 255, 255};
 
-// ---- an independent PNG reader (8-bit RGB, stored deflate blocks only) ----------------
+using zt::test::bitwise_crc32;
+using zt::test::decode_png;
+using zt::test::DecodedPng;
+using zt::test::slow_adler32;
+using zt::report::PngCompression;
 
-uint32_t bitwise_crc32(const uint8_t* p, size_t n) {
-  uint32_t c = 0xFFFFFFFFu;
-  for (size_t i = 0; i < n; ++i) {
-    c ^= p[i];
-    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+std::vector<uint8_t> from_hex(const std::string& hex) {
+  std::vector<uint8_t> v;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    v.push_back(static_cast<uint8_t>(std::stoi(hex.substr(i, 2), nullptr, 16)));
   }
-  return ~c;
+  return v;
 }
 
-uint32_t slow_adler32(const std::vector<uint8_t>& d) {
-  uint64_t a = 1, b = 0;
-  for (uint8_t x : d) {
-    a = (a + x) % 65521;
-    b = (b + a) % 65521;
+// Deterministic bytes with no structure (a 64-bit LCG's high bits).
+std::vector<uint8_t> noise_bytes(size_t n, uint64_t seed) {
+  std::vector<uint8_t> v(n);
+  for (uint8_t& b : v) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    b = static_cast<uint8_t>(seed >> 56);
   }
-  return static_cast<uint32_t>((b << 16) | a);
-}
-
-uint32_t be32(const std::vector<uint8_t>& d, size_t at) {
-  if (at + 4 > d.size()) throw std::runtime_error("truncated at " + std::to_string(at));
-  return (uint32_t{d[at]} << 24) | (uint32_t{d[at + 1]} << 16) | (uint32_t{d[at + 2]} << 8) | d[at + 3];
-}
-
-struct Decoded {
-  Image img;
-  int stored_blocks = 0;
-  std::vector<std::string> chunk_types;
-};
-
-// Throws std::runtime_error on anything it does not expect.
-Decoded decode_stored_png(const std::vector<uint8_t>& png) {
-  auto fail = [](const std::string& why) { throw std::runtime_error("PNG: " + why); };
-  const uint8_t sig[8] = {0x89, 'P', 'N', 'G', 0x0D, 0x0A, 0x1A, 0x0A};
-  if (png.size() < 8 || !std::equal(sig, sig + 8, png.begin())) fail("bad signature");
-  Decoded out;
-  std::vector<uint8_t> idat;
-  uint32_t w = 0, h = 0;
-  size_t at = 8;
-  while (at < png.size()) {
-    const uint32_t len = be32(png, at);
-    if (at + 12 + len > png.size()) fail("chunk overruns the file");
-    const std::string type(png.begin() + static_cast<long>(at + 4), png.begin() + static_cast<long>(at + 8));
-    if (bitwise_crc32(png.data() + at + 4, len + 4) != be32(png, at + 8 + len)) fail("CRC mismatch in " + type);
-    const std::vector<uint8_t> data(png.begin() + static_cast<long>(at + 8), png.begin() + static_cast<long>(at + 8 + len));
-    out.chunk_types.push_back(type);
-    if (type == "IHDR") {
-      if (len != 13) fail("IHDR length");
-      w = be32(data, 0);
-      h = be32(data, 4);
-      if (data[8] != 8 || data[9] != 2 || data[10] != 0 || data[11] != 0 || data[12] != 0) fail("IHDR fields");
-    } else if (type == "IDAT") {
-      idat.insert(idat.end(), data.begin(), data.end());
-    }
-    at += 12 + len;
-  }
-  if (out.chunk_types.empty() || out.chunk_types.front() != "IHDR" || out.chunk_types.back() != "IEND") {
-    fail("chunk order");
-  }
-  // zlib header, stored blocks, Adler-32.
-  if (idat.size() < 6) fail("IDAT too short");
-  if ((idat[0] & 0x0F) != 8 || ((idat[0] << 8) | idat[1]) % 31 != 0 || (idat[1] & 0x20) != 0) fail("zlib header");
-  std::vector<uint8_t> raw;
-  size_t p = 2;
-  for (bool final = false; !final;) {
-    if (p + 5 > idat.size()) fail("truncated block header");
-    final = (idat[p] & 1) != 0;
-    if (((idat[p] >> 1) & 3) != 0) fail("not a stored block");
-    const uint32_t blen = idat[p + 1] | (uint32_t{idat[p + 2]} << 8);
-    const uint32_t nlen = idat[p + 3] | (uint32_t{idat[p + 4]} << 8);
-    if ((blen ^ 0xFFFFu) != nlen) fail("LEN/NLEN mismatch");
-    p += 5;
-    if (p + blen > idat.size()) fail("block overruns IDAT");
-    raw.insert(raw.end(), idat.begin() + static_cast<long>(p), idat.begin() + static_cast<long>(p + blen));
-    p += blen;
-    ++out.stored_blocks;
-  }
-  if (p + 4 != idat.size()) fail("trailing bytes after the deflate stream");
-  if (be32(idat, p) != slow_adler32(raw)) fail("Adler-32 mismatch");
-  // Scanlines with filter byte 0.
-  const size_t stride = size_t{w} * 3 + 1;
-  if (raw.size() != stride * h) fail("raw size");
-  out.img = Image(static_cast<int>(w), static_cast<int>(h));
-  for (size_t y = 0; y < h; ++y) {
-    if (raw[y * stride] != 0) fail("filter type");
-    std::copy(raw.begin() + static_cast<long>(y * stride + 1), raw.begin() + static_cast<long>((y + 1) * stride),
-              out.img.rgb.begin() + static_cast<long>(y * (stride - 1)));
-  }
-  return out;
+  return v;
 }
 
 Image pattern_image(int w, int h) {
@@ -191,21 +125,155 @@ TEST(Png, Crc32AndAdler32KnownValues) {
   EXPECT_EQ(zt::report::crc32(big.data(), big.size()), bitwise_crc32(big.data(), big.size()));
 }
 
+TEST(Png, ReaderInflatesStreamsFromZlib) {
+  // Streams made by zlib 1.2.13 (Python's zlib.compress), so that the reader is checked
+  // against an encoder other than ours: level 9 gave a fixed-Huffman block for the short
+  // text and a dynamic one for the longer; level 0 a stored block; a full flush an empty
+  // stored block after a fixed one.
+  const auto text = [](const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); };
+  zt::test::InflateStats st;
+  EXPECT_EQ(text(zt::test::zlib_decompress(from_hex("78dacb48cdc9c9d751c840a2140af2d201628f083a"), &st)),
+            "hello, hello, hello png");
+  EXPECT_EQ(st.fixed_blocks, 1);
+  std::string table;
+  for (int i = 2; i < 6; ++i) {
+    for (int j = 2; j < 9; ++j) {
+      table += std::to_string(i) + "*" + std::to_string(j) + "=" + std::to_string(i * j) + "; ";
+    }
+  }
+  st = {};
+  EXPECT_EQ(text(zt::test::zlib_decompress(
+                from_hex("78da2d8ecb09c4500c035bd9734ef1f73904f5dfd65a22a7413003f2cb91efcfaf401389210a76930d73f2c0640"
+                         "d6cb5d848083c44ca0a56456e35e4811b39f0ad73ab21427a326bb2e037d99fb699bc41ac579bf14cb12b32e517"
+                         "3bed46681f84f62077ff01370b2a9b"),
+                &st)),
+            table);
+  EXPECT_EQ(st.dynamic_blocks, 1);
+  st = {};
+  EXPECT_EQ(text(zt::test::zlib_decompress(from_hex("7801010700f8ff73746f726564210bef02b3"), &st)), "stored!");
+  EXPECT_EQ(st.stored_blocks, 1);
+  // Raw deflate: zlib's non-final fixed block and empty stored block (a full flush), then
+  // a final fixed block holding only end-of-block, added by hand; cut short, it fails.
+  size_t used = 0;
+  st = {};
+  const std::vector<uint8_t> flushed = from_hex("4a4c4a4e842100000000ffff0300");
+  EXPECT_EQ(text(zt::test::inflate(flushed.data(), flushed.size(), used, &st)), "abcabcabcabc");
+  EXPECT_EQ(used, flushed.size());
+  EXPECT_EQ(st.fixed_blocks, 2);
+  EXPECT_EQ(st.stored_blocks, 1);
+  EXPECT_THROW(zt::test::inflate(flushed.data(), flushed.size() - 2, used), std::runtime_error);
+  // A wrong Adler-32, a bad header and a truncated stream are caught.
+  EXPECT_THROW(zt::test::zlib_decompress(from_hex("7801010700f8ff73746f726564210bef02b4")), std::runtime_error);
+  EXPECT_THROW(zt::test::zlib_decompress(from_hex("7802010700f8ff73746f726564210bef02b3")), std::runtime_error);
+  EXPECT_THROW(zt::test::zlib_decompress(from_hex("78dacb48cdc9c9d751c840a2140af2d201628f")), std::runtime_error);
+}
+
+TEST(Png, ZlibCompressRoundTripsAndCompresses) {
+  struct Case {
+    std::string name;
+    std::vector<uint8_t> data;
+    size_t max_size;  // the compressed stream is at most this long
+  };
+  std::vector<Case> cases;
+  cases.push_back({"empty", {}, 8});
+  cases.push_back({"one byte", {42}, 9});
+  cases.push_back({"three bytes", {7, 7, 7}, 11});
+  cases.push_back({"zeros", std::vector<uint8_t>(300000, 0), 1000});
+  // Repeats at exactly the largest distance, 32768, and at one more (out of reach).
+  for (size_t period : {size_t{32768}, size_t{32769}, size_t{259}, size_t{3}}) {
+    const std::vector<uint8_t> base = noise_bytes(period, period);
+    std::vector<uint8_t> v;
+    while (v.size() < 200000) v.insert(v.end(), base.begin(), base.end());
+    const size_t max_size = period == 32769 ? v.size() + v.size() / 500 + 64 : v.size() / 5;
+    cases.push_back({"period " + std::to_string(period), v, max_size});
+  }
+  // No structure: stored blocks inside the deflate stream keep it near the input size.
+  const std::vector<uint8_t> noise = noise_bytes(150000, 1);
+  cases.push_back({"noise", noise, noise.size() + noise.size() / 500 + 64});
+  // Four symbols at random (2 bits of entropy a byte): many blocks, with dynamic codes.
+  std::vector<uint8_t> four = noise_bytes(400000, 2);
+  for (uint8_t& b : four) b &= 3;
+  cases.push_back({"four symbols", four, four.size() * 3 / 8});
+  for (const Case& c : cases) {
+    zt::test::InflateStats st;
+    const std::vector<uint8_t> z = zt::report::zlib_compress(c.data.data(), c.data.size());
+    std::vector<uint8_t> back;
+    ASSERT_NO_THROW(back = zt::test::zlib_decompress(z, &st)) << c.name;
+    EXPECT_TRUE(back == c.data) << c.name;
+    EXPECT_LE(z.size(), c.max_size) << c.name;
+    ASSERT_GE(z.size(), 2u);
+    EXPECT_EQ(z[0], 0x78) << c.name;
+    if (c.name == "noise") {
+      EXPECT_GE(st.stored_blocks, 1);
+    }
+    if (c.name == "four symbols") {
+      EXPECT_GE(st.dynamic_blocks, 2);
+    }
+    // The stored mode gives the same bytes back too.
+    st = {};
+    ASSERT_NO_THROW(back = zt::test::zlib_decompress(
+                        zt::report::zlib_compress(c.data.data(), c.data.size(), PngCompression::stored), &st))
+        << c.name;
+    EXPECT_TRUE(back == c.data) << c.name;
+    EXPECT_EQ(st.fixed_blocks + st.dynamic_blocks, 0) << c.name;
+  }
+}
+
 TEST(Png, RoundTripThroughIndependentReader) {
-  // 200x150: 90150 bytes of scanlines, so two stored blocks.
-  for (auto [w, h, blocks] : {std::tuple{200, 150, 2}, std::tuple{1, 1, 1}, std::tuple{301, 7, 1}}) {
+  for (auto [w, h] : {std::pair{200, 150}, std::pair{1, 1}, std::pair{301, 7}, std::pair{2, 3}}) {
     const Image img = pattern_image(w, h);
-    const Decoded d = decode_stored_png(zt::report::encode_png(img));
-    EXPECT_EQ(d.stored_blocks, blocks) << w << "x" << h;
+    const std::vector<uint8_t> png = zt::report::encode_png(img);
+    const DecodedPng d = decode_png(png);
     EXPECT_EQ((std::vector<std::string>{"IHDR", "IDAT", "IEND"}), d.chunk_types);
     ASSERT_EQ(d.img.width, w);
     ASSERT_EQ(d.img.height, h);
     EXPECT_TRUE(d.img.rgb == img.rgb) << "pixels differ after the round trip, " << w << "x" << h;
+    EXPECT_EQ(png, zt::report::encode_png(img)) << "deterministic";
   }
-  // The reader does fail: one flipped pixel byte breaks the IDAT CRC.
+  // The pattern compresses: a tenth of the stored size.
+  const DecodedPng d = decode_png(zt::report::encode_png(pattern_image(200, 150)));
+  EXPECT_LT(d.idat_bytes, 200u * 150u * 3u / 10u);
+  EXPECT_EQ(d.blocks.stored_blocks, 0);
+  // Noise makes the encoder pick every filter type, so every un-filter is checked.
+  Image noisy(300, 120);
+  noisy.rgb = noise_bytes(noisy.rgb.size(), 3);
+  for (int y = 0; y < noisy.height; y += 3) {
+    for (int x = 0; x < noisy.width; ++x) noisy.set(x, y, {static_cast<uint8_t>(x), static_cast<uint8_t>(y), 9});
+  }
+  const DecodedPng dn = decode_png(zt::report::encode_png(noisy));
+  EXPECT_TRUE(dn.img.rgb == noisy.rgb);
+  for (size_t f = 0; f < 5; ++f) EXPECT_GT(dn.filter_rows[f], 0) << "no row with filter type " << f;
+
+  // The reader does fail: one flipped pixel byte breaks the IDAT CRC ...
   std::vector<uint8_t> png = zt::report::encode_png(pattern_image(20, 20));
   png[png.size() / 2] ^= 0x01;
-  EXPECT_THROW(decode_stored_png(png), std::runtime_error);
+  EXPECT_THROW(decode_png(png), std::runtime_error);
+  // ... and with the CRC made right again, the deflate data or Adler-32 does not check out.
+  png[png.size() / 2] ^= 0x01;
+  const size_t idat_len = (size_t{png[33]} << 24) | (size_t{png[34]} << 16) | (size_t{png[35]} << 8) | png[36];
+  for (size_t at : {size_t{41} + 3, 41 + idat_len / 2, 41 + idat_len - 2}) {
+    std::vector<uint8_t> bad = png;
+    bad[at] ^= 0x10;
+    const uint32_t crc = bitwise_crc32(bad.data() + 37, idat_len + 4);
+    for (size_t i = 0; i < 4; ++i) bad[41 + idat_len + i] = static_cast<uint8_t>(crc >> (24 - 8 * i));
+    EXPECT_THROW(decode_png(bad), std::runtime_error) << "byte " << at << " of " << png.size();
+  }
+}
+
+TEST(Png, StoredModeRoundTrips) {
+  // 200x150: 90150 bytes of scanlines, so two stored blocks.
+  for (auto [w, h, blocks] : {std::tuple{200, 150, 2}, std::tuple{1, 1, 1}, std::tuple{301, 7, 1}}) {
+    const Image img = pattern_image(w, h);
+    const std::vector<uint8_t> png = zt::report::encode_png(img, PngCompression::stored);
+    const DecodedPng d = decode_png(png);
+    EXPECT_EQ(d.blocks.stored_blocks, blocks) << w << "x" << h;
+    EXPECT_EQ(d.blocks.fixed_blocks + d.blocks.dynamic_blocks, 0);
+    EXPECT_EQ(d.filter_rows[0], h) << "stored rows are unfiltered";
+    EXPECT_GE(d.idat_bytes, static_cast<size_t>(w * h * 3));
+    ASSERT_EQ(d.img.width, w);
+    ASSERT_EQ(d.img.height, h);
+    EXPECT_TRUE(d.img.rgb == img.rgb) << "pixels differ after the round trip, " << w << "x" << h;
+  }
 }
 
 TEST(Png, RejectsEmptyOrInconsistentImages) {
@@ -539,8 +607,32 @@ TEST(Chart, WriteBarChartPngWritesADecodablePng) {
   const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   in.close();
   fs::remove(path);
-  const Decoded d = decode_stored_png(bytes);
+  const DecodedPng d = decode_png(bytes);
   EXPECT_EQ(d.img.width, 640);
   EXPECT_EQ(d.img.height, 360);
   EXPECT_TRUE(d.img.rgb == zt::report::render_bar_chart(grouped_chart(), 640, 360).rgb);
+}
+
+TEST(Chart, FullSizeChartPngIsSmall) {
+  // The bench charts are 1400x700 (2.9 MB of pixels); flat colour compresses to a few KB.
+  BarChart c = grouped_chart();
+  c.categories.clear();
+  c.series = {{"forward", {}}, {"backward", {}}, {"step", {}}};
+  for (int i = 0; i < 10; ++i) {
+    c.categories.push_back("config-" + std::to_string(i));
+    for (size_t p = 0; p < 3; ++p) {
+      c.series[p].values.push_back(i == 7 ? kNaN : 5.0 + 3.1 * i * static_cast<double>(p + 1));
+    }
+    c.markers.push_back(i == 7 ? kNaN : 8.0 + 6.0 * i);
+    c.category_notes.push_back(i == 7 ? "OOM in backward" : "");
+  }
+  c.marker_label = "estimate";
+  c.reference = 139.8;
+  c.reference_label = "device memory";
+  c.footnote = "footnote";
+  const Image img = zt::report::render_bar_chart(c);
+  const std::vector<uint8_t> png = zt::report::encode_png(img);
+  EXPECT_LT(png.size(), 50000u);
+  const DecodedPng d = decode_png(png);
+  EXPECT_TRUE(d.img.rgb == img.rgb);
 }
