@@ -66,14 +66,29 @@ Memory estimate_memory(const Job& job, const Config& cfg) {
   const double L = static_cast<double>(m.n_layer);
   const double per_layer = 16.0 * C * d * tokens;
   r.activations = job.checkpointing ? L * C * d * tokens + per_layer : L * per_layer;
-  r.loss = tokens * V * (d + 8.0);
-  r.backward_extra = tokens * V * d;
+  // The LM head runs over the vocabulary padded to lm_head_pad_multiple (Vp columns).
+  const double pm = static_cast<double>(std::max<int64_t>(1, m.lm_head_pad_multiple));
+  const double Vp = std::ceil(V / pm) * pm;
+  double loss_peak = 0;  // the loss's own bytes at its peak, inside forward
+  if (m.fused_lm_head_loss && dt != at::kHalf) {
+    // Chunked head + loss (src/models/lm_head_loss.h): per chunk of `rows` tokens the logits
+    // in the compute dtype, in fp32 and the gradient in the compute dtype; the padded weight,
+    // a (Vp, C) product per chunk and the fp32 dw; dx. Kept for backward: dw and dx.
+    const double rows = std::min(tokens, std::max(64.0, std::floor(static_cast<double>(int64_t{1} << 27) / Vp)));
+    loss_peak = rows * Vp * (2.0 * d + 4.0) + Vp * C * (2.0 * d + 4.0) + tokens * C * d;
+    r.loss = Vp * C * 4.0 + tokens * C * d;
+    r.backward_extra = tokens * C * 4.0 + V * C * (4.0 + d);  // the scaled dx and dw
+  } else {
+    r.loss = tokens * Vp * (d + 8.0);  // logits, their fp32 copy, the fp32 log-softmax
+    loss_peak = r.loss;
+    r.backward_extra = tokens * Vp * d;  // the logits' gradient
+  }
 
   // Resident in forward: params (stage 0-2), master/optimizer on the device, gathered units.
   // The gradient buffers of stages 0-1 are standing; those of stages 2-3 appear in backward.
   const double standing = r.params + r.master + r.optimizer + r.gathered + (stage <= 1 ? r.grads : 0.0);
-  r.forward_peak = standing + r.activations + r.loss;
-  r.backward_peak = r.forward_peak + r.backward_extra + (stage >= 2 ? r.grads : 0.0);
+  r.forward_peak = standing + r.activations + loss_peak;
+  r.backward_peak = standing + r.activations + r.loss + r.backward_extra + (stage >= 2 ? r.grads : 0.0);
   // Step: states + gradients + one group of fp32 gradients (at most 2^27 elements) or, with
   // offload, the upload buffers only.
   const double group = 4.0 * std::min<double>(psi * shard, static_cast<double>(int64_t{1} << 27));

@@ -15,9 +15,11 @@
 // Activations per token (what autograd keeps for one pre-LN GPT-2 block with fused
 // attention, in the compute dtype): 16·C elements per layer (x, ln_1, qkv 3C, attention out,
 // h1, ln_2, c_fc 4C, gelu 4C) = 16·C·d bytes; with activation checkpointing only the block
-// input (C·d per layer) plus one block being recomputed. The loss adds the logits
-// (V·d), their fp32 copy and fp32 log-softmax (8·V); backward adds the logits' gradient
-// (V·d) at its start.
+// input (C·d per layer) plus one block being recomputed. The loss (GPT-2's fused, chunked
+// head + cross entropy, src/models/lm_head_loss.h) peaks at one chunk of logits in the
+// compute dtype, fp32 and as gradient, plus the padded weight and fp32 dw; it keeps dw and
+// dx for backward. fp16 (unfused) keeps the logits (Vp·d), their fp32 copy and the fp32
+// log-softmax (8·Vp) per token, and backward adds the logits' gradient (Vp·d).
 // Calibrated against GPT-2 Large on 2× H200 (bench/results/2026-11-22_*): every measured
 // peak is within 5% (tests/unit/test_estimate.cpp).
 #pragma once

@@ -7,6 +7,7 @@
 
 #include "models/checkpoint.h"
 #include "models/gpt2.h"
+#include "models/lm_head_loss.h"
 #include "zerotrain/error.h"
 
 using zt::models::GPT2;
@@ -238,6 +239,55 @@ TEST(GPT2, PaddedLmHeadGivesTheUnpaddedLossAndGradients) {
     EXPECT_EQ(kv.value().grad().sizes(), gq[kv.key()].grad().sizes());
     EXPECT_TRUE(torch::allclose(kv.value().grad(), gq[kv.key()].grad(), 1e-5, 1e-6));
   }
+}
+
+// The chunked LM-head loss (the default for fp32/bf16) against the unfused one: same loss,
+// same gradients for every parameter, with ignored targets, vocabulary padding and
+// several chunks (chunk_rows 7 over 48 rows).
+TEST(GPT2, FusedLmHeadLossMatchesTheUnfusedOne) {
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    GPT2Config c{2, 2, 32, 100, 16};
+    torch::manual_seed(9);
+    GPT2 fused(c);
+    c.fused_lm_head_loss = false;
+    GPT2 plain(c);
+    {
+      torch::NoGradGuard g;
+      auto src = fused->named_parameters();
+      for (auto& kv : plain->named_parameters()) kv.value().copy_(src[kv.key()]);
+    }
+    fused->to(dtype);
+    plain->to(dtype);
+    auto idx = tokens(3, 16, 100, 21);
+    auto tgt = tokens(3, 16, 100, 22);
+    tgt.index_put_({1, 5}, -1);
+    tgt.index_put_({2, 0}, -1);
+    const double tol = dtype == torch::kFloat ? 1e-5 : 2e-2;
+    auto h = fused->hidden(idx).reshape({-1, 32});
+    auto direct = zt::models::lm_head_cross_entropy(h, fused->wte->weight, tgt.reshape({-1}), 64, 7);
+    auto lf = fused->loss(idx, tgt);
+    auto lp = plain->loss(idx, tgt);
+    EXPECT_NEAR(direct.item<double>(), lp.item<double>(), tol);
+    EXPECT_NEAR(lf.item<double>(), lp.item<double>(), tol);
+    (direct * 3.0).backward();  // upstream gradient 3: checks the backward scaling
+    (lp * 3.0).backward();
+    auto gp = plain->named_parameters();
+    for (auto& kv : fused->named_parameters()) {
+      SCOPED_TRACE(kv.key());
+      ASSERT_TRUE(kv.value().grad().defined());
+      const auto a = kv.value().grad().to(torch::kFloat), b = gp[kv.key()].grad().to(torch::kFloat);
+      const double scale = b.abs().max().item<double>() + 1e-12;
+      EXPECT_LT((a - b).abs().max().item<double>() / scale, dtype == torch::kFloat ? 1e-4 : 5e-2);
+    }
+  }
+  // All targets ignored: loss 0, zero gradients, no division by zero.
+  GPT2Config c{1, 2, 32, 100, 8};
+  GPT2 m(c);
+  auto l = m->loss(tokens(1, 8, 100, 3), torch::full({1, 8}, -1, torch::kLong));
+  EXPECT_EQ(l.item<double>(), 0.0);
+  l.backward();
+  EXPECT_EQ(m->wte->weight.grad().abs().sum().item<double>(), 0.0);
 }
 
 TEST(GPT2, TinyModelLearns) {

@@ -1,0 +1,78 @@
+#include "models/lm_head_loss.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "zerotrain/error.h"
+
+namespace zt::models {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct LmHeadCrossEntropy : torch::autograd::Function<LmHeadCrossEntropy> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
+                               const torch::Tensor& targets, int64_t pad_multiple, int64_t chunk_rows) {
+    const int64_t N = x.size(0), C = x.size(1), V = w.size(0);
+    const int64_t m = std::max<int64_t>(1, pad_multiple);
+    const int64_t Vp = (V + m - 1) / m * m;
+    const auto wp = Vp > V ? at::constant_pad_nd(w, {0, 0, 0, Vp - V}) : w;  // (Vp, C)
+    const auto fopt = x.options().dtype(at::kFloat);
+    auto dx = at::empty_like(x, at::MemoryFormat::Contiguous);  // (N, C): d(sum of losses)/dx
+    auto dw = at::zeros({Vp, C}, fopt);                          // (Vp, C), fp32 across chunks
+    auto loss_sum = at::zeros({}, fopt);
+    const auto valid_all = targets.ne(-1);
+    // One host sync per call: masking rows of ignored targets is a full pass over the
+    // chunk's logits, worth skipping when (as in pre-training) every target counts.
+    const bool any_ignored = !valid_all.all().item<bool>();
+    const int64_t rows = std::max<int64_t>(1, chunk_rows);
+    for (int64_t r0 = 0; r0 < N; r0 += rows) {
+      const int64_t n = std::min(rows, N - r0);
+      const auto xc = x.narrow(0, r0, n);                      // (n, C)
+      const auto valid = valid_all.narrow(0, r0, n);           // (n)
+      const auto t = at::where(valid, targets.narrow(0, r0, n), at::zeros({}, targets.options()));
+      auto lc = at::mm(xc, wp.t()).to(at::kFloat);             // (n, Vp) fp32
+      if (Vp > V) lc.narrow(1, V, Vp - V).fill_(-std::numeric_limits<float>::infinity());
+      lc = at::log_softmax(lc, 1);                             // (n, Vp), one fused kernel
+      const auto picked = lc.gather(1, t.unsqueeze(1)).squeeze(1);  // log p(target)
+      loss_sum.sub_((picked * valid).sum());
+      // d(loss_i)/d(logits_i) = softmax_i - onehot(t_i), zero for ignored rows; in place.
+      lc.exp_();
+      lc.scatter_add_(1, t.unsqueeze(1), at::full({n, 1}, -1.0f, fopt));
+      if (any_ignored) lc.mul_(valid.unsqueeze(1));
+      const auto g = lc.to(x.scalar_type());                   // (n, Vp)
+      auto dxc = dx.narrow(0, r0, n);                           // (n, C), contiguous rows
+      at::mm_out(dxc, g, wp);
+      dw.add_(at::mm(g.t(), xc));                               // (Vp, C)
+    }
+    const auto count = valid_all.sum().to(at::kFloat).clamp_min(1.0);
+    ctx->save_for_backward({dx, dw.narrow(0, 0, V), count});
+    ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
+    return loss_sum / count;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    const auto scale = grad_out[0].to(at::kFloat) / saved[2];  // d(mean)/d(sum) times upstream
+    const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
+    auto dx = (saved[0].to(at::kFloat) * scale).to(saved[0].scalar_type());
+    auto dw = (saved[1] * scale).to(w_dtype);
+    return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor lm_head_cross_entropy(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& targets,
+                                    int64_t pad_multiple, int64_t chunk_rows) {
+  ZT_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "lm_head_cross_entropy: x ", x.sizes(),
+           " and w ", w.sizes(), " must be (N, C) and (V, C)");
+  ZT_CHECK(targets.dim() == 1 && targets.size(0) == x.size(0) && targets.scalar_type() == at::kLong,
+           "lm_head_cross_entropy: targets must be (N) int64, got ", targets.sizes(), " ", targets.scalar_type());
+  ZT_CHECK(x.scalar_type() == w.scalar_type(), "lm_head_cross_entropy: x is ", x.scalar_type(), " but w is ",
+           w.scalar_type());
+  return LmHeadCrossEntropy::apply(x.contiguous(), w, targets.contiguous(), pad_multiple, chunk_rows);
+}
+
+}  // namespace zt::models
