@@ -59,7 +59,15 @@ Memory estimate_memory(const Job& job, const Config& cfg) {
     const double root = V * C + static_cast<double>(m.n_positions) * C;
     const double window = std::min<double>(static_cast<double>(z.stage3_prefetch_bucket_size),
                                            static_cast<double>(z.stage3_max_live_parameters));
-    r.gathered = d * (root + block + std::min(window, block * static_cast<double>(m.n_layer)));
+    // At the end of forward the units whose backward comes within stage3_max_reuse_distance
+    // parameters stay gathered: block i's next use is 2 (L - 1 - i) blocks later, so the
+    // last floor(distance / 2 block) + 1 blocks are kept, up to stage3_max_live_parameters.
+    const double L_blocks = static_cast<double>(m.n_layer);
+    const double reuse = static_cast<double>(z.stage3_max_reuse_distance);
+    const double kept = std::min({L_blocks, std::floor(reuse / (2.0 * block)) + 1.0,
+                                  std::max(1.0, std::floor(static_cast<double>(z.stage3_max_live_parameters) / block))});
+    const double running = block + std::min(window, block * L_blocks);
+    r.gathered = d * (root + std::max(running, kept * block));
   }
 
   const double tokens = static_cast<double>(job.micro_batch * job.seq);

@@ -66,7 +66,7 @@ TEST(Estimate, WithinFivePercentOfEveryMeasuredPeak) {
 // re-estimated now from the config it ran with, against the peak it measured (the issue
 // asks for 10%; the calibration holds 5%).
 TEST(Estimate, WithinFivePercentOfEveryPeakOfTheCommittedSweep) {
-  const std::string dir = std::string(ZT_SOURCE_DIR) + "/bench/results/2026-11-22_sweep_h200x2/gpt2-large";
+  const std::string dir = std::string(ZT_SOURCE_DIR) + "/bench/results/2026-11-22_final_h200x2/gpt2-large";
   std::ifstream f(dir + "/results.json");
   ASSERT_TRUE(f.good()) << dir;
   std::stringstream ss;
@@ -85,8 +85,6 @@ TEST(Estimate, WithinFivePercentOfEveryPeakOfTheCommittedSweep) {
     job.gpus = ranks;
     job.micro_batch = meta.at("micro_batch").get<int64_t>();
     job.seq = meta.at("seq").get<int64_t>();
-    job.model.lm_head_pad_multiple = 1;  // this sweep ran before the padded, fused LM head
-    job.model.fused_lm_head_loss = false;
     const auto r = zt::estimate::estimate_memory(job, cfg);
     EXPECT_NEAR(r.peak / gib / row.at("peak_gib").get<double>(), 1.0, 0.05);
     ++checked;
