@@ -70,11 +70,14 @@ std::string md_table(const json& results) {
        std::to_string(meta["steps"].get<int>()) + " timed iterations after " +
        std::to_string(meta["warmup"].get<int>()) + " warm-up, each configuration in fresh processes\n";
   s += "- MFU: " + meta["mfu_formula"].get<std::string>() + "\n";
-  s += "- memory: " + meta["memory_source"].get<std::string>() + "\n\n";
-  s += "| config | stage | dtype | offload | status | ms/iter | fwd / bwd / step ms | tokens/s | TFLOP/s per GPU | MFU | "
+  s += "- memory: " + meta["memory_source"].get<std::string>() + "\n";
+  s += "- exposed comm: time the step waited for gradient communication after backward (the last step; "
+       "the rest overlapped with backward)\n\n";
+  s += "| config | stage | dtype | offload | status | ms/iter | fwd / bwd / step ms | exposed comm ms | tokens/s | "
+       "TFLOP/s per GPU | MFU | "
        "peak GiB fwd / bwd / step | estimate GiB (error) | model states GiB | vs PyTorch: anchor, its ms/iter, "
        "speed-up, peak ratio |\n";
-  s += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  s += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : results["rows"]) {
     const bool ok = r["status"] == "ok";
     const bool states = r.value("estimate_basis", std::string("peak")) == "model states";
@@ -89,7 +92,8 @@ std::string md_table(const json& results) {
     s += "| " + r["name"].get<std::string>() + " | " + std::to_string(r["stage"].get<int>()) + " | " +
          r["dtype"].get<std::string>() + " | " + r["offload"].get<std::string>() + " | " + status_cell(r) + " | " +
          (ok ? fmt("%.1f", num(r, "ms_per_iter")) : "-") + " | " + (ok ? per_phase(r, "phase_ms", nullptr, "%.1f") : "-") +
-         " | " + (ok ? fmt("%.0f", num(r, "tokens_per_s")) : "-") + " | " +
+         " | " + (ok && r.contains("exposed_comm_ms") ? fmt("%.2f", num(r, "exposed_comm_ms")) : "-") + " | " +
+         (ok ? fmt("%.0f", num(r, "tokens_per_s")) : "-") + " | " +
          (ok ? fmt("%.3g", num(r, "tflops_per_gpu")) : "-") + " | " +
          (ok && num(r, "mfu") > 0 ? fmt("%.1f%%", 100 * num(r, "mfu")) : "-") + " | " +
          (ok ? per_phase(r, "phase_mem_gib", "peak", nullptr) : "-") + " | " + gib_fmt(est) + (states ? " states" : "") +
