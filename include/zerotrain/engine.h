@@ -97,10 +97,39 @@ struct StepReport {
   nlohmann::json to_json() const;
 };
 
+// One optimizer parameter group (DeepSpeed / torch.optim param groups, reduced to what
+// differs in practice). Everything else (betas, eps, adam_w_mode, momentum, clipping) is
+// the config's, for every group.
+struct ParamGroup {
+  // Parameters of the model passed to initialize(), each requiring grad.
+  std::vector<torch::Tensor> params;
+  // Overrides optimizer.params.weight_decay for this group's parameters (>= 0); unset =
+  // the config's.
+  std::optional<double> weight_decay;
+  // The group's lr = the schedule's lr for the step x lr_scale (finite, >= 0).
+  double lr_scale = 1.0;
+  // For error messages; empty = "group <index>".
+  std::string name;
+};
+
+// The Hugging Face / Megatron convention: every trainable parameter with dim() < 2
+// (biases, LayerNorm weights) in a group "no_decay" with weight_decay 0, the others in
+// a group "decay" with `weight_decay`; both with lr_scale 1. Groups in that order,
+// parameters in registration order; a group that would be empty is left out. Frozen
+// parameters (requires_grad false) are in neither.
+std::vector<ParamGroup> no_decay_groups(torch::nn::Module& model, double weight_decay);
+
 struct EngineOptions {
   // Trainable tensors the engine manages; empty = all parameters of the model that
   // require grad. Other parameters are left as they are (frozen).
   std::vector<torch::Tensor> params;
+  // Parameter groups (docs/engine.md#parameter-groups). Non-empty: the engine manages
+  // exactly the union of the groups (other parameters are left as they are, frozen, as
+  // with `params`, which must then be empty). A parameter may be in one group only, must
+  // require grad, and a group may not be empty; violations throw ConfigError naming the
+  // parameter and group. Empty: one group of `params` (or of all trainable parameters)
+  // with the config's weight_decay and lr_scale 1 -- exactly the behaviour without groups.
+  std::vector<ParamGroup> param_groups;
   // Group of data-parallel ranks; null = all ranks (comm::world_group()).
   comm::GroupPtr group;
   // Device; unset = cuda:LOCAL_RANK when CUDA is available, else CPU.

@@ -38,6 +38,8 @@ const char* kTrainUsage =
     "  --grad-accum N      fills gradient_accumulation_steps when \"auto\"\n"
     "  --clip X            fills gradient_clipping when \"auto\" (default 1.0)\n"
     "  --checkpoint-activations   recompute each block in backward (activation_checkpointing section applies)\n"
+    "  --no-decay-1d       no weight decay for biases and LayerNorm weights (parameters with fewer\n"
+    "                      than 2 dims); the others keep optimizer.params.weight_decay\n"
     "  --metrics PATH      JSON lines, one object per step (rank 0)\n"
     "  --summary PATH      one JSON object with the run's totals (rank 0)\n"
     "  --print-every N     print 'Epoch E, Step S, Loss: L' every N steps (default: steps_per_print)\n"
@@ -66,6 +68,7 @@ struct Args {
           warmup = 2, seed = 1234;
   double clip = 1.0, peak_tflops = -1;
   bool checkpoint = false;
+  bool no_decay_1d = false;
   bool save_async = false;
   bool help = false;
 };
@@ -104,6 +107,7 @@ Args parse_args(int argc, char** argv) {
     else if (f == "--clip") a.clip = std::stod(need(i));
     else if (f == "--peak-tflops") a.peak_tflops = std::stod(need(i));
     else if (f == "--checkpoint-activations") a.checkpoint = true;
+    else if (f == "--no-decay-1d") a.no_decay_1d = true;
     else if (f == "--save") a.save = need(i);
     else if (f == "--save-every") a.save_every = num(i);
     else if (f == "--save-async") a.save_async = true;
@@ -203,6 +207,7 @@ int cmd_train(int argc, char** argv) {
 
   EngineOptions eo;
   eo.metrics_path = a.metrics;
+  if (a.no_decay_1d) eo.param_groups = no_decay_groups(*model, cfg.optimizer.params.weight_decay);
   eo.flops_per_sample = flops_per_token * static_cast<double>(seq);
   if (a.device == "cpu") eo.device = torch::Device(torch::kCPU);
   if (a.device == "cuda") {

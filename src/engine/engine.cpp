@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <map>
 #include <set>
 #include <type_traits>
 
@@ -83,7 +84,10 @@ class EngineImpl : public Engine {
       }
       return std::string();
     };
-    if (opts_.params.empty()) {
+    std::vector<int> param_group;  // parameter groups: index into opts_.param_groups, per param
+    if (!opts_.param_groups.empty()) {
+      collect_groups(named, params, param_group);
+    } else if (opts_.params.empty()) {
       for (const auto& kv : named) {
         if (kv.value().requires_grad()) params.push_back(kv.value());
       }
@@ -153,6 +157,11 @@ class EngineImpl : public Engine {
     zo.gradient_predivide_factor = cfg_.gradient_predivide_factor;
     zo.optimizer = cfg_.optimizer;
     if (zo.optimizer.type.empty()) zo.optimizer.type = "AdamW";
+    for (size_t g = 0; g < opts_.param_groups.size(); ++g) {
+      const ParamGroup& pg = opts_.param_groups[g];
+      zo.groups.push_back({group_name(g), pg.lr_scale, pg.weight_decay.value_or(cfg_.optimizer.params.weight_decay)});
+    }
+    zo.param_group = param_group;
     const auto& zc = cfg_.zero_optimization;
     zo.offload_optimizer = zc.offload_optimizer.device == OffloadDevice::cpu ||
                            zc.offload_optimizer.device == OffloadDevice::nvme;
@@ -458,6 +467,51 @@ class EngineImpl : public Engine {
     PhaseStats get() const { return s; }
   };
 
+  std::string group_name(size_t g) const {
+    const std::string& n = opts_.param_groups[g].name;
+    return n.empty() ? "group " + std::to_string(g) : n;
+  }
+
+  // EngineOptions::param_groups: the union of the groups, in registration order, and each
+  // parameter's group. Validates the groups (ConfigError naming parameter and group).
+  void collect_groups(const torch::OrderedDict<std::string, torch::Tensor>& named, std::vector<torch::Tensor>& params,
+                      std::vector<int>& param_group) {
+    ZT_CHECK_T(opts_.params.empty(), ConfigError,
+               "EngineOptions.params and EngineOptions.param_groups are both set: put the parameters to train in "
+               "param_groups only");
+    std::map<c10::TensorImpl*, int> group_of;
+    for (size_t g = 0; g < opts_.param_groups.size(); ++g) {
+      const ParamGroup& pg = opts_.param_groups[g];
+      const std::string gname = group_name(g);
+      ZT_CHECK_T(!pg.params.empty(), ConfigError, "parameter group '", gname,
+                 "' has no parameters: remove it from EngineOptions.param_groups");
+      ZT_CHECK_T(!pg.weight_decay || (std::isfinite(*pg.weight_decay) && *pg.weight_decay >= 0), ConfigError,
+                 "parameter group '", gname, "': weight_decay ", pg.weight_decay.value_or(0),
+                 " must be finite and >= 0");
+      ZT_CHECK_T(std::isfinite(pg.lr_scale) && pg.lr_scale >= 0, ConfigError, "parameter group '", gname,
+                 "': lr_scale ", pg.lr_scale, " must be finite and >= 0");
+      for (const auto& t : pg.params) {
+        std::string name;
+        for (const auto& kv : named) {
+          if (kv.value().unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) name = kv.key();
+        }
+        ZT_CHECK_T(!name.empty(), ConfigError, "parameter group '", gname, "' holds a tensor of shape ", t.sizes(),
+                   " that is not a parameter of the model passed to initialize()");
+        ZT_CHECK_T(t.requires_grad(), ConfigError, "parameter '", name, "' in parameter group '", gname,
+                   "' does not require grad (frozen): remove it from the group or set requires_grad");
+        auto [it, fresh] = group_of.emplace(t.unsafeGetTensorImpl(), static_cast<int>(g));
+        ZT_CHECK_T(fresh, ConfigError, "parameter '", name, "' is in two parameter groups ('",
+                   group_name(static_cast<size_t>(it->second)), "' and '", gname, "'): keep it in one");
+      }
+    }
+    for (const auto& kv : named) {
+      auto it = group_of.find(kv.value().unsafeGetTensorImpl());
+      if (it == group_of.end()) continue;
+      params.push_back(kv.value());
+      param_group.push_back(it->second);
+    }
+  }
+
   // ZeRO-3 units: EngineOptions.units, else one per GPT-2 block, else none (all root).
   void setup_units(const std::vector<torch::Tensor>& params, const std::vector<std::string>& names,
                    zero::ZeroOptions& zo) {
@@ -520,6 +574,22 @@ class EngineImpl : public Engine {
 };
 
 }  // namespace
+
+std::vector<ParamGroup> no_decay_groups(torch::nn::Module& model, double weight_decay) {
+  ParamGroup decay, no_decay;
+  decay.name = "decay";
+  decay.weight_decay = weight_decay;
+  no_decay.name = "no_decay";
+  no_decay.weight_decay = 0.0;
+  for (const auto& kv : model.named_parameters(/*recurse=*/true)) {
+    if (!kv.value().requires_grad()) continue;
+    (kv.value().dim() < 2 ? no_decay : decay).params.push_back(kv.value());
+  }
+  std::vector<ParamGroup> groups;
+  if (!decay.params.empty()) groups.push_back(std::move(decay));
+  if (!no_decay.params.empty()) groups.push_back(std::move(no_decay));
+  return groups;
+}
 
 std::unique_ptr<Engine> initialize(std::shared_ptr<torch::nn::Module> model, const Config& config,
                                    EngineOptions options) {

@@ -118,8 +118,11 @@ void ZeroOptimizer::init_stage3(std::vector<torch::Tensor>& params) {
   std::vector<std::vector<int64_t>> numels;
   auto add_unit = [&](const std::vector<int>& idx, const std::string& name, UnitKind kind) {
     if (idx.empty()) return -1;
+    // Parameter groups: each group's parameters contiguous in the unit (see [Group Runs]).
+    std::vector<int> order = idx;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return group_of_user(a) < group_of_user(b); });
     std::vector<int64_t> sizes;
-    for (int i : idx) {
+    for (int i : order) {
       params_.push_back(params[i]);
       user_index_.push_back(i);
       shapes_.push_back(shape_of(i));

@@ -151,14 +151,14 @@ void ZeroOptimizer::upload_all() {
   for (size_t k = 0; k < layout_.buckets.size(); ++k) upload_bucket(static_cast<int>(k));
 }
 
-optim::AdamHyper ZeroOptimizer::adam_hyper(double factor, const StepInputs& in) const {
+optim::AdamHyper ZeroOptimizer::adam_hyper(double factor, const StepInputs& in, int group) const {
   const auto& P = opt_.optimizer.params;
   optim::AdamHyper h;
-  h.lr = static_cast<float>(in.lr);
+  h.lr = static_cast<float>(in.lr * groups_[group].lr_scale);
   h.beta1 = static_cast<float>(in.momentum.value_or(P.betas[0]));
   h.beta2 = static_cast<float>(P.betas[1]);
   h.eps = static_cast<float>(P.eps);
-  h.weight_decay = static_cast<float>(P.weight_decay);
+  h.weight_decay = static_cast<float>(groups_[group].weight_decay);
   h.adamw = adamw_;
   h.bias_correction = P.bias_correction;
   h.step = in.step;
@@ -173,7 +173,8 @@ void ZeroOptimizer::cpu_update(const torch::Tensor& grads, double factor, const 
   CopyStreams* cs = upload && streams_ ? copy_streams(streams_) : nullptr;
 #endif
   // CPU Adam per sub-group; each sub-group's upload overlaps the next one's compute.
-  const optim::AdamHyper h = adam_hyper(factor, in);
+  std::vector<optim::AdamHyper> hs;
+  for (size_t g = 0; g < groups_.size(); ++g) hs.push_back(adam_hyper(factor, in, static_cast<int>(g)));
   const bool half_out = opt_.dtype != at::kFloat;
   int b = 0;
   while (b < nb) {
@@ -185,9 +186,14 @@ void ZeroOptimizer::cpu_update(const torch::Tensor& grads, double factor, const 
     }
     for (int k = b; k < end; ++k) {
       auto out = owned_view(host_param_, k);
-      optim::cpu_adam_step(owned_view(master_, k), owned_view(exp_avg_, k), owned_view(exp_avg_sq_, k),
-                           owned_view(grads, k), h, half_out ? out : torch::Tensor());
-      if (!half_out) out.copy_(owned_view(master_, k));
+      auto master = owned_view(master_, k), m = owned_view(exp_avg_, k), v = owned_view(exp_avg_sq_, k);
+      auto g = owned_view(grads, k);
+      // One call per parameter-group run of the bucket (one call with one group).
+      for_group_runs(owned_begin(k), master.numel(), [&](int64_t at, int64_t len, int grp) {
+        optim::cpu_adam_step(master.narrow(0, at, len), m.narrow(0, at, len), v.narrow(0, at, len),
+                             g.narrow(0, at, len), hs[grp], half_out ? out.narrow(0, at, len) : torch::Tensor());
+      });
+      if (!half_out) out.copy_(master);
     }
     // Upload the sub-group on the upload stream (stage 3 with offload_param: it stays on
     // the host).

@@ -212,7 +212,8 @@ void ZeroOptimizer::init_nvme(int64_t owned) {
 
 void ZeroOptimizer::nvme_update(const torch::Tensor& grads, double factor, const StepInputs& in) {
   torch::NoGradGuard no_grad;
-  const optim::AdamHyper h = adam_hyper(factor, in);
+  std::vector<optim::AdamHyper> hs;
+  for (size_t g = 0; g < groups_.size(); ++g) hs.push_back(adam_hyper(factor, in, static_cast<int>(g)));
   const bool half = opt_.dtype != at::kFloat;
   const bool host_shard = opt_.stage == 3 && opt_.offload_param;
   const auto esize = static_cast<int64_t>(grads.element_size());
@@ -225,8 +226,12 @@ void ZeroOptimizer::nvme_update(const torch::Tensor& grads, double factor, const
   N.state->pass(offload::NvmeOptimizerState::Mode::kReadWrite, [&](const offload::NvmeOptimizerState::Staged& s) {
     void* out = nullptr;
     if (half) out = host_shard ? static_cast<char*>(param_shard_.data_ptr()) + s.begin * esize : s.scratch;
-    optim::cpu_adam_step(s.master, s.exp_avg, s.exp_avg_sq, g0 + s.begin * esize, opt_.dtype, s.numel, h, out,
-                         half ? opt_.dtype : at::ScalarType::Undefined);
+    // One call per parameter-group run of the sub-group (one call with one group).
+    for_group_runs(s.begin, s.numel, [&](int64_t at, int64_t len, int grp) {
+      optim::cpu_adam_step(s.master + at, s.exp_avg + at, s.exp_avg_sq + at, g0 + (s.begin + at) * esize, opt_.dtype,
+                           len, hs[grp], out ? static_cast<char*>(out) + at * esize : nullptr,
+                           half ? opt_.dtype : at::ScalarType::Undefined);
+    });
     // What the device gets: the compute-dtype copy, or the fp32 master itself.
     auto src = torch::from_blob(half ? out : s.master, {s.numel}, torch::TensorOptions().dtype(opt_.dtype));
     if (host_shard) {

@@ -32,6 +32,10 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr g
   rank_ = group_->rank();
   world_ = group_->size();
   owns_all_ = opt_.stage == 0;
+  groups_ = opt_.groups;
+  if (groups_.empty()) groups_.push_back({"", 1.0, opt_.optimizer.params.weight_decay});
+  ZT_ASSERT(opt_.param_group.empty() || opt_.param_group.size() == params.size(), "param_group size");
+  for (int g : opt_.param_group) ZT_ASSERT(g >= 0 && g < static_cast<int>(groups_.size()), "param_group index");
 
   torch::NoGradGuard no_grad;
   auto topt = torch::TensorOptions().device(opt_.device);
@@ -41,7 +45,12 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr g
     // Layout order: reverse of the user's order, the order gradients become ready.
     const int n = static_cast<int>(params.size());
     std::vector<int64_t> numels;
-    for (int i = n - 1; i >= 0; --i) {
+    std::vector<int> order;
+    for (int i = n - 1; i >= 0; --i) order.push_back(i);
+    // Parameter groups: each group's parameters contiguous (see [Group Runs]).
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return group_of_user(a) < group_of_user(b); });
+    for (int i : order) {
       params_.push_back(params[i]);
       user_index_.push_back(i);
       numels.push_back(params[i].numel());
@@ -61,6 +70,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr g
   }
 
   const int64_t owned = owns_all_ ? layout_.total_numel : layout_.shard_numel;
+  build_group_runs(owned);
   const std::string type = lower(opt_.optimizer.type);
   sgd_ = type == "sgd";
   adamw_ = type == "adamw" || opt_.optimizer.params.adam_w_mode;
@@ -342,8 +352,54 @@ StepOutcome ZeroOptimizer::step(const StepInputs& in) {
   return out;
 }
 
+void ZeroOptimizer::build_group_runs(int64_t owned) {
+  group_runs_.clear();
+  if (groups_.size() == 1) {
+    group_runs_.push_back({0, owned, 0});
+    return;
+  }
+  // Each parameter's owned part, in owned order (buckets in order, parameters in order).
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    const Bucket& B = layout_.buckets[b];
+    const int64_t lo = owns_all_ ? B.offset : B.shard_offset(rank_);
+    const int64_t size = owns_all_ ? B.numel : B.shard_numel;
+    const int64_t ob = owned_begin(static_cast<int>(b));
+    for (int k = 0; k < B.num_params; ++k) {
+      const int i = B.first_param + k;
+      const ParamSlot& s = layout_.params[i];
+      const Range r = intersect({s.offset, s.offset + s.numel}, {lo, lo + size});
+      if (r.size() == 0) continue;
+      const int g = group_of_user(user_index_[i]);
+      const int64_t at = ob + r.begin - lo;
+      if (!group_runs_.empty() && group_runs_.back().group == g) {
+        group_runs_.back().len = at + r.size() - group_runs_.back().begin;  // across padding
+      } else {
+        group_runs_.push_back({at, r.size(), g});
+      }
+    }
+  }
+  if (group_runs_.empty()) {  // this rank's shards are all padding
+    group_runs_.push_back({0, owned, 0});
+    return;
+  }
+  // Padding (zeros that stay zero) joins the run before it; the first run starts at 0.
+  group_runs_.front().len += group_runs_.front().begin;
+  group_runs_.front().begin = 0;
+  for (size_t k = 0; k + 1 < group_runs_.size(); ++k) {
+    group_runs_[k].len = group_runs_[k + 1].begin - group_runs_[k].begin;
+  }
+  group_runs_.back().len = owned - group_runs_.back().begin;
+}
+
+void ZeroOptimizer::for_group_runs(int64_t begin, int64_t n,
+                                   const std::function<void(int64_t at, int64_t len, int group)>& fn) const {
+  for (const GroupRun& run : group_runs_) {
+    const Range r = intersect({begin, begin + n}, {run.begin, run.begin + run.len});
+    if (r.size() > 0) fn(r.begin - begin, r.size(), run.group);
+  }
+}
+
 void ZeroOptimizer::apply_optimizer(const std::vector<int>& buckets, double factor, const StepInputs& in) {
-  const auto& P = opt_.optimizer.params;
   std::vector<at::Tensor> ps, gs, ms, vs;
   for (int b : buckets) {
     ps.push_back(owned_view(master_, b));
@@ -356,11 +412,35 @@ void ZeroOptimizer::apply_optimizer(const std::vector<int>& buckets, double fact
     }
     if (momentum_buf_.defined()) ms.push_back(owned_view(momentum_buf_, b));
   }
+  if (groups_.size() == 1) {
+    update_tensors(ps, gs, ms, vs, in, in.lr * groups_[0].lr_scale, groups_[0].weight_decay);
+    return;
+  }
+  // One update per group over its runs in these buckets (see [Group Runs]).
+  for (int grp = 0; grp < static_cast<int>(groups_.size()); ++grp) {
+    std::vector<at::Tensor> gp, gg, gm, gv;
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      for_group_runs(owned_begin(buckets[k]), ps[k].numel(), [&](int64_t at, int64_t len, int g) {
+        if (g != grp) return;
+        gp.push_back(ps[k].narrow(0, at, len));
+        gg.push_back(gs[k].narrow(0, at, len));
+        if (!ms.empty()) gm.push_back(ms[k].narrow(0, at, len));
+        if (!vs.empty()) gv.push_back(vs[k].narrow(0, at, len));
+      });
+    }
+    if (!gp.empty()) update_tensors(gp, gg, gm, gv, in, in.lr * groups_[grp].lr_scale, groups_[grp].weight_decay);
+  }
+}
+
+void ZeroOptimizer::update_tensors(std::vector<at::Tensor>& ps, std::vector<at::Tensor>& gs,
+                                   std::vector<at::Tensor>& ms, std::vector<at::Tensor>& vs, const StepInputs& in,
+                                   double lr, double weight_decay) {
+  const auto& P = opt_.optimizer.params;
   if (sgd_) {
     const double mom = in.momentum.value_or(P.momentum);
     for (size_t k = 0; k < ps.size(); ++k) {
       auto& g = gs[k];
-      if (P.weight_decay != 0) g.add_(ps[k], P.weight_decay);
+      if (weight_decay != 0) g.add_(ps[k], weight_decay);
       if (momentum_buf_.defined()) {
         auto& buf = ms[k];
         if (in.step == 1) {
@@ -374,7 +454,7 @@ void ZeroOptimizer::apply_optimizer(const std::vector<int>& buckets, double fact
           g = buf;
         }
       }
-      ps[k].add_(g, -in.lr);
+      ps[k].add_(g, -lr);
     }
     return;
   }
@@ -386,22 +466,22 @@ void ZeroOptimizer::apply_optimizer(const std::vector<int>& buckets, double fact
     step_t_.fill_(static_cast<double>(in.step));
     std::vector<at::Tensor> steps(ps.size(), step_t_);  // read-only: the kernels do not advance it
     if (adamw) {
-      at::_fused_adamw_(ps, gs, ms, vs, {}, steps, in.lr, beta1, beta2, P.weight_decay, P.eps, false, false);
+      at::_fused_adamw_(ps, gs, ms, vs, {}, steps, lr, beta1, beta2, weight_decay, P.eps, false, false);
     } else {
-      at::_fused_adam_(ps, gs, ms, vs, {}, steps, in.lr, beta1, beta2, P.weight_decay, P.eps, false, false);
+      at::_fused_adam_(ps, gs, ms, vs, {}, steps, lr, beta1, beta2, weight_decay, P.eps, false, false);
     }
     return;
   }
   for (size_t k = 0; k < ps.size(); ++k) {
     auto& g = gs[k];
     if (adamw) {
-      ps[k].mul_(1.0 - in.lr * P.weight_decay);
-    } else if (P.weight_decay != 0) {
-      g.add_(ps[k], P.weight_decay);
+      ps[k].mul_(1.0 - lr * weight_decay);
+    } else if (weight_decay != 0) {
+      g.add_(ps[k], weight_decay);
     }
     ms[k].lerp_(g, 1.0 - beta1);
     vs[k].mul_(beta2).addcmul_(g, g, 1.0 - beta2);
-    ps[k].addcdiv_(ms[k], vs[k].sqrt().add_(P.eps), -in.lr);
+    ps[k].addcdiv_(ms[k], vs[k].sqrt().add_(P.eps), -lr);
   }
 }
 

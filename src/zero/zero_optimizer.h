@@ -45,6 +45,15 @@ struct ZeroOptions {
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
   OptimizerConfig optimizer;
+  // Parameter groups: the step uses lr x lr_scale and weight_decay of the parameter's
+  // group. Empty = one group {1, optimizer.params.weight_decay}.
+  struct Group {
+    std::string name;
+    double lr_scale = 1.0;
+    double weight_decay = 0.0;
+  };
+  std::vector<Group> groups;
+  std::vector<int> param_group;  // user index -> index into groups; empty = all in group 0
 
   // Stage 3. Units in forward order (user parameter indices); parameters in no unit form
   // the "root" unit, gathered for the whole forward+backward. Parameters with fewer than
@@ -191,7 +200,22 @@ class ZeroOptimizer {
   void cpu_update(const torch::Tensor& grads, double factor, const StepInputs& in, bool upload);
   void upload_bucket(int b);  // bucket b's updated compute-dtype shard to param_dst(b)
   void upload_all();
-  optim::AdamHyper adam_hyper(double factor, const StepInputs& in) const;
+  // The CPU Adam hyper-parameters of parameter group `group`.
+  optim::AdamHyper adam_hyper(double factor, const StepInputs& in, int group) const;
+  // The optimizer update of lists of (fp32 master, fp32 gradient, state) tensors with one
+  // lr and weight decay (fused Adam/AdamW kernels, or the SGD loop).
+  void update_tensors(std::vector<at::Tensor>& ps, std::vector<at::Tensor>& gs, std::vector<at::Tensor>& ms,
+                      std::vector<at::Tensor>& vs, const StepInputs& in, double lr, double weight_decay);
+  // [Group Runs] The owned elements are cut into runs of one parameter group each
+  // (group_runs_, covering [0, owned) in order; padding joins a neighbouring run). Every
+  // optimizer update over an owned range calls fn(offset in the range, length, group) for
+  // the range's parts in order: one call covering the range when there is one group.
+  void build_group_runs(int64_t owned);
+  void for_group_runs(int64_t begin, int64_t n,
+                      const std::function<void(int64_t at, int64_t len, int group)>& fn) const;
+  int group_of_user(int user_index) const {
+    return opt_.param_group.empty() ? 0 : opt_.param_group[user_index];
+  }
   int64_t owned_begin(int b) const;  // bucket b's first element in the owned buffers
   // The buckets' parts of owned elements [begin, begin + n): fn(bucket, offset in the range,
   // offset in the bucket's owned part, length), in bucket order.
@@ -239,6 +263,12 @@ class ZeroOptimizer {
   bool owns_all_ = true;                     // stage 0: this rank updates everything
   bool sgd_ = false;                         // optimizer.type SGD (else Adam / AdamW)
   bool adamw_ = true;                        // decoupled weight decay (AdamW / adam_w_mode)
+  std::vector<ZeroOptions::Group> groups_;   // parameter groups (at least one)
+  struct GroupRun {
+    int64_t begin = 0, len = 0;  // owned coordinates
+    int group = 0;
+  };
+  std::vector<GroupRun> group_runs_;         // see [Group Runs]
 
   torch::Tensor flat_param_;   // (total) compute dtype: every param is a view into it
   torch::Tensor flat_grad_;    // (total) compute dtype, stages 0-1: every .grad is a view
