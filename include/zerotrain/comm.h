@@ -24,6 +24,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -97,5 +98,16 @@ using GroupPtr = std::shared_ptr<Group>;
 GroupPtr world_group();
 // Ends MPI cleanly if nothing failed (call at the end of main; skipped after errors).
 void finalize();
+
+// A failure that some rank hit, as every rank of the group agreed on it.
+struct RankFailure {
+  int rank = 0;         // the lowest failing rank
+  std::string message;  // its error message
+};
+// Call on every rank of g with this rank's error ("" = none). Every rank gets the lowest
+// failing rank and its message, or nullopt when no rank failed: the way to make a local
+// failure collective, so that no rank goes on into a collective a failed rank never joins.
+// Costs an all-reduce (plus two broadcasts after a failure); nothing at world 1.
+std::optional<RankFailure> lowest_failure(const GroupPtr& g, const std::string& error);
 
 }  // namespace zt::comm

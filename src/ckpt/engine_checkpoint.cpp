@@ -70,21 +70,10 @@ void collective(const comm::GroupPtr& g, const std::function<void()>& fn) {
     err = ex.what();
     if (err.empty()) err = "unknown error";
   }
-  if (g->size() == 1) {
-    if (!err.empty()) throw CheckpointError(err);
-    return;
-  }
-  auto flag = torch::full({1}, err.empty() ? g->size() : g->rank(), torch::kInt64);
-  g->all_reduce(flag, comm::ReduceOp::kMin);
-  const int root = static_cast<int>(flag.item<int64_t>());
-  if (root == g->size()) return;
-  auto len = torch::full({1}, static_cast<int64_t>(err.size()), torch::kInt64);
-  g->broadcast(len, root);
-  auto bytes = torch::zeros({len.item<int64_t>()}, torch::kUInt8);
-  if (g->rank() == root) std::memcpy(bytes.data_ptr(), err.data(), err.size());
-  g->broadcast(bytes, root);
-  std::string msg(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
-  throw CheckpointError(g->rank() == root ? msg : detail::cat("rank ", root, " failed: ", msg));
+  const auto failure = comm::lowest_failure(g, err);
+  if (!failure) return;
+  throw CheckpointError(failure->rank == g->rank() ? failure->message
+                                                   : detail::cat("rank ", failure->rank, " failed: ", failure->message));
 }
 
 // Every rank's string, in rank order (on every rank).

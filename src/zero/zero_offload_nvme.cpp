@@ -80,21 +80,8 @@ void agree(const comm::GroupPtr& g, const std::function<void()>& fn) {
     err = e.what();
     if (err.empty()) err = "unknown error";
   }
-  if (g->size() > 1) {
-    auto flag = torch::full({1}, err.empty() ? g->size() : g->rank(), torch::kInt64);
-    g->all_reduce(flag, comm::ReduceOp::kMin);
-    const int root = static_cast<int>(flag.item<int64_t>());
-    if (root == g->size()) return;
-    auto len = torch::full({1}, static_cast<int64_t>(err.size()), torch::kInt64);
-    g->broadcast(len, root);
-    auto bytes = torch::zeros({len.item<int64_t>()}, torch::kUInt8);
-    if (g->rank() == root) std::memcpy(bytes.data_ptr(), err.data(), err.size());
-    g->broadcast(bytes, root);
-    if (!mine) {
-      throw E(detail::cat("rank ", root, " failed: ",
-                          std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()))));
-    }
-  }
+  const auto failure = comm::lowest_failure(g, err);
+  if (failure && !mine) throw E(detail::cat("rank ", failure->rank, " failed: ", failure->message));
   if (mine) std::rethrow_exception(mine);
 }
 
