@@ -2,6 +2,7 @@
 // (zero_offload.cpp) and the NVMe path (zero_offload_nvme.cpp). Internal.
 #pragma once
 #ifdef ZT_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <memory>
@@ -13,6 +14,14 @@ struct CopyStreams {
   c10::cuda::CUDAStream h2d;  // updated compute-dtype shards to the device during the step
 };
 inline CopyStreams* copy_streams(const std::shared_ptr<void>& s) { return static_cast<CopyStreams*>(s.get()); }
+
+// The end of an offloaded step: the compute stream of `device` (all-gather, next forward)
+// waits for the uploads on h2d; the host does not.
+inline void compute_waits_for_uploads(const CopyStreams& cs, c10::DeviceIndex device) {
+  at::cuda::CUDAEvent done;
+  done.record(cs.h2d);
+  done.block(c10::cuda::getCurrentCUDAStream(device));
+}
 
 }  // namespace zt::zero
 #endif

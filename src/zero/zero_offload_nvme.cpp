@@ -243,12 +243,7 @@ void ZeroOptimizer::nvme_update(const torch::Tensor& grads, double factor, const
   nvme_step_.bytes_read = ps.bytes_read;
   nvme_step_.bytes_written = ps.bytes_written;
 #ifdef ZT_WITH_CUDA
-  if (cs) {
-    // The compute stream (all-gather, next forward) waits for the uploads; the host does not.
-    at::cuda::CUDAEvent done;
-    done.record(cs->h2d);
-    done.block(c10::cuda::getCurrentCUDAStream(opt_.device.index()));
-  }
+  if (cs) compute_waits_for_uploads(*cs, opt_.device.index());
 #endif
 }
 
