@@ -75,14 +75,13 @@ Memory estimate_memory(const Job& job, const Config& cfg) {
   const double per_layer = 16.0 * C * d * tokens;
   r.activations = job.checkpointing ? L * C * d * tokens + per_layer : L * per_layer;
   // The LM head runs over the vocabulary padded to lm_head_pad_multiple (Vp columns).
-  const double pm = static_cast<double>(std::max<int64_t>(1, m.lm_head_pad_multiple));
-  const double Vp = std::ceil(V / pm) * pm;
+  const double Vp = static_cast<double>(models::gpt2_padded_vocab(m));
   double loss_peak = 0;  // the loss's own bytes at its peak, inside forward
   if (m.fused_lm_head_loss && dt != at::kHalf) {
     // Chunked head + loss (src/models/lm_head_loss.h): per chunk of `rows` tokens the logits
     // in the compute dtype, in fp32 and the gradient in the compute dtype; the padded weight,
     // a (Vp, C) product per chunk and the fp32 dw; dx. Kept for backward: dw and dx.
-    const double rows = std::min(tokens, std::max(64.0, std::floor(static_cast<double>(int64_t{1} << 27) / Vp)));
+    const double rows = std::min(tokens, static_cast<double>(models::gpt2_loss_chunk_rows(m)));
     loss_peak = rows * Vp * (2.0 * d + 4.0) + Vp * C * (2.0 * d + 4.0) + tokens * C * d;
     r.loss = Vp * C * 4.0 + tokens * C * d;
     r.backward_extra = tokens * C * 4.0 + V * C * (4.0 + d);  // the scaled dx and dw

@@ -153,6 +153,15 @@ int64_t gpt2_num_params(const GPT2Config& c) {
 
 int64_t gpt2_num_params_non_embedding(const GPT2Config& c) { return gpt2_num_params(c) - c.n_positions * c.n_embd; }
 
+int64_t gpt2_padded_vocab(const GPT2Config& c) {
+  const int64_t m = std::max<int64_t>(1, c.lm_head_pad_multiple);
+  return (c.vocab_size + m - 1) / m * m;
+}
+
+int64_t gpt2_loss_chunk_rows(const GPT2Config& c) {
+  return std::max<int64_t>(64, (int64_t{1} << 27) / gpt2_padded_vocab(c));
+}
+
 double gpt2_flops_per_token(const GPT2Config& c, int64_t seq) {
   return 6.0 * static_cast<double>(gpt2_num_params_non_embedding(c)) +
          12.0 * static_cast<double>(c.n_layer) * static_cast<double>(c.n_embd) * static_cast<double>(seq);
@@ -304,8 +313,7 @@ torch::Tensor GPT2Impl::forward(const torch::Tensor& idx) {
 }
 
 torch::Tensor GPT2Impl::lm_head(const torch::Tensor& x) {
-  const int64_t V = cfg_.vocab_size, m = std::max<int64_t>(1, cfg_.lm_head_pad_multiple);
-  const int64_t Vp = (V + m - 1) / m * m;
+  const int64_t V = cfg_.vocab_size, Vp = gpt2_padded_vocab(cfg_);
   // Tied to wte; see GPT2Config::lm_head_pad_multiple for the zero rows.
   const auto w = Vp > V ? at::constant_pad_nd(wte->weight, {0, 0, 0, Vp - V}) : wte->weight;  // (Vp, C)
   return F::linear(x, w);  // (B, T, Vp)
@@ -317,12 +325,8 @@ torch::Tensor GPT2Impl::loss(const torch::Tensor& idx, const torch::Tensor& targ
   const int64_t V = cfg_.vocab_size;
   const auto h = hidden(idx);  // (B, T, C)
   if (cfg_.fused_lm_head_loss && h.scalar_type() != torch::kHalf) {
-    // Chunks of about 512 MiB of fp32 logits (2668 rows of 50304 for GPT-2).
-    const int64_t m = std::max<int64_t>(1, cfg_.lm_head_pad_multiple);
-    const int64_t Vp = (V + m - 1) / m * m;
-    const int64_t rows = std::max<int64_t>(64, (int64_t{1} << 27) / Vp);
     return lm_head_cross_entropy(h.reshape({-1, h.size(-1)}), wte->weight, targets.reshape({-1}),
-                                 cfg_.lm_head_pad_multiple, rows);
+                                 cfg_.lm_head_pad_multiple, gpt2_loss_chunk_rows(cfg_));
   }
   const auto logits = lm_head(h);  // (B, T, Vp)
   const int64_t Vp = logits.size(-1);

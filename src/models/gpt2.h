@@ -62,6 +62,11 @@ int64_t gpt2_num_params(const GPT2Config& cfg);
 int64_t gpt2_num_params_non_embedding(const GPT2Config& cfg);  // minus wpe
 // 6*N + 12*n_layer*n_embd*seq with N = gpt2_num_params_non_embedding (see flops_per_token).
 double gpt2_flops_per_token(const GPT2Config& cfg, int64_t seq);
+// The LM head's vocabulary: vocab_size rounded up to lm_head_pad_multiple (50304 for GPT-2).
+int64_t gpt2_padded_vocab(const GPT2Config& cfg);
+// Rows per chunk of the fused LM-head loss: about 512 MiB of fp32 logits, at least 64
+// (2668 rows of 50304 for GPT-2). The model and zerotrain estimate both use it.
+int64_t gpt2_loss_chunk_rows(const GPT2Config& cfg);
 
 struct CausalSelfAttentionImpl : torch::nn::Module {
   explicit CausalSelfAttentionImpl(const GPT2Config& cfg);
