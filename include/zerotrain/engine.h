@@ -29,7 +29,7 @@ namespace zt {
 
 // Memory and time of one phase of one step on this rank.
 struct PhaseStats {
-  double ms = 0;               // wall time (CUDA: measured with events on the compute stream)
+  double ms = 0;               // time (CUDA: between events on the compute stream; CPU: wall time)
   int64_t mem_after = 0;       // bytes allocated when the phase ended
   int64_t mem_peak = 0;        // peak bytes allocated during the phase
 };
@@ -168,9 +168,14 @@ class Engine {
   // no-op. Returns true when this call was a boundary.
   virtual bool step() = 0;
 
-  virtual bool was_step_skipped() const = 0;
-  virtual double get_lr() const = 0;
-  virtual double loss_scale() const = 0;
+  // The next four wait for the last step's device work (one synchronization): on CUDA,
+  // step() returns without waiting for the GPU, and what the step decided on the device
+  // (overflow, gradient norm) and measured there (loss, phase times) is read later.
+  // A training loop that reads them every step makes the CPU wait for the GPU every step;
+  // take_reports() gives the same reports without waiting.
+  virtual bool was_step_skipped() = 0;
+  virtual double get_lr() = 0;
+  virtual double loss_scale() = 0;
   virtual int64_t global_steps() const = 0;
   virtual int64_t micro_steps() const = 0;
   virtual bool is_gradient_accumulation_boundary() const = 0;
@@ -179,8 +184,13 @@ class Engine {
   virtual at::ScalarType compute_dtype() const = 0;
   virtual const comm::GroupPtr& group() const = 0;
   virtual ModelStateBytes model_state_bytes() const = 0;
-  // The report of the last completed step (valid after the first boundary).
-  virtual const StepReport& last_report() const = 0;
+  // The report of the last completed step (valid after the first boundary); waits for it.
+  virtual const StepReport& last_report() = 0;
+  // Reports of the steps whose device work has finished, oldest first, each returned once.
+  // wait = false never blocks: on CUDA the report of a step usually arrives during the
+  // next one. wait = true first waits for every step so far. On the CPU every step is
+  // reported by its step() call.
+  virtual std::vector<StepReport> take_reports(bool wait = false) = 0;
 
   // ZeRO-3: runs fn(x) as unit `unit` (index into EngineOptions.units): its parameters are
   // gathered before, released after (per stage3_max_reuse_distance), and gathered again

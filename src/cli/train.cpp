@@ -294,37 +294,26 @@ int cmd_train(int argc, char** argv) {
 
   const int64_t print_every = a.print_every > 0 ? a.print_every : std::max<int64_t>(1, cfg.steps_per_print);
   const double tokens_per_step = static_cast<double>(cfg.train_batch_size) * static_cast<double>(seq);
-  double timed_ms = 0, first_loss = 0, last_loss = 0;
+  double timed_ms = 0, save_ms = 0, first_loss = 0, last_loss = 0;
   int64_t timed_steps = 0, skipped_steps = 0;
   PhaseStats peak_fwd, peak_bwd, peak_step;
   std::map<std::string, double> phase_ms_sum{{"forward", 0}, {"backward", 0}, {"step", 0}};
   StepProfiler profiler;
-  for (int64_t s = start; s < a.steps; ++s) {
-    if (s == a.profile_step) {
+  auto sync_device = [&] {
 #ifdef ZT_WITH_CUDA
-      if (device.is_cuda()) torch::cuda::synchronize(device.index());
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
 #endif
-      profiler.start(device.is_cuda());
-    }
-    auto t0 = std::chrono::steady_clock::now();
-    for (int64_t k = 0; k < cfg.gradient_accumulation_steps; ++k) {
-      auto [x, y] = loader.next();
-      auto loss = engine->forward([&] { return model->loss(x, y); });
-      engine->backward(loss);
-      engine->step();
-    }
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (s == a.profile_step) {
-      const std::string text = profiler.stop(a.profile_out, rank, ms);
-      if (rank == 0) std::printf("%s", text.c_str());
-    }
-    const StepReport& r = engine->last_report();
+  };
+  // Step reports arrive when the GPU has finished the step (on CUDA usually during the
+  // next one): the loop reads them as they come and never waits for the GPU itself.
+  const int64_t first_timed = start + std::min(a.warmup, a.steps - start);
+  std::map<int64_t, std::pair<int64_t, double>> launched;  // step -> (epoch, CPU ms of its loop)
+  auto consume = [&](const StepReport& r) {
+    const int64_t s = r.step - 1;  // the loop index of this step
     if (s == start) first_loss = r.loss;
     if (r.skipped) ++skipped_steps;
     last_loss = r.loss;
-    if (s - start >= a.warmup) {
-      timed_ms += ms;
-      ++timed_steps;
+    if (s >= first_timed) {
       phase_ms_sum["forward"] += r.forward.ms;
       phase_ms_sum["backward"] += r.backward.ms;
       phase_ms_sum["step"] += r.step_phase.ms;
@@ -336,14 +325,56 @@ int cmd_train(int argc, char** argv) {
     upd(peak_fwd, r.forward);
     upd(peak_bwd, r.backward);
     upd(peak_step, r.step_phase);
-    if (rank == 0 && ((s + 1) % print_every == 0 || s == 0 || s + 1 == a.steps)) {
-      std::printf("Epoch %lld, Step %lld, Loss: %.6f  (%.1f ms, lr %.3g%s)\n",
-                  static_cast<long long>(loader.epoch() + 1), static_cast<long long>(s), r.loss, ms, r.lr,
-                  r.skipped ? ", skipped" : "");
+    auto it = launched.find(r.step);
+    const int64_t epoch = it != launched.end() ? it->second.first : loader.epoch();
+    if (rank == 0 && ((s + 1) % print_every == 0 || s == start || s + 1 == a.steps)) {
+      // ms: the step's forward + backward + step on the device (CPU: wall time).
+      const double ms = r.forward.ms + r.backward.ms + r.step_phase.ms;
+      std::printf("Epoch %lld, Step %lld, Loss: %.6f  (%.1f ms, lr %.3g%s)\n", static_cast<long long>(epoch + 1),
+                  static_cast<long long>(s), r.loss, ms, r.lr, r.skipped ? ", skipped" : "");
       std::fflush(stdout);
     }
+    if (it != launched.end()) launched.erase(it);
+  };
+  auto timed_t0 = std::chrono::steady_clock::now();
+  for (int64_t s = start; s < a.steps; ++s) {
+    if (s == first_timed) {
+      // The timed region starts with an idle device and ends (below) when it is idle again.
+      sync_device();
+      for (const auto& r : engine->take_reports(true)) consume(r);
+      timed_t0 = std::chrono::steady_clock::now();
+    }
+    if (s == a.profile_step) {
+      sync_device();
+      profiler.start(device.is_cuda());
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    for (int64_t k = 0; k < cfg.gradient_accumulation_steps; ++k) {
+      auto [x, y] = loader.next();
+      auto loss = engine->forward([&] { return model->loss(x, y); });
+      engine->backward(loss);
+      engine->step();
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    launched[engine->global_steps()] = {loader.epoch(), ms};
+    if (s == a.profile_step) {
+      const std::string text = profiler.stop(a.profile_out, rank, ms);
+      if (rank == 0) std::printf("%s", text.c_str());
+    }
+    if (s >= first_timed) ++timed_steps;
+    for (const auto& r : engine->take_reports()) consume(r);
     collect_saves();  // an async save may have been published by this step
-    if (a.save_every > 0 && (s + 1) % a.save_every == 0 && s + 1 < a.steps) save();
+    if (a.save_every > 0 && (s + 1) % a.save_every == 0 && s + 1 < a.steps) {
+      const auto ts = std::chrono::steady_clock::now();
+      save();
+      // Iteration time excludes the saves (they are reported on their own).
+      if (s >= first_timed) save_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count();
+    }
+  }
+  for (const auto& r : engine->take_reports(true)) consume(r);
+  sync_device();
+  if (timed_steps > 0) {
+    timed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - timed_t0).count() - save_ms;
   }
   if (!a.save.empty()) {
     save();

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <exception>
 #include <fstream>
 #include <map>
@@ -225,6 +226,14 @@ class EngineImpl : public Engine {
   }
 
   ~EngineImpl() override {
+    // Steps still waiting for the device are reported (metrics file) before the engine goes.
+    if (std::uncaught_exceptions() == 0) {
+      try {
+        resolve_pending();
+      } catch (const std::exception& ex) {
+        std::fprintf(stderr, "[zerotrain] reporting the last step failed: %s\n", ex.what());
+      }
+    }
     // Publishing is collective: only when not unwinding (a failing rank must not wait for
     // the others); otherwise the in-flight save is left unpublished (.TAG.partial).
     if (saver_.pending() && std::uncaught_exceptions() == 0) {
@@ -246,7 +255,7 @@ class EngineImpl : public Engine {
       zero_->end_forward();
       return l;
     });
-    forward_.add(timer_->end());
+    fwd_phases_.push_back(timer_->end());
     return loss;
   }
 
@@ -277,16 +286,20 @@ class EngineImpl : public Engine {
     torch::Tensor scaled = factor == 1.0 ? loss : loss * factor;
     in_phase("backward", [&] {
       scaled.backward();
-      exposed_ms_ += zero_->end_backward();
+      exposed_.push_back(zero_->end_backward());
       return 0;
     });
-    backward_.add(timer_->end());
+    bwd_phases_.push_back(timer_->end());
     ++micro_;
     ++window_micro_;
   }
 
   bool step() override {
     if (micro_ % cfg_.gradient_accumulation_steps != 0 || window_micro_ == 0) return false;
+    // The previous step's outcome (overflow) decides this step's lr and bias correction.
+    // Its device work finished long ago unless the CPU is far ahead: this is the one
+    // place per step where the CPU may wait for the GPU.
+    resolve_pending();
     timer_->begin();
     zero::StepInputs in;
     // The schedule advances only on applied steps (DeepSpeed skips it on overflow).
@@ -295,56 +308,88 @@ class EngineImpl : public Engine {
     in.loss_scale = scaler_->scale();
     in.clip = cfg_.gradient_clipping;
     in.step = applied_steps_ + 1;
+    // fp16's dynamic scale must be known before the next backward: decide at once there.
+    in.defer = device_.is_cuda() && !cfg_.fp16.enabled;
     zero::StepOutcome out = in_phase("step", [&] { return zero_->step(in); });
-    const double scale_used = scaler_->scale();
-    skipped_ = scaler_->update(out.overflow);
-    if (!skipped_) ++applied_steps_;
-    if (out.overflow && group_->rank() == 0) {
-      std::fprintf(stderr, "[zerotrain] step %lld: gradient overflow (inf/NaN); step skipped, loss scale %g -> %g\n",
-                   static_cast<long long>(global_steps_ + 1), scale_used, scaler_->scale());
-    }
+    Pending p;
+    p.deferred = out.norm_sq.defined();
+    p.r.loss_scale = scaler_->scale();
+    if (!p.deferred) apply_outcome(out.overflow, p.r);
+    p.r.grad_norm = out.grad_norm;
     zero_->zero_grad();
-    step_stats_ = timer_->end();
+    // What the report reads from the device: copied to host memory behind the step's work
+    // and read once the step's end event has passed.
+    {
+      torch::NoGradGuard ng;
+      auto loss = loss_sum_.defined() ? loss_sum_.reshape({1}).to(at::kDouble) : torch::zeros({1}, at::kDouble).to(device_);
+      auto sq = p.deferred ? out.norm_sq.reshape({1}).to(at::kDouble) : torch::zeros({1}, loss.options());
+      auto vals = torch::cat({loss, sq});
+      if (device_.is_cuda()) {
+        p.host = torch::empty({2}, torch::TensorOptions().dtype(at::kDouble).pinned_memory(true));
+        p.host.copy_(vals, /*non_blocking=*/true);
+      } else {
+        p.host = vals;
+      }
+    }
+    p.step = timer_->end();
     ++global_steps_;
 
-    StepReport r;
+    StepReport& r = p.r;
     r.step = global_steps_;
     r.micro_steps = window_micro_;
-    r.loss = loss_sum_.defined() ? loss_sum_.item<double>() / window_micro_ : 0.0;
     r.lr = in.lr;
-    r.loss_scale = scale_used;
-    r.skipped = skipped_;
-    r.grad_norm = out.grad_norm;
-    r.forward = forward_.get();
-    r.backward = backward_.get();
-    r.step_phase = step_stats_;
     r.model_state = model_state_bytes();
     r.buckets = zero_->buckets_launched();
     r.buckets_before_backward_end = zero_->buckets_launched_in_backward();
-    r.exposed_comm_ms = exposed_ms_;
     const auto& z3 = zero_->zero3_stats();
     const int64_t esize = c10::elementSize(dtype_);
     r.gathers = z3.gathers;
     r.gathers_prefetched = z3.prefetched;
     r.gathered_peak_bytes = z3.peak_live_numel * esize;
     if (!out.overflow) r.nvme = zero_->nvme_step_stats();
-    last_ = r;
-    report(r);
-    forward_ = {};
-    backward_ = {};
+    p.fwd = std::move(fwd_phases_);
+    p.bwd = std::move(bwd_phases_);
+    p.exposed = std::move(exposed_);
+    pending_.push_back(std::move(p));
+    fwd_phases_.clear();
+    bwd_phases_.clear();
+    exposed_.clear();
     loss_sum_ = torch::Tensor();
     window_micro_ = 0;
-    exposed_ms_ = 0;
     zero_->reset_counters();
+    if (!device_.is_cuda()) resolve_pending();  // nothing to wait for
     // An asynchronous checkpoint in flight is published once every rank's writer is done
     // (one small all-reduce per step until then; throws the writer's error).
-    saver_.poll(group_, global_steps_);
+    if (saver_.pending()) {
+      resolve_pending();
+      saver_.poll(group_, global_steps_);
+    }
     return true;
   }
 
-  bool was_step_skipped() const override { return skipped_; }
-  double get_lr() const override { return schedule_->lr(applied_steps_); }
-  double loss_scale() const override { return scaler_->scale(); }
+  std::vector<StepReport> take_reports(bool wait) override {
+    if (wait) {
+      resolve_pending();
+    } else {
+      while (!pending_.empty() && pending_.front().step.span.ready()) resolve_one();
+    }
+    std::vector<StepReport> out;
+    out.swap(ready_);
+    return out;
+  }
+
+  bool was_step_skipped() override {
+    resolve_pending();
+    return skipped_;
+  }
+  double get_lr() override {
+    resolve_pending();
+    return schedule_->lr(applied_steps_);
+  }
+  double loss_scale() override {
+    resolve_pending();
+    return scaler_->scale();
+  }
   int64_t global_steps() const override { return global_steps_; }
   int64_t micro_steps() const override { return micro_; }
   bool is_gradient_accumulation_boundary() const override {
@@ -359,7 +404,10 @@ class EngineImpl : public Engine {
     m.gathered = zero_->zero3_stats().live_numel * static_cast<int64_t>(c10::elementSize(dtype_));
     return m;
   }
-  const StepReport& last_report() const override { return last_; }
+  const StepReport& last_report() override {
+    resolve_pending();
+    return last_;
+  }
   std::vector<torch::Tensor> gather_master_params() override { return zero_->gather_master_params(); }
 
   void save_16bit_model(const std::string& path) override {
@@ -381,6 +429,7 @@ class EngineImpl : public Engine {
                        bool async) override {
     ZT_CHECK_T(window_micro_ == 0, CheckpointError, "save_checkpoint() between micro-steps of an accumulation window (",
                window_micro_, " of ", cfg_.gradient_accumulation_steps, " done): save after step() returned true");
+    resolve_pending();  // the counters and the loss scaler must include the last step
     ckpt::Counters c{micro_, global_steps_, applied_steps_, skipped_};
     ckpt::EngineParts parts{*model_, *zero_, *scaler_, cfg_, group_, device_, dtype_, c};
     saver_.save(parts, dir, tag, client_state, async);
@@ -390,6 +439,7 @@ class EngineImpl : public Engine {
   const CheckpointSaveReport& last_checkpoint_save() const override { return saver_.last(); }
   nlohmann::json load_checkpoint(const std::string& dir, const std::string& tag) override {
     ZT_CHECK_T(window_micro_ == 0, CheckpointError, "load_checkpoint() inside an accumulation window");
+    resolve_pending();
     saver_.wait(group_, global_steps_);  // the checkpoint being loaded may be the one in flight
     ckpt::Counters c{micro_, global_steps_, applied_steps_, skipped_};
     ckpt::EngineParts parts{*model_, *zero_, *scaler_, cfg_, group_, device_, dtype_, c};
@@ -456,16 +506,70 @@ class EngineImpl : public Engine {
     std::fflush(stdout);
   }
 
-  // Sums phase stats over the micro-steps of one step (peak = max).
-  struct Accum {
-    PhaseStats s;
-    void add(const PhaseStats& p) {
-      s.ms += p.ms;
-      s.mem_after = p.mem_after;
-      s.mem_peak = std::max(s.mem_peak, p.mem_peak);
-    }
-    PhaseStats get() const { return s; }
+  // A step whose report still needs values from the device (CUDA: the loss, the phase
+  // times and, for a deferred step, the gradient norm and overflow).
+  struct Pending {
+    StepReport r;  // filled except loss, times, and (deferred) skipped / grad_norm
+    bool deferred = false;
+    std::vector<PendingPhase> fwd, bwd;
+    PendingPhase step;
+    std::vector<DeviceSpan> exposed;
+    torch::Tensor host;  // {loss sum over the micro-steps, norm_sq}: host memory once step.span passed
   };
+
+  // Sums phase stats over the micro-steps of one step (peak = max).
+  static PhaseStats sum_phases(const std::vector<PendingPhase>& v) {
+    PhaseStats s;
+    for (const auto& p : v) {
+      const PhaseStats x = p.resolve();
+      s.ms += x.ms;
+      s.mem_after = x.mem_after;
+      s.mem_peak = std::max(s.mem_peak, x.mem_peak);
+    }
+    return s;
+  }
+
+  // The loss scaler, the skip and the applied-step count for one step's overflow result.
+  void apply_outcome(bool overflow, StepReport& r) {
+    const double scale_used = scaler_->scale();
+    skipped_ = scaler_->update(overflow);
+    if (!skipped_) ++applied_steps_;
+    r.skipped = skipped_;
+    if (overflow && group_->rank() == 0) {
+      std::fprintf(stderr, "[zerotrain] step %lld: gradient overflow (inf/NaN); step skipped, loss scale %g -> %g\n",
+                   static_cast<long long>(r.step > 0 ? r.step : global_steps_ + 1), scale_used, scaler_->scale());
+    }
+  }
+
+  // Completes the oldest pending step: waits for its device work, reads its values,
+  // applies a deferred outcome, and reports it (metrics line, printed line).
+  void resolve_one() {
+    Pending p = std::move(pending_.front());
+    pending_.pop_front();
+    p.step.span.wait();
+    const double* h = p.host.data_ptr<double>();
+    StepReport& r = p.r;
+    r.loss = h[0] / std::max<int64_t>(1, r.micro_steps);
+    if (p.deferred) {
+      const double total_sq = h[1] / (r.loss_scale * r.loss_scale);
+      const bool overflow = !std::isfinite(total_sq);
+      apply_outcome(overflow, r);
+      r.grad_norm = overflow ? 0.0 : std::sqrt(total_sq);
+      if (overflow) r.nvme = {};
+    }
+    r.forward = sum_phases(p.fwd);
+    r.backward = sum_phases(p.bwd);
+    r.step_phase = p.step.resolve();
+    r.exposed_comm_ms = 0;
+    for (const auto& e : p.exposed) r.exposed_comm_ms += e.ms();
+    last_ = r;
+    report(r);
+    ready_.push_back(r);
+  }
+
+  void resolve_pending() {
+    while (!pending_.empty()) resolve_one();
+  }
 
   std::string group_name(size_t g) const {
     const std::string& n = opts_.param_groups[g].name;
@@ -567,9 +671,11 @@ class EngineImpl : public Engine {
   int64_t micro_ = 0, window_micro_ = 0, global_steps_ = 0, applied_steps_ = 0;
   bool skipped_ = false;
   torch::Tensor loss_sum_;
-  double exposed_ms_ = 0;
-  Accum forward_, backward_;
-  PhaseStats step_stats_;
+  // The current accumulation window's phases and exposed-communication spans.
+  std::vector<PendingPhase> fwd_phases_, bwd_phases_;
+  std::vector<DeviceSpan> exposed_;
+  std::deque<Pending> pending_;    // steps not yet resolved, oldest first
+  std::vector<StepReport> ready_;  // resolved, not yet taken (take_reports)
   StepReport last_;
 };
 

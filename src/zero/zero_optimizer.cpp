@@ -1,5 +1,7 @@
 #include "zero/zero_optimizer.h"
 
+#include "kernels/fused_adam.h"
+
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -231,7 +233,7 @@ void ZeroOptimizer::launch_bucket(int b) {
   if (opt_.stage == 3 && units_[b].kind != UnitKind::kPersistent) release(b);
 }
 
-double ZeroOptimizer::end_backward() {
+DeviceSpan ZeroOptimizer::end_backward() {
   in_backward_ = false;
   torch::NoGradGuard no_grad;
   if (reducing_) {
@@ -245,25 +247,13 @@ double ZeroOptimizer::end_backward() {
     if (!hold_all_) release_all(/*persistent_too=*/false);  // units gathered (prefetched) but never used
     check_tags(/*all=*/true);
   }
-  auto start = std::chrono::steady_clock::now();
-#ifdef ZT_WITH_CUDA
-  std::optional<at::cuda::CUDAEvent> before, after;
-  if (opt_.device.is_cuda() && !works_.empty()) {
-    before.emplace(cudaEventDefault);
-    before->record(at::cuda::getCurrentCUDAStream(opt_.device.index()));
-  }
-#endif
+  // Exposed communication: the time the compute stream waits for the reductions, measured
+  // on the stream (read later by the engine, so the CPU does not stop here).
+  DeviceSpan exposed;
+  if (!works_.empty()) exposed = DeviceSpan::start(opt_.device);
   for (auto& w : works_) w->wait();
   works_.clear();
-  double exposed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-#ifdef ZT_WITH_CUDA
-  if (before) {
-    after.emplace(cudaEventDefault);
-    after->record(at::cuda::getCurrentCUDAStream(opt_.device.index()));
-    after->synchronize();
-    exposed_ms = before->elapsed_time(*after);
-  }
-#endif
+  exposed.stop();
   const double post = opt_.prescale_gradients ? opt_.gradient_predivide_factor / world_ : 1.0;
   for (size_t b = 0; b < deferred_.size(); ++b) {
     if (deferred_[b].defined()) {
@@ -275,7 +265,7 @@ double ZeroOptimizer::end_backward() {
     }
   }
   if (reducing_ && opt_.stage == 0 && post != 1.0) flat_grad_.mul_(post);
-  return exposed_ms;
+  return exposed;
 }
 
 torch::Tensor ZeroOptimizer::grad_view(int b) {
@@ -317,16 +307,39 @@ StepOutcome ZeroOptimizer::step(const StepInputs& in) {
   for (int b = 0; b < nb; ++b) norms.push_back(at::linalg_vector_norm(grad_view(b), 2, std::nullopt, false, at::kFloat));
   auto sq = torch::stack(norms).to(at::kDouble).square().sum().reshape({1});
   if (!owns_all_ && world_ > 1) group_->all_reduce(sq, comm::ReduceOp::kSum);
-  const double total_sq = sq.item<double>() / (in.loss_scale * in.loss_scale);
-  if (!std::isfinite(total_sq)) {
-    out.overflow = true;
-    return out;
-  }
-  out.grad_norm = std::sqrt(total_sq);
   double factor = 1.0 / in.loss_scale;
-  if (in.clip > 0) {
-    const double coef = in.clip / (out.grad_norm + 1e-6);
-    if (coef < 1.0) factor *= coef;
+  const bool defer = in.defer && can_defer();
+  if (defer) {
+    // The overflow check and the clipping coefficient stay on the device: the fused
+    // kernels scale by grad_scale_ and skip everything when found_inf_ is 1, so the CPU
+    // does not wait for the gradients here. The caller reads norm_sq when it is done.
+    found_inf_ = sq.isfinite().logical_not().to(at::kFloat);
+    auto norm = sq.sqrt() / in.loss_scale;
+    auto inv = torch::full({1}, in.loss_scale, sq.options());
+    if (in.clip > 0) inv = inv * at::clamp_min((norm + 1e-6) / in.clip, 1.0);
+    inv = at::nan_to_num(inv, 1.0, 1.0, 1.0);  // inf/NaN: the step is skipped anyway
+    // Our kernel multiplies by its scale; ATen's divide.
+    grad_scale_ = (use_kernel() ? inv.reciprocal() : inv).to(at::kFloat);
+    out.norm_sq = sq;
+    factor = 1.0;
+  } else {
+    const double total_sq = sq.item<double>() / (in.loss_scale * in.loss_scale);
+    if (!std::isfinite(total_sq)) {
+      out.overflow = true;
+      return out;
+    }
+    out.grad_norm = std::sqrt(total_sq);
+    if (in.clip > 0) {
+      const double coef = in.clip / (out.grad_norm + 1e-6);
+      if (coef < 1.0) factor *= coef;
+    }
+  }
+  params_written_ = false;
+  if (use_kernel()) {
+    kernel_step(factor, in);
+    refresh_params();
+    grad_scale_ = found_inf_ = torch::Tensor();
+    return out;
   }
   // Update in groups of buckets of at most kStepChunk elements: the fp32 gradients exist
   // for one group at a time (a 10B model's shard would otherwise need one more full copy).
@@ -349,7 +362,76 @@ StepOutcome ZeroOptimizer::step(const StepInputs& in) {
     if (!group.empty()) apply_optimizer(group, factor, in);
   }
   refresh_params();
+  grad_scale_ = found_inf_ = torch::Tensor();
   return out;
+}
+
+bool ZeroOptimizer::use_kernel() const {
+  return kernels::kernels_available() && opt_.device.is_cuda() && !opt_.offload_optimizer && !sgd_ &&
+         master_.defined() && (opt_.dtype == at::kFloat || opt_.dtype == at::kBFloat16 || opt_.dtype == at::kHalf);
+}
+
+// [Fused Step] zerotrain's Adam/AdamW kernel (src/kernels/fused_adam.cu): per bucket and
+// parameter-group run, one pass reads the compute-dtype gradient where the reduction left
+// it, updates master, m and v, and writes the compute-dtype parameter (stages 0-2) --
+// no fp32 copy of the gradients and no separate cast of the master afterwards.
+void ZeroOptimizer::kernel_step(double factor, const StepInputs& in) {
+  const auto& P = opt_.optimizer.params;
+  const double beta1 = in.momentum.value_or(P.betas[0]);
+  const double beta2 = P.betas[1];
+  const double bc1 = P.bias_correction ? 1.0 - std::pow(beta1, static_cast<double>(in.step)) : 1.0;
+  const double bc2 = P.bias_correction ? 1.0 - std::pow(beta2, static_cast<double>(in.step)) : 1.0;
+  torch::Tensor scale = grad_scale_;
+  if (!scale.defined() && factor != 1.0) scale = torch::full({1}, factor, master_.options());
+  auto ktype = [](at::ScalarType t) {
+    return t == at::kBFloat16 ? kernels::DType::kBF16 : t == at::kHalf ? kernels::DType::kF16 : kernels::DType::kF32;
+  };
+  const bool write_params = opt_.stage <= 2;
+#ifdef ZT_WITH_CUDA
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream(opt_.device.index()).stream();
+#else
+  cudaStream_t stream = nullptr;  // unreachable: use_kernel() needs a CUDA device
+#endif
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    auto master = owned_view(master_, static_cast<int>(b));
+    auto m = owned_view(exp_avg_, static_cast<int>(b));
+    auto v = owned_view(exp_avg_sq_, static_cast<int>(b));
+    auto grad = grad_view(static_cast<int>(b));
+    torch::Tensor dst;
+    if (write_params) dst = owns_all_ ? bucket_view(flat_param_, static_cast<int>(b)) : shard_view(flat_param_, static_cast<int>(b));
+    ZT_CHECK_T(grad.numel() == master.numel() && (!dst.defined() || dst.numel() == master.numel()), InternalError,
+               "fused step: bucket ", b, " has ", master.numel(), " master elements but ", grad.numel(),
+               " gradient elements");
+    for_group_runs(owned_begin(static_cast<int>(b)), master.numel(), [&](int64_t at, int64_t len, int g) {
+      kernels::AdamArgs a;
+      a.master = master.data_ptr<float>() + at;
+      a.exp_avg = m.data_ptr<float>() + at;
+      a.exp_avg_sq = v.data_ptr<float>() + at;
+      a.grad = static_cast<const char*>(grad.data_ptr()) + at * grad.element_size();
+      a.grad_type = ktype(grad.scalar_type());
+      if (dst.defined()) {
+        a.param_out = static_cast<char*>(dst.data_ptr()) + at * dst.element_size();
+        a.param_type = ktype(dst.scalar_type());
+      }
+      a.n = len;
+      a.lr = static_cast<float>(in.lr * groups_[g].lr_scale);
+      a.beta1 = static_cast<float>(beta1);
+      a.beta2 = static_cast<float>(beta2);
+      a.eps = static_cast<float>(P.eps);
+      a.weight_decay = static_cast<float>(groups_[g].weight_decay);
+      a.bias_correction1 = static_cast<float>(bc1);
+      a.bias_correction2 = static_cast<float>(bc2);
+      a.adamw = adamw_;
+      a.grad_scale = scale.defined() ? scale.data_ptr<float>() : nullptr;
+      a.found_inf = found_inf_.defined() ? found_inf_.data_ptr<float>() : nullptr;
+      kernels::fused_adam(a, stream);
+    });
+  }
+  params_written_ = write_params;
+}
+
+bool ZeroOptimizer::can_defer() const {
+  return opt_.device.is_cuda() && !opt_.offload_optimizer && !sgd_ && opt_.optimizer.params.bias_correction;
 }
 
 void ZeroOptimizer::build_group_runs(int64_t owned) {
@@ -466,9 +548,13 @@ void ZeroOptimizer::update_tensors(std::vector<at::Tensor>& ps, std::vector<at::
     step_t_.fill_(static_cast<double>(in.step));
     std::vector<at::Tensor> steps(ps.size(), step_t_);  // read-only: the kernels do not advance it
     if (adamw) {
-      at::_fused_adamw_(ps, gs, ms, vs, {}, steps, lr, beta1, beta2, weight_decay, P.eps, false, false);
+      at::_fused_adamw_(ps, gs, ms, vs, {}, steps, lr, beta1, beta2, weight_decay, P.eps, false, false,
+                        grad_scale_.defined() ? std::optional<at::Tensor>(grad_scale_) : std::nullopt,
+                        found_inf_.defined() ? std::optional<at::Tensor>(found_inf_) : std::nullopt);
     } else {
-      at::_fused_adam_(ps, gs, ms, vs, {}, steps, lr, beta1, beta2, weight_decay, P.eps, false, false);
+      at::_fused_adam_(ps, gs, ms, vs, {}, steps, lr, beta1, beta2, weight_decay, P.eps, false, false,
+                       grad_scale_.defined() ? std::optional<at::Tensor>(grad_scale_) : std::nullopt,
+                       found_inf_.defined() ? std::optional<at::Tensor>(found_inf_) : std::nullopt);
     }
     return;
   }
@@ -494,7 +580,7 @@ void ZeroOptimizer::refresh_params() {
   }
   // Cast the updated fp32 shard into the compute-dtype parameters (offload: the CPU step
   // already uploaded them).
-  for (size_t b = 0; b < layout_.buckets.size() && !opt_.offload_optimizer; ++b) {
+  for (size_t b = 0; b < layout_.buckets.size() && !opt_.offload_optimizer && !params_written_; ++b) {
     (owns_all_ ? bucket_view(flat_param_, b) : shard_view(flat_param_, b)).copy_(owned_view(master_, b));
   }
   if (owns_all_ || world_ == 1) return;

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/phase_timer.h"
 #include "offload/aio.h"
 #include "optim/cpu_adam.h"
 #include "zero/partition.h"
@@ -108,10 +109,18 @@ struct StepInputs {
   double clip = 0;           // global-norm clip, 0 = off
   int64_t step = 1;          // 1-based optimizer step (bias correction)
   std::optional<double> momentum;  // schedule-driven beta1 / SGD momentum (OneCycle)
+  // Allow the step to decide overflow and clipping on the device (see StepOutcome).
+  bool defer = false;
 };
 struct StepOutcome {
   bool overflow = false;
   double grad_norm = 0;  // before clipping, after unscaling
+  // Set when the step was deferred (StepInputs::defer on a CUDA step without offload,
+  // SGD or Adam without bias correction): the global sum of squares of the scaled
+  // gradients (1 element, fp64, on the device, already reduced over ranks). The update
+  // ran on the device and changed nothing where this is inf/NaN (overflow); `overflow`
+  // and `grad_norm` above are not filled: the caller reads norm_sq when it is done.
+  torch::Tensor norm_sq;
 };
 
 class ZeroOptimizer {
@@ -124,8 +133,8 @@ class ZeroOptimizer {
   // accumulation window (stage 0 reduces only then; stage 2 reduces every micro-step).
   void begin_backward(bool boundary, bool first_micro_step);
   // After loss.backward() returned: reduce what no hook reduced, wait for reductions.
-  // Returns the time the compute stream waited for gradient communication (ms).
-  double end_backward();
+  // Returns the span of the compute stream's wait for gradient communication (exposed time).
+  DeviceSpan end_backward();
   // At the boundary: finish reduction (stage 1), unscale, check overflow, clip, update
   // this rank's shard, refresh the compute-dtype parameters (all-gather for stages 1-2).
   StepOutcome step(const StepInputs& in);
@@ -194,6 +203,11 @@ class ZeroOptimizer {
   torch::Tensor grad_view(int b);  // this rank's reduced gradient of bucket b (compute dtype)
   // Updates the owned shards of `buckets` with their gradients times `factor`.
   void apply_optimizer(const std::vector<int>& buckets, double factor, const StepInputs& in);
+  // Whether step() can keep its overflow check and clipping on the device.
+  bool can_defer() const;
+  // Whether the step runs zerotrain's fused kernel ([Fused Step], zero_optimizer.cpp).
+  bool use_kernel() const;
+  void kernel_step(double factor, const StepInputs& in);
   // ZeRO-Offload (zero_offload.cpp).
   void init_offload();
   void offload_step(double factor, const StepInputs& in);
@@ -263,6 +277,10 @@ class ZeroOptimizer {
   bool owns_all_ = true;                     // stage 0: this rank updates everything
   bool sgd_ = false;                         // optimizer.type SGD (else Adam / AdamW)
   bool adamw_ = true;                        // decoupled weight decay (AdamW / adam_w_mode)
+  // A deferred step (StepOutcome::norm_sq): 1-element fp32 device tensors the fused
+  // kernels read. ATen's divide the gradients by grad_scale_; found_inf_ = 1 skips.
+  torch::Tensor grad_scale_, found_inf_;
+  bool params_written_ = false;  // the step's kernel already wrote the compute-dtype parameters
   std::vector<ZeroOptions::Group> groups_;   // parameter groups (at least one)
   struct GroupRun {
     int64_t begin = 0, len = 0;  // owned coordinates
