@@ -126,7 +126,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr g
   pending_.assign(layout_.buckets.size(), 0);
   launched_.assign(layout_.buckets.size(), false);
 
-  if (opt_.stage == 2 || (opt_.stage == 0 && world_ > 1)) init_hooks(0, params_.size());  // stage 3: init_stage3
+  if (opt_.stage == 2 || (opt_.stage <= 1 && world_ > 1)) init_hooks(0, params_.size());  // stage 3: init_stage3
 }
 
 void ZeroOptimizer::init_hooks(size_t begin, size_t end) {
@@ -169,7 +169,10 @@ torch::Tensor ZeroOptimizer::owned_view(const torch::Tensor& owned, int b) const
 void ZeroOptimizer::begin_backward(bool boundary, bool first_micro_step) {
   first_micro_ = first_micro_step;
   boundary_ = boundary;
-  reducing_ = opt_.stage >= 2 || (opt_.stage == 0 && boundary && world_ > 1 && opt_.overlap_comm);
+  // Stages 0 and 1 reduce once per window: during the backward of its last micro-step
+  // (stage 0 all-reduces, stage 1 reduce-scatters each bucket into this rank's shard),
+  // or, without overlap_comm, in step().
+  reducing_ = opt_.stage >= 2 || (opt_.stage <= 1 && boundary && world_ > 1 && opt_.overlap_comm);
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
     pending_[b] = layout_.buckets[b].num_params;
     launched_[b] = false;
@@ -212,6 +215,13 @@ void ZeroOptimizer::launch_bucket(int b) {
     auto t = bucket_view(flat_grad_, b);
     if (pre != 1.0) t.div_(pre);
     works_.push_back(group_->all_reduce(t, op, /*async=*/true));
+    return;
+  }
+  if (opt_.stage == 1) {  // in place: this rank's shard of the bucket receives the sum
+    auto full = bucket_view(flat_grad_, b);
+    if (pre != 1.0) full.div_(pre);
+    auto mine = shard_view(flat_grad_, b);
+    works_.push_back(group_->reduce_scatter(mine, full, op, /*async=*/true));
     return;
   }
   // Stage 2: reduce-scatter the staged bucket into this rank's gradient shard.
@@ -264,7 +274,7 @@ DeviceSpan ZeroOptimizer::end_backward() {
       owned_view(grad_shard_, b).mul_(post);
     }
   }
-  if (reducing_ && opt_.stage == 0 && post != 1.0) flat_grad_.mul_(post);
+  if (reducing_ && opt_.stage <= 1 && post != 1.0) flat_grad_.mul_(post);
   return exposed;
 }
 
@@ -281,8 +291,8 @@ StepOutcome ZeroOptimizer::step(const StepInputs& in) {
   StepOutcome out;
   const double pre = opt_.prescale_gradients ? opt_.gradient_predivide_factor : 1.0;
   const comm::ReduceOp op = opt_.prescale_gradients ? comm::ReduceOp::kSum : comm::ReduceOp::kAvg;
-  // Stage 0 without overlap (or a single rank): all-reduce now; stage 1: reduce-scatter.
-  if (world_ > 1 && (opt_.stage == 1 || (opt_.stage == 0 && !reducing_))) {
+  // Stages 0-1 without overlap_comm: all-reduce (0) or reduce-scatter (1) now.
+  if (world_ > 1 && opt_.stage <= 1 && !reducing_) {
     if (pre != 1.0) flat_grad_.div_(pre);
     for (size_t b = 0; b < layout_.buckets.size(); ++b) {
       auto full = bucket_view(flat_grad_, b);

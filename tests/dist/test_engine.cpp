@@ -25,7 +25,7 @@ TORCH_MODULE(Mlp);
 constexpr int64_t kMicro = 2;
 constexpr int kSteps = 5;
 
-nlohmann::json base_config(int stage, const std::string& dtype, int gas) {
+nlohmann::json base_config(int stage, const std::string& dtype, int gas, bool overlap = false) {
   nlohmann::json j = {
       {"train_micro_batch_size_per_gpu", kMicro},
       {"gradient_accumulation_steps", gas},
@@ -37,6 +37,7 @@ nlohmann::json base_config(int stage, const std::string& dtype, int gas) {
   };
   if (dtype == "bf16") j["bf16"] = {{"enabled", true}};
   if (dtype == "fp16") j["fp16"] = {{"enabled", true}};
+  if (overlap) j["zero_optimization"]["overlap_comm"] = true;
   return j;
 }
 
@@ -86,10 +87,10 @@ std::vector<torch::Tensor> reference(int64_t global, torch::ScalarType compute =
   return out;
 }
 
-std::vector<torch::Tensor> run_engine(int stage, const std::string& dtype, int gas) {
+std::vector<torch::Tensor> run_engine(int stage, const std::string& dtype, int gas, bool overlap = false) {
   auto group = zt::comm::world_group();
   const int world = group->size(), rank = group->rank();
-  auto cfg = zt::Config::from_json(base_config(stage, dtype, gas), world);
+  auto cfg = zt::Config::from_json(base_config(stage, dtype, gas, overlap), world);
   torch::manual_seed(7);
   Mlp m;
   auto engine = cpu_engine(m, cfg);
@@ -108,6 +109,11 @@ std::vector<torch::Tensor> run_engine(int stage, const std::string& dtype, int g
     }
   }
   EXPECT_EQ(engine->global_steps(), kSteps);
+  if (overlap && world > 1) {
+    // overlap_comm: the window's reductions start from the gradient hooks, inside backward.
+    const auto& r = engine->last_report();
+    EXPECT_GT(r.buckets_before_backward_end, 0) << "stage " << stage << ": " << r.buckets << " buckets";
+  }
   return engine->gather_master_params();
 }
 
@@ -115,8 +121,11 @@ struct Case {
   int stage;
   const char* dtype;
   int gas;
+  bool overlap = false;  // zero_optimization.overlap_comm
 };
-void PrintTo(const Case& c, std::ostream* os) { *os << "stage " << c.stage << " " << c.dtype << " gas " << c.gas; }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << "stage " << c.stage << " " << c.dtype << " gas " << c.gas << (c.overlap ? " overlap_comm" : "");
+}
 
 class EngineEquivalence : public ::testing::TestWithParam<Case> {};
 
@@ -125,7 +134,7 @@ TEST_P(EngineEquivalence, MatchesSingleProcessReference) {
   const int world = zt::comm::world_group()->size();
   const bool bf16 = std::string(c.dtype) == "bf16";
   auto ref = reference(kMicro * c.gas * world, bf16 ? torch::kBFloat16 : torch::kFloat);
-  auto got = run_engine(c.stage, c.dtype, c.gas);
+  auto got = run_engine(c.stage, c.dtype, c.gas, c.overlap);
   ASSERT_EQ(got.size(), ref.size());
   // fp32: only the summation order differs (ranks, accumulation) -> 2e-5.
   // bf16: against the bf16-compute reference; micro-batches and bf16 gradient
@@ -146,10 +155,12 @@ INSTANTIATE_TEST_SUITE_P(Stages, EngineEquivalence,
                          ::testing::Values(Case{0, "fp32", 1}, Case{0, "fp32", 3}, Case{0, "bf16", 1},
                                            Case{0, "bf16", 3}, Case{1, "fp32", 1}, Case{1, "fp32", 3},
                                            Case{1, "bf16", 1}, Case{1, "bf16", 3}, Case{2, "fp32", 1},
-                                           Case{2, "fp32", 3}, Case{2, "bf16", 1}, Case{2, "bf16", 3}),
+                                           Case{2, "fp32", 3}, Case{2, "bf16", 1}, Case{2, "bf16", 3},
+                                           Case{1, "fp32", 1, true}, Case{1, "fp32", 3, true},
+                                           Case{1, "bf16", 3, true}, Case{2, "fp32", 3, true}),
                          [](const auto& info) {
                            return "stage" + std::to_string(info.param.stage) + "_" + info.param.dtype + "_gas" +
-                                  std::to_string(info.param.gas);
+                                  std::to_string(info.param.gas) + (info.param.overlap ? "_overlap" : "");
                          });
 
 TEST(EngineEquivalence, ParametersMoveFromInit) {
