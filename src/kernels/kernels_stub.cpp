@@ -1,7 +1,8 @@
-// Stand-ins for the CUDA kernels of fused_adam.cu in builds where nvcc did not compile
-// them (no CUDA compiler, or a CPU-only build): CMake defines ZT_WITH_KERNELS=1 for the
+// Stand-ins for the CUDA kernels of fused_adam.cu and softmax_xent.cu in builds where
+// nvcc did not compile them (no CUDA compiler, or a CPU-only build): CMake defines ZT_WITH_KERNELS=1 for the
 // whole library exactly when it compiles the .cu, and this file is then empty.
 #include "kernels/fused_adam.h"
+#include "kernels/softmax_xent.h"
 
 #ifndef ZT_WITH_KERNELS
 
@@ -12,6 +13,10 @@ namespace zt::kernels {
 bool kernels_available() { return false; }
 
 void fused_adam(const AdamArgs& /*a*/, cudaStream_t /*stream*/) {
+  throw std::runtime_error("zerotrain was built without its CUDA kernels");
+}
+
+void softmax_xent(const SoftmaxXentArgs& /*a*/, cudaStream_t /*stream*/) {
   throw std::runtime_error("zerotrain was built without its CUDA kernels");
 }
 

@@ -34,6 +34,8 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
+// Column indices are ints: ld (and so cols + a group) must stay well inside int.
+constexpr int64_t kMaxLd = INT_MAX - 64;
 constexpr int kMinBlocks = 2048 / kThreads;  // a full SM on sm_80 and sm_90 (caps registers at 32 per thread)
 
 template <typename T>
@@ -126,18 +128,19 @@ __device__ __forceinline__ void block_merge(float& m, float& s) {
   s = block_s;
 }
 
-// kPack = 16 / sizeof(T) (rows 16-byte aligned, ld a multiple of kPack) or 1.
+// kPack = 16 / sizeof(T) (rows 16-byte aligned, ld a multiple of kPack) or 1. Column
+// indices are 32-bit (the host checks ld <= kMaxLd), row offsets 64-bit.
 template <typename T, int kPack>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
-    softmax_xent_kernel(T* __restrict__ logits, int64_t rows, int64_t cols, int64_t ld,
-                        const int64_t* __restrict__ targets, float* __restrict__ loss_sum, float grad_scale) {
+    softmax_xent_kernel(T* __restrict__ logits, int64_t rows, int cols, int ld, const int64_t* __restrict__ targets,
+                        float* __restrict__ loss_sum, float grad_scale) {
   using P = Pack<T, kPack>;
-  const int64_t groups_real = (cols + kPack - 1) / kPack;  // groups holding a real column
-  const int64_t groups_all = ld / kPack;                  // every group of the row
+  const int groups_real = (cols + kPack - 1) / kPack;  // groups holding a real column
+  const int groups_all = ld / kPack;                  // every group of the row
   const T zero = from_float<T>(0.f);
 
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    T* row = logits + r * ld;
+    T* row = logits + r * static_cast<int64_t>(ld);
     P* packs = reinterpret_cast<P*>(row);
     const int64_t t = targets[r];  // the same for the whole block: the branches below are uniform
 
@@ -145,19 +148,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       P z;
 #pragma unroll
       for (int k = 0; k < kPack; ++k) z.v[k] = zero;
-      for (int64_t g = threadIdx.x; g < groups_all; g += kThreads) packs[g] = z;
+      for (int g = threadIdx.x; g < groups_all; g += kThreads) packs[g] = z;
       continue;
     }
     const bool bad = t < 0 || t >= cols;  // out of range: NaN loss and gradients
+    const int tj = bad ? -1 : static_cast<int>(t);  // the target's column (-1: none)
 
     // The target's original logit, read before pass 2 overwrites it (by thread 0, which
     // is also the one adding the loss).
     float x_t = 0.f;
-    if (threadIdx.x == 0 && !bad) x_t = to_float(row[t]);
+    if (threadIdx.x == 0 && !bad) x_t = to_float(row[tj]);
 
     // Pass 1: this thread's (m, s) over its groups.
     float m = -CUDART_INF_F, s = 0.f;
-    for (int64_t g = threadIdx.x; g < groups_real; g += kThreads) {
+    for (int g = threadIdx.x; g < groups_real; g += kThreads) {
       const P p = packs[g];
       float x[kPack];
       float gm = -CUDART_INF_F;
@@ -180,15 +184,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
     // Pass 2: overwrite with the gradient.
     const float inv_s = bad ? CUDART_NAN_F : 1.f / s;
-    for (int64_t g = threadIdx.x; g < groups_all; g += kThreads) {
+    for (int g = threadIdx.x; g < groups_all; g += kThreads) {
       P out;
       if (g < groups_real) {
         const P p = packs[g];
 #pragma unroll
         for (int k = 0; k < kPack; ++k) {
-          const int64_t j = g * kPack + k;
+          const int j = g * kPack + k;
           const float prob = expf(to_float(p.v[k]) - m) * inv_s;
-          const float grad = (j == t ? prob - 1.f : prob) * grad_scale;
+          const float grad = (j == tj ? prob - 1.f : prob) * grad_scale;
           out.v[k] = j < cols ? from_float<T>(grad) : zero;
         }
       } else {
@@ -204,7 +208,8 @@ template <typename T, int kPack>
 void launch(const SoftmaxXentArgs& a, cudaStream_t stream) {
   const int64_t grid = std::min<int64_t>(a.rows, INT_MAX);
   softmax_xent_kernel<T, kPack><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
-      static_cast<T*>(a.logits), a.rows, a.cols, a.ld, a.targets, a.loss_sum, a.grad_scale);
+      static_cast<T*>(a.logits), a.rows, static_cast<int>(a.cols), static_cast<int>(a.ld), a.targets, a.loss_sum,
+      a.grad_scale);
   const cudaError_t rc = cudaGetLastError();
   if (rc != cudaSuccess) {
     throw std::runtime_error(std::string("zt::kernels::softmax_xent_kernel<") + DTypeName<T>::value +
@@ -231,9 +236,9 @@ void dispatch_path(const SoftmaxXentArgs& a, cudaStream_t stream) {
 void softmax_xent(const SoftmaxXentArgs& a, cudaStream_t stream) {
   if (a.rows < 0) throw std::invalid_argument("zt::kernels::softmax_xent: rows=" + std::to_string(a.rows) + " < 0");
   if (a.rows == 0) return;
-  if (a.cols < 1 || a.ld < a.cols) {
-    throw std::invalid_argument("zt::kernels::softmax_xent: need 1 <= cols <= ld, got cols=" + std::to_string(a.cols) +
-                                " ld=" + std::to_string(a.ld));
+  if (a.cols < 1 || a.ld < a.cols || a.ld > kMaxLd) {
+    throw std::invalid_argument("zt::kernels::softmax_xent: need 1 <= cols <= ld <= 2^31 - 65, got cols=" +
+                                std::to_string(a.cols) + " ld=" + std::to_string(a.ld));
   }
   if (a.logits == nullptr || a.targets == nullptr || a.loss_sum == nullptr) {
     throw std::invalid_argument("zt::kernels::softmax_xent: logits, targets and loss_sum must be non-null (rows=" +

@@ -169,13 +169,46 @@ double gpt2_flops_per_token(const GPT2Config& c, int64_t seq) {
 
 // ---- modules ------------------------------------------------------------------------
 
-// y = x W^T + b over the last dimension as one addmm on (B*T, in): cuBLASLt adds the bias
-// in the matmul's epilogue. torch::nn::Linear on a 3-D input ran matmul + a broadcast
-// add_ that does not vectorize (9 ms of GPT-2 Large's step on an H200).
+// y = x W^T + b on (N, in) as one addmm: cuBLASLt adds the bias in the matmul's epilogue.
+// Backward: the weight gradient goes straight into W.grad when W.grad already exists
+// (the engine's flat gradient buffer at ZeRO stages 0-1, or plain LibTorch accumulating
+// across backward calls): one GEMM with beta = 1 accumulates it in its epilogue, where
+// autograd would write a fresh gradient and then add it with a separate kernel (581 adds,
+// 3.8 ms of GPT-2 Large's step on an H200). W's AccumulateGrad then receives no gradient
+// and does nothing; its hooks still run, so gradient-ready hooks see the gradient in place.
+struct LinearFn : torch::autograd::Function<LinearFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x2, const torch::Tensor& w,
+                               const torch::Tensor& b) {
+    ctx->save_for_backward({x2});
+    ctx->saved_data["w"] = w;  // the parameter itself (its .grad is read in backward)
+    ctx->saved_data["has_bias"] = b.defined();
+    return b.defined() ? at::addmm(b, x2, w.t()) : at::mm(x2, w.t());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const auto x2 = ctx->get_saved_variables()[0];
+    auto w = ctx->saved_data["w"].toTensor();
+    const auto& g = grad_out[0];  // (N, out)
+    torch::Tensor dx, dw, db;
+    if (ctx->needs_input_grad(0)) dx = at::mm(g, w);
+    if (ctx->needs_input_grad(1)) {
+      const auto& acc = w.grad();
+      if (acc.defined() && !torch::GradMode::is_enabled() && acc.is_contiguous() && acc.sizes() == w.sizes() &&
+          acc.scalar_type() == g.scalar_type() && acc.device() == g.device()) {
+        w.mutable_grad().addmm_(g.t(), x2);  // W.grad += g^T x, in the GEMM's epilogue
+      } else {
+        dw = at::mm(g.t(), x2);  // (out, in), contiguous
+      }
+    }
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) db = g.sum(0);
+    return {dx, dw, db};
+  }
+};
+
 torch::Tensor linear(const torch::nn::Linear& l, const torch::Tensor& x) {
   const auto& w = l->weight;  // (out, in)
   const auto x2 = x.reshape({-1, x.size(-1)});
-  auto y = l->bias.defined() ? at::addmm(l->bias, x2, w.t()) : at::mm(x2, w.t());
+  auto y = LinearFn::apply(x2, w, l->bias.defined() ? l->bias : torch::Tensor());
   auto sizes = x.sizes().vec();
   sizes.back() = w.size(0);
   return y.view(sizes);

@@ -5,6 +5,9 @@
 
 #include <cmath>
 
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+
 #include "models/checkpoint.h"
 #include "models/gpt2.h"
 #include "models/lm_head_loss.h"
@@ -205,6 +208,38 @@ TEST(GPT2, CheckpointFiresParameterHooksAndWorksWithoutInputGrad) {
   zt::models::checkpoint(fn, x).sum().backward();
   EXPECT_TRUE(torch::allclose(lin->weight.grad(), ref, 1e-7, 1e-7));
   EXPECT_EQ(fired, 2);
+}
+
+// The linear layers accumulate a weight gradient into an existing W.grad in the GEMM
+// (ZeRO stages 0-1 keep .grad as views of the flat gradient buffer): the values equal
+// autograd's, the buffer is the same one, and the accumulator's post-hooks (what the
+// engine's gradient-ready hooks are) still fire once per backward.
+TEST(GPT2, LinearAccumulatesIntoExistingGradAndFiresAccumulatorHooks) {
+  auto m = tiny(11);
+  auto idx = tokens(2, 16, 256, 1), tgt = tokens(2, 16, 256, 2);
+  m->loss(idx, tgt).backward();  // no .grad yet: autograd creates them
+  std::vector<torch::Tensor> g1;
+  for (const auto& p : m->parameters()) g1.push_back(p.grad().clone());
+  const auto w = m->named_parameters()["h.0.mlp.c_fc.weight"];
+  const void* buf = w.grad().data_ptr();
+  int fired = 0;
+  auto acc = torch::autograd::impl::grad_accumulator(w);
+  ASSERT_NE(acc, nullptr);
+  acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+      [&](const torch::autograd::variable_list& out, const torch::autograd::variable_list&) {
+        ++fired;
+        return out;
+      }));
+  for (const auto& p : m->parameters()) p.mutable_grad().zero_();
+  m->loss(idx, tgt).backward();
+  m->loss(idx, tgt).backward();
+  EXPECT_EQ(fired, 2);
+  EXPECT_EQ(w.grad().data_ptr(), buf);
+  size_t i = 0;
+  for (const auto& p : m->parameters()) {
+    EXPECT_TRUE(torch::allclose(p.grad(), 2 * g1[i], 1e-5, 1e-6)) << "parameter " << i;
+    ++i;
+  }
 }
 
 // The LM head pads the vocabulary (100 -> 128 here) for aligned matmuls; logits, loss and
