@@ -3,13 +3,42 @@
 #include <algorithm>
 #include <limits>
 
+#include "kernels/softmax_xent.h"
 #include "zerotrain/error.h"
+
+#ifdef ZT_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
 
 namespace zt::models {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+bool use_fused_kernel(const torch::Tensor& x) {
+  const auto t = x.scalar_type();
+  return kernels::kernels_available() && x.is_cuda() && (t == at::kBFloat16 || t == at::kHalf || t == at::kFloat);
+}
+
+// logits (n, Vp) contiguous, in place -> d(sum of the rows' losses)/d(logits); adds the
+// rows' losses to loss_sum (fp32 scalar).
+void fused_softmax_xent(torch::Tensor& logits, const torch::Tensor& targets, int64_t V, torch::Tensor& loss_sum) {
+  kernels::SoftmaxXentArgs a;
+  a.logits = logits.data_ptr();
+  const auto t = logits.scalar_type();
+  a.type = t == at::kBFloat16 ? kernels::DType::kBF16 : t == at::kHalf ? kernels::DType::kF16 : kernels::DType::kF32;
+  a.rows = logits.size(0);
+  a.cols = V;
+  a.ld = logits.stride(0);
+  a.targets = targets.data_ptr<int64_t>();
+  a.loss_sum = loss_sum.data_ptr<float>();
+#ifdef ZT_WITH_CUDA
+  kernels::softmax_xent(a, at::cuda::getCurrentCUDAStream(logits.device().index()).stream());
+#else
+  ZT_CHECK(false, "fused_softmax_xent needs a CUDA build");
+#endif
+}
 
 struct LmHeadCrossEntropy : torch::autograd::Function<LmHeadCrossEntropy> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
@@ -23,13 +52,24 @@ struct LmHeadCrossEntropy : torch::autograd::Function<LmHeadCrossEntropy> {
     auto dw = at::zeros({Vp, C}, fopt);                          // (Vp, C), fp32 across chunks
     auto loss_sum = at::zeros({}, fopt);
     const auto valid_all = targets.ne(-1);
-    // One host sync per call: masking rows of ignored targets is a full pass over the
-    // chunk's logits, worth skipping when (as in pre-training) every target counts.
-    const bool any_ignored = !valid_all.all().item<bool>();
+    // CUDA: zerotrain's fused kernel turns each chunk's logits into their gradient in
+    // place (src/kernels/softmax_xent.h), with no host sync.
+    const bool fused = use_fused_kernel(x);
+    // Unfused, one host sync per call: masking rows of ignored targets is a full pass
+    // over the chunk's logits, worth skipping when (as in pre-training) every target counts.
+    const bool any_ignored = !fused && !valid_all.all().item<bool>();
     const int64_t rows = std::max<int64_t>(1, chunk_rows);
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
       const int64_t n = std::min(rows, N - r0);
       const auto xc = x.narrow(0, r0, n);                      // (n, C)
+      auto dxc = dx.narrow(0, r0, n);                           // (n, C), contiguous rows
+      if (fused) {
+        auto g = at::mm(xc, wp.t());                            // (n, Vp) logits -> gradient
+        fused_softmax_xent(g, targets.narrow(0, r0, n), V, loss_sum);
+        at::mm_out(dxc, g, wp);
+        dw.add_(at::mm(g.t(), xc));
+        continue;
+      }
       const auto valid = valid_all.narrow(0, r0, n);           // (n)
       const auto t = at::where(valid, targets.narrow(0, r0, n), at::zeros({}, targets.options()));
       auto lc = at::mm(xc, wp.t()).to(at::kFloat);             // (n, Vp) fp32
@@ -42,7 +82,6 @@ struct LmHeadCrossEntropy : torch::autograd::Function<LmHeadCrossEntropy> {
       lc.scatter_add_(1, t.unsqueeze(1), at::full({n, 1}, -1.0f, fopt));
       if (any_ignored) lc.mul_(valid.unsqueeze(1));
       const auto g = lc.to(x.scalar_type());                   // (n, Vp)
-      auto dxc = dx.narrow(0, r0, n);                           // (n, C), contiguous rows
       at::mm_out(dxc, g, wp);
       dw.add_(at::mm(g.t(), xc));                               // (Vp, C)
     }
