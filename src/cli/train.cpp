@@ -355,6 +355,7 @@ int cmd_train(int argc, char** argv) {
       engine->backward(loss);
       engine->step();
     }
+    if (s == a.profile_step) sync_device();  // the profiled step's device work, all of it
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     launched[engine->global_steps()] = {loader.epoch(), ms};
     if (s == a.profile_step) {
