@@ -9,8 +9,14 @@
 #include <sstream>
 
 #include "models/checkpoint.h"
+#include "kernels/column_sum.h"
+#include "kernels/layer_norm_grad.h"
 #include "models/lm_head_loss.h"
 #include "zerotrain/error.h"
+
+#ifdef ZT_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
 
 namespace zt::models {
 namespace F = torch::nn::functional;
@@ -169,6 +175,87 @@ double gpt2_flops_per_token(const GPT2Config& c, int64_t seq) {
 
 // ---- modules ------------------------------------------------------------------------
 
+bool use_kernels(const torch::Tensor& t) {
+  const auto d = t.scalar_type();
+  return kernels::kernels_available() && t.is_cuda() && t.is_contiguous() &&
+         (d == at::kBFloat16 || d == at::kHalf || d == at::kFloat);
+}
+kernels::DType kernel_dtype(at::ScalarType d) {
+  return d == at::kBFloat16 ? kernels::DType::kBF16 : d == at::kHalf ? kernels::DType::kF16 : kernels::DType::kF32;
+}
+#ifdef ZT_WITH_CUDA
+cudaStream_t current_stream(const torch::Tensor& t) { return at::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+#else
+cudaStream_t current_stream(const torch::Tensor&) { return nullptr; }
+#endif
+
+// Sum over the rows of a (N, C) matrix (a bias gradient): zerotrain's column-sum kernel
+// on CUDA (src/kernels/column_sum.h, deterministic), ATen elsewhere.
+torch::Tensor column_sum(const torch::Tensor& g) {
+  if (!use_kernels(g) || g.dim() != 2) return g.sum(0);
+  auto out = at::empty({g.size(1)}, g.options());
+  auto ws = at::empty({kernels::column_sum_workspace_floats(g.size(0), g.size(1))}, g.options().dtype(at::kFloat));
+  kernels::ColumnSumArgs a;
+  a.in = g.data_ptr();
+  a.type = kernel_dtype(g.scalar_type());
+  a.rows = g.size(0);
+  a.cols = g.size(1);
+  a.ld = g.stride(0);
+  a.out = out.data_ptr();
+  a.workspace = ws.data_ptr<float>();
+  kernels::column_sum(a, current_stream(g));
+  return out;
+}
+
+// LayerNorm over the last dimension with ATen's forward and input gradient; on CUDA the
+// weight and bias gradients come from zerotrain's kernel (src/kernels/layer_norm_grad.h),
+// ATen's GammaBetaBackward ran at a third of memory bandwidth.
+struct LayerNormFn : torch::autograd::Function<LayerNormFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
+                               const torch::Tensor& b, double eps) {
+    const int64_t C = x.size(-1);
+    const auto x2 = x.reshape({-1, C}).contiguous();
+    auto [y, mean, rstd] = at::native_layer_norm(x2, {C}, w, b, eps);
+    ctx->save_for_backward({x2, mean, rstd, w, b});
+    return y.view(x.sizes());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x2 = saved[0], &mean = saved[1], &rstd = saved[2], &w = saved[3], &b = saved[4];
+    const int64_t C = x2.size(1);
+    const auto g = grad_out[0].reshape({-1, C}).contiguous();
+    const bool fused = use_kernels(g) && use_kernels(x2) && g.scalar_type() == x2.scalar_type() &&
+                       mean.scalar_type() == at::kFloat && rstd.scalar_type() == at::kFloat;
+    const bool need_w = ctx->needs_input_grad(1), need_b = ctx->needs_input_grad(2);
+    auto [dx, dw, db] = at::native_layer_norm_backward(g, x2, {C}, mean, rstd, w, b,
+                                                       {ctx->needs_input_grad(0), !fused && need_w, !fused && need_b});
+    if (fused && (need_w || need_b)) {
+      kernels::LayerNormParamGradArgs a;
+      a.grad_out = g.data_ptr();
+      a.input = x2.data_ptr();
+      a.mean = mean.data_ptr<float>();
+      a.rstd = rstd.data_ptr<float>();
+      a.type = kernel_dtype(g.scalar_type());
+      a.rows = g.size(0);
+      a.cols = C;
+      if (need_w) {
+        dw = at::empty({C}, g.options());
+        a.grad_weight = dw.data_ptr();
+      }
+      if (need_b) {
+        db = at::empty({C}, g.options());
+        a.grad_bias = db.data_ptr();
+      }
+      auto ws = at::empty({kernels::layer_norm_param_grad_workspace_floats(a.rows, C)}, g.options().dtype(at::kFloat));
+      a.workspace = ws.data_ptr<float>();
+      kernels::layer_norm_param_grads(a, current_stream(g));
+    }
+    if (dx.defined()) dx = dx.view(grad_out[0].sizes());
+    return {dx, need_w ? dw : torch::Tensor(), need_b ? db : torch::Tensor(), torch::Tensor()};
+  }
+};
+
 // y = x W^T + b on (N, in) as one addmm: cuBLASLt adds the bias in the matmul's epilogue.
 // Backward: the weight gradient goes straight into W.grad when W.grad already exists
 // (the engine's flat gradient buffer at ZeRO stages 0-1, or plain LibTorch accumulating
@@ -200,10 +287,15 @@ struct LinearFn : torch::autograd::Function<LinearFn> {
         dw = at::mm(g.t(), x2);  // (out, in), contiguous
       }
     }
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) db = g.sum(0);
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) db = column_sum(g);
     return {dx, dw, db};
   }
 };
+
+torch::Tensor layer_norm(const torch::nn::LayerNorm& ln, const torch::Tensor& x) {
+  // The weight and bias are the LayerNorm's parameters; eps its option (GPT-2: 1e-5).
+  return LayerNormFn::apply(x, ln->weight, ln->bias, ln->options.eps());
+}
 
 torch::Tensor linear(const torch::nn::Linear& l, const torch::Tensor& x) {
   const auto& w = l->weight;  // (out, in)
@@ -251,8 +343,8 @@ BlockImpl::BlockImpl(const GPT2Config& cfg) {
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
-  auto h1 = x + attn(ln_1(x));
-  return h1 + mlp(ln_2(h1));
+  auto h1 = x + attn(layer_norm(ln_1, x));
+  return h1 + mlp(layer_norm(ln_2, h1));
 }
 
 GPT2Impl::GPT2Impl(const GPT2Config& cfg) : cfg_(cfg) {
@@ -338,7 +430,7 @@ torch::Tensor GPT2Impl::hidden(const torch::Tensor& idx) {
   auto pos = torch::arange(T, idx.options());  // (T)
   auto x = wte(idx) + wpe(pos);                 // (B, T, C)
   for (int64_t i = 0; i < cfg_.n_layer; ++i) x = run_block(i, x);
-  return ln_f(x);  // (B, T, C)
+  return layer_norm(ln_f, x);  // (B, T, C)
 }
 
 torch::Tensor GPT2Impl::forward(const torch::Tensor& idx) {

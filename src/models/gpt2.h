@@ -68,6 +68,13 @@ int64_t gpt2_padded_vocab(const GPT2Config& cfg);
 // (2668 rows of 50304 for GPT-2). The model and zerotrain estimate both use it.
 int64_t gpt2_loss_chunk_rows(const GPT2Config& cfg);
 
+// The layers GPT-2's blocks run through (gpt2.cpp): y = x W^T + b as one addmm whose
+// backward accumulates into an existing W.grad in the GEMM, and LayerNorm with ATen's
+// forward and input gradient and, on CUDA, zerotrain's kernels for the bias and
+// LayerNorm parameter gradients. Same values as torch::nn::Linear / LayerNorm.
+torch::Tensor linear(const torch::nn::Linear& l, const torch::Tensor& x);
+torch::Tensor layer_norm(const torch::nn::LayerNorm& ln, const torch::Tensor& x);
+
 struct CausalSelfAttentionImpl : torch::nn::Module {
   explicit CausalSelfAttentionImpl(const GPT2Config& cfg);
   torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C)

@@ -242,6 +242,35 @@ TEST(GPT2, LinearAccumulatesIntoExistingGradAndFiresAccumulatorHooks) {
   }
 }
 
+// GPT-2's own linear and LayerNorm autograd functions against torch::nn's modules:
+// outputs and every gradient, on a 3-D input, with and without an existing .grad.
+TEST(GPT2, LinearAndLayerNormMatchTorchModules) {
+  torch::manual_seed(5);
+  torch::nn::Linear lin(16, 24);
+  torch::nn::LayerNorm ln(torch::nn::LayerNormOptions({16}).eps(1e-5));
+  ln->weight.data().uniform_(0.5, 1.5);
+  ln->bias.data().uniform_(-0.5, 0.5);
+  auto x = torch::randn({3, 5, 16}, torch::requires_grad());
+  auto run = [&](bool ours) {
+    for (auto* p : {&lin->weight, &lin->bias, &ln->weight, &ln->bias}) p->mutable_grad() = torch::Tensor();
+    x.mutable_grad() = torch::Tensor();
+    torch::Tensor y;
+    for (int pass = 0; pass < 2; ++pass) {  // the second accumulates into the existing .grad
+      auto h = ours ? zt::models::layer_norm(ln, x) : ln(x);
+      y = ours ? zt::models::linear(lin, h) : lin(h);
+      y.pow(2).sum().backward();
+    }
+    return std::vector<torch::Tensor>{y.detach(), x.grad(), lin->weight.grad(), lin->bias.grad(),
+                                      ln->weight.grad(), ln->bias.grad()};
+  };
+  auto ref = run(false);
+  auto got = run(true);
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_TRUE(got[i].defined()) << "output " << i;
+    EXPECT_TRUE(torch::allclose(got[i], ref[i], 1e-5, 1e-6)) << "output " << i;
+  }
+}
+
 // The LM head pads the vocabulary (100 -> 128 here) for aligned matmuls; logits, loss and
 // every gradient must equal the unpadded model's with the same weights.
 TEST(GPT2, PaddedLmHeadGivesTheUnpaddedLossAndGradients) {
