@@ -16,7 +16,8 @@ t1=$(date +%s)
 [ -n "${SKIP_SWEEP:-}" ] || $Z bench --model gpt2-large --gpus 2 --steps ${STEPS:-20} --warmup 2 --with-anchors --python python3 \
   --timeout 150 --commit $COMMIT --out $R/gpt2-large > $R/bench.log 2>&1
 echo "sweep + anchors: $(( $(date +%s) - t1 )) s"
-# NVMe: the swap files on this machine's disk.
+# NVMe: the swap files on this machine's disk (SKIP_NVME=1 leaves it out).
+if [ -z "${SKIP_NVME:-}" ]; then
 N=$PWD/zt_nvme; mkdir -p $N; df -T $N | tee $R/disk.txt; free -g | head -2 >> $R/disk.txt
 python3 - $N $R/z2_nvme.json <<'PY'
 import json, sys
@@ -28,6 +29,7 @@ PY
 timeout 200 $Z launch -n 2 -- $Z train --config $R/z2_nvme.json --model gpt2-large --seq 1024 --micro-batch 8 --steps ${NSTEPS:-6} --warmup 2 \
   --summary $R/z2_nvme.summary.jsonl --metrics $R/z2_nvme.metrics.jsonl > $R/log_z2_nvme.txt 2>&1
 echo "nvme rc=$?"; grep -E "nvme|ms/iteration|error" $R/log_z2_nvme.txt | head -12 | cut -c1-220
+fi
 echo "total: $(( $(date +%s) - t0 )) s"
 tar -czf $OUT/final_results.tar.gz -C $OUT final
 grep "^\[bench\]" $R/bench.log | cut -c1-150
