@@ -217,7 +217,9 @@ class EngineImpl : public Engine {
     }
     scaler_ = std::make_unique<optim::LossScaler>(so);
     schedule_ = optim::make_lr_schedule(cfg_.scheduler.type, cfg_.scheduler.params, cfg_.optimizer.params.lr);
-    timer_ = std::make_unique<PhaseTimer>(device_);
+    // offload_param: synchronized phases (see PhaseTimer); every other configuration runs
+    // the GPU step without stopping the CPU.
+    timer_ = std::make_unique<PhaseTimer>(device_, zo.offload_param);
     timer_->set_cpu_bytes(zero_->state_bytes().total());
     if (!opts_.metrics_path.empty() && group_->rank() == 0) {
       metrics_.open(opts_.metrics_path, std::ios::out | std::ios::trunc);
