@@ -32,6 +32,7 @@
 #include "ckpt/fs.h"
 #include "cli/commands.h"
 #include "estimate/memory.h"
+#include "kernels/fused_adam.h"
 #include "models/gpt2.h"
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
@@ -398,6 +399,7 @@ int cmd_bench_sweep(int argc, char** argv) {
     job.micro_batch = micro;
     job.seq = seq;
     job.gpus = static_cast<int>(ranks);
+    job.cuda_kernels = !cpu && kernels::kernels_available();
     const estimate::Memory est = estimate::estimate_memory(job, cfg);
     row["estimate_gib"] = {{"forward", est.forward_peak / gib}, {"backward", est.backward_peak / gib},
                            {"step", est.step_peak / gib},       {"peak", est.peak / gib},

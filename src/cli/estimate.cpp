@@ -5,6 +5,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "estimate/memory.h"
+#include "kernels/fused_adam.h"
 #include "models/gpt2.h"
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
@@ -67,6 +68,7 @@ int cmd_estimate(int argc, char** argv) {
   Config cfg = Config::from_json(j, static_cast<int>(gpus), config);
   job.micro_batch = cfg.train_micro_batch_size_per_gpu;
   job.checkpointing = ckpt || cfg.activation_checkpointing.number_checkpoints.has_value();
+  job.cuda_kernels = kernels::kernels_available();  // a build with its CUDA kernels runs them on GPUs
   const auto r = estimate::estimate_memory(job, cfg);
   const double gib = 1024.0 * 1024.0 * 1024.0;
   if (json_out) {

@@ -81,8 +81,10 @@ Memory estimate_memory(const Job& job, const Config& cfg) {
     // Chunked head + loss (src/models/lm_head_loss.h): per chunk of `rows` tokens the logits
     // in the compute dtype, in fp32 and the gradient in the compute dtype; the padded weight,
     // a (Vp, C) product per chunk and the fp32 dw; dx. Kept for backward: dw and dx.
+    // With zerotrain's kernel the chunk's logits become their gradient in place.
     const double rows = std::min(tokens, static_cast<double>(models::gpt2_loss_chunk_rows(m)));
-    loss_peak = rows * Vp * (2.0 * d + 4.0) + Vp * C * (2.0 * d + 4.0) + tokens * C * d;
+    const double chunk = job.cuda_kernels ? rows * Vp * d : rows * Vp * (2.0 * d + 4.0);
+    loss_peak = chunk + Vp * C * (2.0 * d + 4.0) + tokens * C * d;
     r.loss = Vp * C * 4.0 + tokens * C * d;
     r.backward_extra = tokens * C * 4.0 + V * C * (4.0 + d);  // the scaled dx and dw
   } else {
@@ -99,7 +101,8 @@ Memory estimate_memory(const Job& job, const Config& cfg) {
   // Step: states + gradients + one group of fp32 gradients (at most 2^27 elements) or, with
   // offload, the upload buffers only.
   const double group = 4.0 * std::min<double>(psi * shard, static_cast<double>(int64_t{1} << 27));
-  r.step_peak = standing + r.grads + (off ? 0.0 : group);
+  const bool fused_step = job.cuda_kernels && !sgd;  // zerotrain's Adam kernel: no fp32 copy
+  r.step_peak = standing + r.grads + (off || fused_step ? 0.0 : group);
   r.peak = std::max({r.forward_peak, r.backward_peak, r.step_peak});
   return r;
 }

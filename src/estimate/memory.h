@@ -37,6 +37,10 @@ struct Job {
   int64_t seq = 1024;
   int gpus = 1;                     // data-parallel ranks
   bool checkpointing = false;
+  // zerotrain's CUDA kernels run the job (a CUDA build with nvcc, on GPUs): the LM-head
+  // loss works in place on each chunk's logits (no fp32 copy), and the Adam/AdamW step
+  // reads the gradients as they are (no fp32 gradient group).
+  bool cuda_kernels = false;
 };
 
 struct Memory {

@@ -62,11 +62,12 @@ TEST(Estimate, WithinFivePercentOfEveryMeasuredPeak) {
   }
 }
 
-// The committed `zerotrain bench` sweep on the GPU machine: every configuration that ran,
+// The committed `zerotrain bench` sweeps on the GPU machine: every configuration that ran,
 // re-estimated now from the config it ran with, against the peak it measured (the issue
-// asks for 10%; the calibration holds 5%).
-TEST(Estimate, WithinFivePercentOfEveryPeakOfTheCommittedSweep) {
-  const std::string dir = std::string(ZT_SOURCE_DIR) + "/bench/results/2026-11-22_final_h200x2/gpt2-large";
+// asks for 10%; the calibration holds 5%). The first ran on ATen's kernels, the second on
+// zerotrain's own (in-place LM-head loss, Adam without an fp32 gradient copy).
+void check_sweep(const std::string& name, bool cuda_kernels, int expect_rows) {
+  const std::string dir = std::string(ZT_SOURCE_DIR) + "/bench/results/" + name + "/gpt2-large";
   std::ifstream f(dir + "/results.json");
   ASSERT_TRUE(f.good()) << dir;
   std::stringstream ss;
@@ -77,7 +78,7 @@ TEST(Estimate, WithinFivePercentOfEveryPeakOfTheCommittedSweep) {
   int checked = 0;
   for (const auto& row : results.at("rows")) {
     if (row.at("status") != "ok") continue;
-    SCOPED_TRACE(row.at("name").get<std::string>());
+    SCOPED_TRACE(name + " " + row.at("name").get<std::string>());
     const int ranks = meta.at("ranks").get<int>();
     auto cfg = zt::Config::from_file(dir + "/" + row.at("config").get<std::string>(), ranks);
     zt::estimate::Job job;
@@ -85,11 +86,17 @@ TEST(Estimate, WithinFivePercentOfEveryPeakOfTheCommittedSweep) {
     job.gpus = ranks;
     job.micro_batch = meta.at("micro_batch").get<int64_t>();
     job.seq = meta.at("seq").get<int64_t>();
+    job.cuda_kernels = cuda_kernels;
     const auto r = zt::estimate::estimate_memory(job, cfg);
     EXPECT_NEAR(r.peak / gib / row.at("peak_gib").get<double>(), 1.0, 0.05);
     ++checked;
   }
-  EXPECT_EQ(checked, 10);
+  EXPECT_EQ(checked, expect_rows);
+}
+
+TEST(Estimate, WithinFivePercentOfEveryPeakOfTheCommittedSweeps) {
+  check_sweep("2026-11-22_final_h200x2", /*cuda_kernels=*/false, 10);
+  check_sweep("2026-11-22_async_h200x2", /*cuda_kernels=*/true, 9);  // z3-offall failed there
 }
 
 TEST(Estimate, StagesShrinkModelStatesAsZeroSays) {
