@@ -18,6 +18,7 @@
 
 #include "ckpt/engine_checkpoint.h"
 #include "ckpt/fs.h"
+#include "support/dist_util.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
@@ -70,26 +71,9 @@ std::unique_ptr<zt::Engine> engine_for(Net& m, const nlohmann::json& j, zt::comm
 }
 
 // A directory every rank of `g` sees (rank 0 creates it, the name is broadcast).
-std::string shared_dir(const zt::comm::GroupPtr& g) {
-  auto buf = torch::zeros({256}, torch::kUInt8);
-  if (g->rank() == 0) {
-    std::string templ = std::string(ZT_BINARY_DIR) + "/ckpt_test_XXXXXX";
-    char* d = mkdtemp(templ.data());
-    EXPECT_NE(d, nullptr);
-    std::memcpy(buf.data_ptr(), templ.data(), templ.size());
-  }
-  if (g->size() > 1) g->broadcast(buf, 0);
-  return std::string(static_cast<const char*>(buf.data_ptr()));
-}
-
-struct TempDir {
-  explicit TempDir(zt::comm::GroupPtr g) : group(std::move(g)), path(shared_dir(group)) {}
-  ~TempDir() {
-    group->barrier();
-    if (group->rank() == 0) zt::ckpt::remove_tree(path);
-  }
-  zt::comm::GroupPtr group;
-  std::string path;
+// One checkpoint directory for the group, removed at the end of the test.
+struct TempDir : zt::test_support::SharedTempDir {
+  explicit TempDir(zt::comm::GroupPtr g) : SharedTempDir(std::move(g), "ckpt_test") {}
 };
 
 // Trains optimizer steps [from, to): step s uses global batch s split over the ranks of

@@ -8,19 +8,12 @@
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
+#include "support/dist_util.h"
 
 namespace {
 
-struct MlpImpl : torch::nn::Module {
-  explicit MlpImpl(int64_t in = 8, int64_t hidden = 16, int64_t out = 4) {
-    fc1 = register_module("fc1", torch::nn::Linear(in, hidden));
-    fc2 = register_module("fc2", torch::nn::Linear(hidden, hidden));
-    fc3 = register_module("fc3", torch::nn::Linear(hidden, out));
-  }
-  torch::Tensor forward(torch::Tensor x) { return fc3(torch::tanh(fc2(torch::tanh(fc1(x))))); }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
-};
-TORCH_MODULE(Mlp);
+using zt::test_support::Mlp;
+using zt::test_support::global_batch;
 
 constexpr int64_t kMicro = 2;
 constexpr int kSteps = 5;
@@ -47,14 +40,6 @@ std::unique_ptr<zt::Engine> cpu_engine(Mlp& m, const zt::Config& cfg) {
   o.device = torch::Device(torch::kCPU);
   o.print = false;
   return zt::initialize(m.ptr(), cfg, o);
-}
-
-// Data for step s: the global batch (world * gas * micro samples), identical on all ranks.
-std::pair<torch::Tensor, torch::Tensor> global_batch(int step, int64_t n) {
-  auto g = at::make_generator<at::CPUGeneratorImpl>(1234 + step);
-  auto x = at::randn({n, 8}, g);
-  auto y = at::randn({n, 4}, g);
-  return {x, y};
 }
 
 // Plain LibTorch: full batch, same optimizer and clipping, fp32 master weights. With

@@ -11,6 +11,7 @@
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
+#include "support/dist_util.h"
 
 namespace {
 
@@ -216,14 +217,9 @@ namespace {
 // ZeRO-Infinity: offload_optimizer device nvme. Each rank swaps its state through its own
 // file in a fresh directory under the build tree.
 
-struct NvmeDir {
-  NvmeDir() {
-    std::string templ = std::string(ZT_BINARY_DIR) + "/nvme_test_XXXXXX";
-    EXPECT_NE(mkdtemp(templ.data()), nullptr);
-    path = templ;
-  }
-  ~NvmeDir() { zt::ckpt::remove_tree(path); }
-  std::string path;
+// This rank's NVMe swap directory for one test.
+struct NvmeDir : zt::test_support::LocalTempDir {
+  NvmeDir() : LocalTempDir("nvme_test") {}
 };
 
 // This rank's swap file in `dir`: the n-th engine alive at once gets name n.

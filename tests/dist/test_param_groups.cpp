@@ -15,19 +15,12 @@
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
+#include "support/dist_util.h"
 
 namespace {
 
-struct MlpImpl : torch::nn::Module {
-  MlpImpl() {
-    fc1 = register_module("fc1", torch::nn::Linear(8, 16));
-    fc2 = register_module("fc2", torch::nn::Linear(16, 16));
-    fc3 = register_module("fc3", torch::nn::Linear(16, 4));
-  }
-  torch::Tensor forward(torch::Tensor x) { return fc3(torch::tanh(fc2(torch::tanh(fc1(x))))); }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
-};
-TORCH_MODULE(Mlp);
+using zt::test_support::Mlp;
+using zt::test_support::global_batch;
 
 constexpr int64_t kMicro = 2;
 constexpr int kSteps = 5;
@@ -90,13 +83,6 @@ std::vector<zt::ParamGroup> two_groups(Mlp& m) {
   return {matrices, vectors};
 }
 
-std::pair<torch::Tensor, torch::Tensor> global_batch(int step, int64_t n) {
-  auto g = at::make_generator<at::CPUGeneratorImpl>(1234 + step);
-  auto x = at::randn({n, 8}, g);
-  auto y = at::randn({n, 4}, g);
-  return {x, y};
-}
-
 // Plain LibTorch with the same two param groups (group lr = lr x lr_scale), full batch,
 // global-norm clipping, fp32 master weights; forward/backward on a `compute` copy.
 std::vector<torch::Tensor> reference(const Case& c, int64_t global) {
@@ -149,15 +135,8 @@ std::vector<torch::Tensor> reference(const Case& c, int64_t global) {
 }
 
 // A directory of this rank's own for NVMe swap files (removed at the end).
-struct NvmeDir {
-  NvmeDir() {
-    std::string templ = std::string(ZT_BINARY_DIR) + "/nvme_groups_test_XXXXXX";
-    char* d = mkdtemp(templ.data());
-    EXPECT_NE(d, nullptr);
-    path = templ;
-  }
-  ~NvmeDir() { zt::ckpt::remove_tree(path); }
-  std::string path;
+struct NvmeDir : zt::test_support::LocalTempDir {
+  NvmeDir() : LocalTempDir("nvme_groups_test") {}
 };
 
 std::vector<torch::Tensor> run_engine(const Case& c) {
