@@ -189,7 +189,7 @@ class Engine {
   // Reports of the steps whose device work has finished, oldest first, each returned once.
   // wait = false never blocks: on CUDA the report of a step usually arrives during the
   // next one. wait = true first waits for every step so far. On the CPU every step is
-  // reported by its step() call.
+  // reported by its step() call. Reports not taken are kept up to the newest 1024.
   virtual std::vector<StepReport> take_reports(bool wait = false) = 0;
 
   // ZeRO-3: runs fn(x) as unit `unit` (index into EngineOptions.units): its parameters are

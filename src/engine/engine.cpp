@@ -566,6 +566,8 @@ class EngineImpl : public Engine {
     for (const auto& e : p.exposed) r.exposed_comm_ms += e.ms();
     last_ = r;
     report(r);
+    // Kept for take_reports(); a caller that never takes them keeps only the newest.
+    if (ready_.size() >= kMaxReady) ready_.erase(ready_.begin());
     ready_.push_back(r);
   }
 
@@ -677,7 +679,8 @@ class EngineImpl : public Engine {
   std::vector<PendingPhase> fwd_phases_, bwd_phases_;
   std::vector<DeviceSpan> exposed_;
   std::deque<Pending> pending_;    // steps not yet resolved, oldest first
-  std::vector<StepReport> ready_;  // resolved, not yet taken (take_reports)
+  std::vector<StepReport> ready_;  // resolved, not yet taken (take_reports), at most kMaxReady
+  static constexpr size_t kMaxReady = 1024;
   StepReport last_;
 };
 
