@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/fused_adam.h"
+#include "kernels/common.cuh"
 
 #include <algorithm>
 #include <atomic>
@@ -34,57 +35,33 @@ bool kernels_available() { return true; }
 
 namespace {
 
+constexpr const char* kName = "fused_adam";  // in error messages
+using detail::aligned;
+using detail::cached_per_device;
+using detail::DTypeName;
+using detail::from_float;
+using detail::kMaxCachedDevices;
+using detail::sm_count;
+using detail::to_float;
+
 constexpr int kThreads = 256;
 constexpr int kVec = 4;         // elements per thread per iteration
+// kVec elements of T loaded or stored as one access (16 bytes for fp32, 8 for 16-bit types).
+template <typename T>
+using Pack = detail::Pack<T, kVec>;
 constexpr int kBlocksPerSm = 8;  // cap: 8 x 256 = 2048 threads, an SM's maximum on sm_80 and sm_90
-constexpr int kMaxCachedDevices = 64;
 
 struct NoOut {};  // param_out == nullptr: nothing is written
 
-template <typename T>
-struct DTypeName;
-template <>
-struct DTypeName<float> {
-  static constexpr const char* value = "f32";
-};
-template <>
-struct DTypeName<__nv_bfloat16> {
-  static constexpr const char* value = "bf16";
-};
-template <>
-struct DTypeName<__half> {
-  static constexpr const char* value = "f16";
-};
-template <>
-struct DTypeName<NoOut> {
-  static constexpr const char* value = "none";
-};
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-
-// Round to nearest even, like at::BFloat16 / at::Half conversions (Tensor::to).
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) {
-  return x;
+// The output dtype's name in error messages ("none" without param_out).
+template <typename P>
+constexpr const char* out_name() {
+  if constexpr (std::is_same_v<P, NoOut>) {
+    return "none";
+  } else {
+    return DTypeName<P>::value;
+  }
 }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-
-// kVec elements of T loaded or stored as one access (16 bytes for fp32, 8 for 16-bit types).
-template <typename T>
-struct alignas(sizeof(T) * kVec) Pack {
-  T v[kVec];
-};
 
 template <typename T>
 __device__ __forceinline__ Pack<T> load_pack(const T* p) {
@@ -183,36 +160,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-void check(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess) {
-    throw std::runtime_error(std::string("zt::kernels::fused_adam: ") + what + ": " + cudaGetErrorString(rc));
-  }
-}
-
-// A per-device value, asked once per device (devices past kMaxCachedDevices: every time).
-template <typename Query>
-int cached_per_device(std::atomic<int> (&cache)[kMaxCachedDevices], int dev, Query query) {
-  const bool cacheable = dev >= 0 && dev < kMaxCachedDevices;
-  if (cacheable) {
-    const int c = cache[dev].load(std::memory_order_relaxed);
-    if (c > 0) return c;
-  }
-  const int c = std::max(1, query());
-  if (cacheable) cache[dev].store(c, std::memory_order_relaxed);
-  return c;
-}
-
-// Multiprocessors of device `dev`.
-int sm_count(int dev) {
-  static std::atomic<int> cache[kMaxCachedDevices];  // zero-initialized (static storage)
-  return cached_per_device(cache, dev, [dev] {
-    int c = 0;
-    check(cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute(MultiProcessorCount)");
-    return c;
-  });
-}
-
-bool aligned(const void* p, std::uintptr_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
+void check(cudaError_t rc, const char* what) { detail::check(rc, kName, what); }
 
 template <typename G, typename P, bool kAdamW>
 void launch(const AdamArgs& a, cudaStream_t stream) {
@@ -261,14 +209,14 @@ void launch(const AdamArgs& a, cudaStream_t stream) {
           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
     return nb;
   });
-  const int64_t max_blocks = static_cast<int64_t>(sm_count(dev)) * std::min(per_sm, kBlocksPerSm);
+  const int64_t max_blocks = static_cast<int64_t>(sm_count(dev, kName)) * std::min(per_sm, kBlocksPerSm);
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((work + kThreads - 1) / kThreads, max_blocks));
 
   fused_adam_kernel<G, P, kAdamW><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(b, s, n, vec_begin, nvec);
   const cudaError_t rc = cudaGetLastError();
   if (rc != cudaSuccess) {
     throw std::runtime_error(std::string("zt::kernels::fused_adam_kernel<grad=") + DTypeName<G>::value +
-                             ", param_out=" + DTypeName<P>::value + (kAdamW ? ", adamw" : ", adam") +
+                             ", param_out=" + out_name<P>() + (kAdamW ? ", adamw" : ", adam") +
                              "> launch failed for n=" + std::to_string(n) + " (" + std::to_string(blocks) +
                              " blocks of " + std::to_string(kThreads) + "): " + cudaGetErrorString(rc));
   }

@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/layer_norm_grad.h"
+#include "kernels/common.cuh"
 
 #include <algorithm>
 #include <atomic>
@@ -26,6 +27,14 @@ namespace zt::kernels {
 
 namespace {
 
+constexpr const char* kName = "layer_norm_param_grads";  // in error messages
+using detail::aligned;
+using detail::DTypeName;
+using detail::from_float;
+using detail::Pack;
+using detail::sm_count;
+using detail::to_float;
+
 constexpr int kThreads = 256;
 constexpr int kWarpSize = 32;
 constexpr int kWarps = kThreads / kWarpSize;
@@ -33,49 +42,7 @@ constexpr int kUnroll = 4;         // rows per thread whose loads are issued tog
 constexpr int kBlocksPerSm = 4;    // pass-1 grid target: about this many blocks per multiprocessor
 constexpr int kFinalThreads = 256;
 constexpr int kFinalBatch = 8;     // partials loaded together in pass 2 (added in order)
-constexpr int kMaxCachedDevices = 64;
 
-template <typename T>
-struct DTypeName;
-template <>
-struct DTypeName<float> {
-  static constexpr const char* value = "f32";
-};
-template <>
-struct DTypeName<__nv_bfloat16> {
-  static constexpr const char* value = "bf16";
-};
-template <>
-struct DTypeName<__half> {
-  static constexpr const char* value = "f16";
-};
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-
-// Round to nearest even, like at::BFloat16 / at::Half conversions (Tensor::to).
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-
-// kVec consecutive elements loaded as one access (16 bytes on the vectorized path, one
-// element on the scalar one).
-template <typename T, int kVec>
-struct alignas(sizeof(T) * kVec) Pack {
-  T v[kVec];
-};
 
 // Pass 1. Block (tile, split): columns [tile * 32 * kVec, +32 * kVec) (clipped to cols),
 // rows [split * rows_per_split, +rows_per_split) (clipped to rows); writes
@@ -197,30 +164,7 @@ __global__ void __launch_bounds__(kFinalThreads)
   if (grad_bias != nullptr) grad_bias[j] = from_float<T>(sum_splits(partial + splits * cols + j, splits, cols));
 }
 
-void check(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess) {
-    throw std::runtime_error(std::string("zt::kernels::layer_norm_param_grads: ") + what + ": " +
-                             cudaGetErrorString(rc));
-  }
-}
-
-// Multiprocessors of device `dev`, asked once per device (devices past
-// kMaxCachedDevices: every time).
-int sm_count(int dev) {
-  static std::atomic<int> cache[kMaxCachedDevices];  // zero-initialized (static storage)
-  const bool cacheable = dev >= 0 && dev < kMaxCachedDevices;
-  if (cacheable) {
-    const int c = cache[dev].load(std::memory_order_relaxed);
-    if (c > 0) return c;
-  }
-  int c = 0;
-  check(cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute(MultiProcessorCount)");
-  c = std::max(1, c);
-  if (cacheable) cache[dev].store(c, std::memory_order_relaxed);
-  return c;
-}
-
-bool aligned(const void* p, std::uintptr_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
+void check(cudaError_t rc, const char* what) { detail::check(rc, kName, what); }
 
 std::string shape_of(const LayerNormParamGradArgs& a) {
   return "rows=" + std::to_string(a.rows) + " cols=" + std::to_string(a.cols);
@@ -272,7 +216,7 @@ void launch(const LayerNormParamGradArgs& a, cudaStream_t stream) {
   if (a.rows > 0) {
     int dev = 0;
     check(cudaGetDevice(&dev), "cudaGetDevice");
-    const int64_t target = static_cast<int64_t>(sm_count(dev)) * kBlocksPerSm;
+    const int64_t target = static_cast<int64_t>(sm_count(dev, kName)) * kBlocksPerSm;
     splits = std::clamp<int64_t>((target + tiles - 1) / tiles, 1, layer_norm_param_grad_max_splits(a.rows));
     const int64_t rows_per_split = (a.rows + splits - 1) / splits;
     splits = (a.rows + rows_per_split - 1) / rows_per_split;  // no empty trailing split

@@ -21,6 +21,7 @@
 #include <math_constants.h>
 
 #include "kernels/softmax_xent.h"
+#include "kernels/common.cuh"
 
 #include <algorithm>
 #include <climits>
@@ -32,52 +33,17 @@ namespace zt::kernels {
 
 namespace {
 
+using detail::DTypeName;
+using detail::from_float;
+using detail::Pack;
+using detail::to_float;
+
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 // Column indices are ints: ld (and so a group index plus kThreads) must stay well inside int.
 constexpr int64_t kMaxLd = int64_t{1} << 30;
 constexpr int kMinBlocks = 2048 / kThreads;  // a full SM on sm_80 and sm_90 (caps registers at 32 per thread)
 
-template <typename T>
-struct DTypeName;
-template <>
-struct DTypeName<float> {
-  static constexpr const char* value = "f32";
-};
-template <>
-struct DTypeName<__nv_bfloat16> {
-  static constexpr const char* value = "bf16";
-};
-template <>
-struct DTypeName<__half> {
-  static constexpr const char* value = "f16";
-};
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-
-// Round to nearest even, like at::BFloat16 / at::Half conversions (Tensor::to).
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-
-// N elements of T loaded or stored as one access (N = 1: the scalar path).
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-  T v[N];
-};
 
 // The value to subtract from logits when the running max is m: m itself, or 0 while m is
 // -inf (then exp(x - 0) is 0 for x = -inf, and NaN for x = NaN, which must propagate).
