@@ -31,6 +31,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "support/gpu_util.h"
 #include "kernels/column_sum.h"
 
 #ifdef ZT_WITH_CUDA
@@ -56,45 +57,16 @@ TEST(ColumnSumWorkspace, Formula) {
 TEST(ColumnSum, NeedsACudaBuild) { GTEST_SKIP() << "zerotrain was built without CUDA (ZT_WITH_CUDA off)"; }
 #else
 
+using zt::test_support::bits;
+using zt::test_support::name;
+using zt::test_support::to_dtype;
+using zt::test_support::ulp_of;
+using zt::test_support::within;
+
 constexpr int64_t kGuard = 16;      // sentinel elements on each side of out
 constexpr float kSentinel = -3.0f;  // exact in every dtype
 constexpr double kF32Rtol = 1e-5, kF32Atol = 1e-6;
 constexpr double kAccum = 16.0 / (1 << 24);  // times sum_i |x_ij|: fp32 accumulation allowance
-
-DType to_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return DType::kF32;
-    case at::kBFloat16: return DType::kBF16;
-    case at::kHalf: return DType::kF16;
-    default: throw std::invalid_argument(std::string("no kernel dtype for ") + c10::toString(t));
-  }
-}
-
-std::string name(at::ScalarType t) { return c10::toString(t); }
-
-// The bits of a tensor (4- or 2-byte elements).
-at::Tensor bits(const at::Tensor& t) { return t.contiguous().view(t.element_size() == 4 ? at::kInt : at::kShort); }
-
-// Spacing of dtype `dt` (bf16 or fp16) at the fp64 values r (already representable in dt).
-at::Tensor ulp_of(const at::Tensor& r, at::ScalarType dt) {
-  const double mant = dt == at::kBFloat16 ? 7 : 10;     // explicit mantissa bits
-  const double emin = dt == at::kBFloat16 ? -126 : -14;  // smallest normal exponent
-  return at::exp2(at::floor(at::log2(r.abs())).clamp_min(emin) - mant);
-}
-
-// |actual - expected| <= tol everywhere (1-D, fp64; NaN is never within); names the
-// count, the first offender and the largest error/tolerance ratio.
-::testing::AssertionResult within(const at::Tensor& actual, const at::Tensor& expected, const at::Tensor& tol) {
-  const at::Tensor err = (actual - expected).abs();
-  const at::Tensor bad = at::logical_not(err <= tol).nonzero();
-  if (bad.size(0) == 0) return ::testing::AssertionSuccess();
-  const int64_t j = bad[0][0].item<int64_t>();
-  const double worst = (err / tol).nan_to_num(INFINITY).max().item<double>();
-  return ::testing::AssertionFailure() << bad.size(0) << " of " << actual.numel() << " column sums off; first at ["
-                                       << j << "]: got " << actual[j].item<double>() << ", expected "
-                                       << expected[j].item<double>() << " +- " << tol[j].item<double>()
-                                       << "; worst error/tolerance " << worst;
-}
 
 ::testing::AssertionResult bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
   const at::Tensor bad = (bits(a) != bits(b)).nonzero();
@@ -201,10 +173,10 @@ class ColumnSum : public ::testing::Test {
     if (data == Data::kSmallIntegers) {
       EXPECT_TRUE(bitwise_equal(out, ref.to(dt))) << "small-integer sums must be exact";
     } else if (dt == at::kFloat) {
-      EXPECT_TRUE(within(got, ref, kF32Rtol * ref.abs() + kF32Atol + kAccum * abs_sum));
+      EXPECT_TRUE(within(got, ref, kF32Rtol * ref.abs() + kF32Atol + kAccum * abs_sum, "column sums"));
     } else {
       const at::Tensor r = ref.to(dt).to(at::kDouble);
-      EXPECT_TRUE(within(got, r, ulp_of(r, dt) + kAccum * abs_sum));
+      EXPECT_TRUE(within(got, r, ulp_of(r, dt) + kAccum * abs_sum, "column sums"));
     }
     // Deterministic: a second run, with other garbage in the workspace, gives the same bits.
     EXPECT_TRUE(bitwise_equal(run(in, 1e30f), out)) << "second run";

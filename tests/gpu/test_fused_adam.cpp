@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "support/gpu_util.h"
 #include "kernels/fused_adam.h"
 
 #ifdef ZT_WITH_CUDA
@@ -43,6 +44,10 @@ namespace {
 TEST(FusedAdam, NeedsACudaBuild) { GTEST_SKIP() << "zerotrain was built without CUDA (ZT_WITH_CUDA off)"; }
 #else
 
+using zt::test_support::bits;
+using zt::test_support::name;
+using zt::test_support::to_dtype;
+
 constexpr int64_t kN = 1'000'003;  // odd: a tail after the groups of 4
 constexpr int64_t kGuard = 5;      // sentinel elements after every buffer
 constexpr double kRtol = 1e-6;
@@ -50,20 +55,6 @@ constexpr double kAtol = 1e-7;
 constexpr float kLr = 1e-3f, kBeta1 = 0.9f, kBeta2 = 0.999f, kEps = 1e-8f, kWeightDecay = 0.01f;
 constexpr float kStep = 7.0f;
 constexpr float kSentinel = -3.0f;  // exact in every dtype
-
-DType to_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return DType::kF32;
-    case at::kBFloat16: return DType::kBF16;
-    case at::kHalf: return DType::kF16;
-    default: throw std::invalid_argument(std::string("no kernel dtype for ") + c10::toString(t));
-  }
-}
-
-std::string name(at::ScalarType t) { return c10::toString(t); }
-
-// The bits of a tensor (4- or 2-byte elements), for bit-for-bit comparisons.
-at::Tensor bits(const at::Tensor& t) { return t.view(t.element_size() == 4 ? at::kInt : at::kShort); }
 
 ::testing::AssertionResult same_bits(const at::Tensor& actual, const at::Tensor& expected) {
   if (actual.scalar_type() != expected.scalar_type() || actual.sizes() != expected.sizes()) {

@@ -34,6 +34,7 @@
 #include <string>
 #include <tuple>
 
+#include "support/gpu_util.h"
 #include "kernels/layer_norm_grad.h"
 
 #ifdef ZT_WITH_CUDA
@@ -49,44 +50,15 @@ namespace {
 TEST(LayerNormGrad, NeedsACudaBuild) { GTEST_SKIP() << "zerotrain was built without CUDA (ZT_WITH_CUDA off)"; }
 #else
 
+using zt::test_support::bits;
+using zt::test_support::name;
+using zt::test_support::to_dtype;
+using zt::test_support::ulp_of;
+using zt::test_support::within;
+
 constexpr double kMagAllow = 16.0 / (1 << 24);
 constexpr double kF32Rtol = 1e-4, kF32Atol = 1e-5;
 constexpr double kEps = 1e-5;
-
-DType to_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return DType::kF32;
-    case at::kBFloat16: return DType::kBF16;
-    case at::kHalf: return DType::kF16;
-    default: throw std::invalid_argument(std::string("no kernel dtype for ") + c10::toString(t));
-  }
-}
-
-std::string name(at::ScalarType t) { return c10::toString(t); }
-
-// The bits of a tensor (4- or 2-byte elements).
-at::Tensor bits(const at::Tensor& t) { return t.contiguous().view(t.element_size() == 4 ? at::kInt : at::kShort); }
-
-// Spacing of dtype `dt` (bf16 or fp16) at the fp64 values r (already representable in dt).
-at::Tensor ulp_of(const at::Tensor& r, at::ScalarType dt) {
-  const double mant = dt == at::kBFloat16 ? 7 : 10;     // explicit mantissa bits
-  const double emin = dt == at::kBFloat16 ? -126 : -14;  // smallest normal exponent
-  return at::exp2(at::floor(at::log2(r.abs())).clamp_min(emin) - mant);
-}
-
-// |actual - expected| <= tol everywhere (1-D, fp64; NaN is never within); names the
-// count, the first offender and the largest error/tolerance ratio.
-::testing::AssertionResult within(const at::Tensor& actual, const at::Tensor& expected, const at::Tensor& tol) {
-  const at::Tensor err = (actual - expected).abs();
-  const at::Tensor bad = at::logical_not(err <= tol).nonzero();
-  if (bad.size(0) == 0) return ::testing::AssertionSuccess();
-  const int64_t j = bad[0][0].item<int64_t>();
-  const double worst = (err / tol).nan_to_num(INFINITY).max().item<double>();
-  return ::testing::AssertionFailure() << bad.size(0) << " of " << actual.numel() << " columns off; first at [" << j
-                                       << "]: got " << actual[j].item<double>() << ", expected "
-                                       << expected[j].item<double>() << " +- " << tol[j].item<double>()
-                                       << "; worst error/tolerance " << worst;
-}
 
 ::testing::AssertionResult all_zero_bits(const at::Tensor& t) {
   if (t.numel() == 0) return ::testing::AssertionSuccess();
@@ -198,7 +170,7 @@ class LayerNormGrad : public ::testing::Test {
         expected = ref.to(p.dt).to(at::kDouble);
         tol = ulp_of(expected, p.dt) * 2 + mag * kMagAllow;
       }
-      EXPECT_TRUE(within(ours.to(at::kDouble), expected, tol)) << which << ", " << what;
+      EXPECT_TRUE(within(ours.to(at::kDouble), expected, tol, "columns")) << which << ", " << what;
     };
     check(gw, ref_w, mag_w, "grad_weight");
     check(gb, ref_b, mag_b, "grad_bias");

@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "support/gpu_util.h"
 #include "kernels/softmax_xent.h"
 
 #ifdef ZT_WITH_CUDA
@@ -51,46 +52,17 @@ namespace {
 TEST(SoftmaxXent, NeedsACudaBuild) { GTEST_SKIP() << "zerotrain was built without CUDA (ZT_WITH_CUDA off)"; }
 #else
 
+using zt::test_support::bits;
+using zt::test_support::name;
+using zt::test_support::to_dtype;
+using zt::test_support::ulp_of;
+using zt::test_support::within;
+
 constexpr int64_t kGuard = 16;     // sentinel elements after the block
 constexpr float kSentinel = -3.0f;  // exact in every dtype
 constexpr double kLossRtol = 1e-5;
 constexpr double kF32Rtol = 1e-5, kF32Atol = 1e-6;  // the absolute part is multiplied by grad_scale
 constexpr double kTargetAllowance = 8.0 / (1 << 24);  // times p_t * grad_scale, bf16/fp16 only
-
-DType to_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return DType::kF32;
-    case at::kBFloat16: return DType::kBF16;
-    case at::kHalf: return DType::kF16;
-    default: throw std::invalid_argument(std::string("no kernel dtype for ") + c10::toString(t));
-  }
-}
-
-std::string name(at::ScalarType t) { return c10::toString(t); }
-
-// The bits of a tensor (4- or 2-byte elements).
-at::Tensor bits(const at::Tensor& t) { return t.contiguous().view(t.element_size() == 4 ? at::kInt : at::kShort); }
-
-// Spacing of dtype `dt` (bf16 or fp16) at the fp64 values r (already representable in dt).
-at::Tensor ulp_of(const at::Tensor& r, at::ScalarType dt) {
-  const double mant = dt == at::kBFloat16 ? 7 : 10;     // explicit mantissa bits
-  const double emin = dt == at::kBFloat16 ? -126 : -14;  // smallest normal exponent
-  return at::exp2(at::floor(at::log2(r.abs())).clamp_min(emin) - mant);
-}
-
-// |actual - expected| <= tol everywhere (2-D, fp64; NaN is never within); names the
-// count, the first offender and the largest error/tolerance ratio.
-::testing::AssertionResult within(const at::Tensor& actual, const at::Tensor& expected, const at::Tensor& tol) {
-  const at::Tensor err = (actual - expected).abs();
-  const at::Tensor bad = at::logical_not(err <= tol).nonzero();
-  if (bad.size(0) == 0) return ::testing::AssertionSuccess();
-  const int64_t r = bad[0][0].item<int64_t>(), c = bad[0][1].item<int64_t>();
-  const double worst = (err / tol).nan_to_num(INFINITY).max().item<double>();
-  return ::testing::AssertionFailure() << bad.size(0) << " of " << actual.numel() << " gradients off; first at [" << r
-                                       << ", " << c << "]: got " << actual[r][c].item<double>() << ", expected "
-                                       << expected[r][c].item<double>() << " +- " << tol[r][c].item<double>()
-                                       << "; worst error/tolerance " << worst;
-}
 
 ::testing::AssertionResult all_zero_bits(const at::Tensor& t) {
   if (t.numel() == 0) return ::testing::AssertionSuccess();
@@ -243,11 +215,11 @@ class SoftmaxXent : public ::testing::Test {
     const at::Tensor v = ref.valid.unsqueeze(1);
     if (dt == at::kFloat) {
       const at::Tensor tol = kF32Atol * grad_scale + kF32Rtol * ref.grad.abs();
-      EXPECT_TRUE(within(got, ref.grad, tol)) << "gradients";
+      EXPECT_TRUE(within(got, ref.grad, tol, "gradients")) << "gradients";
     } else {
       const at::Tensor r = ref.grad.to(dt).to(at::kDouble);
       const at::Tensor tol = ulp_of(r, dt) + ref.onehot * (kTargetAllowance * grad_scale) * ref.p_t;
-      EXPECT_TRUE(within(got, r, tol)) << "gradients";
+      EXPECT_TRUE(within(got, r, tol, "gradients")) << "gradients";
     }
     EXPECT_TRUE(all_zero_bits(p.block.view.narrow(1, shape.cols, shape.ld - shape.cols))) << "padding columns";
     const at::Tensor ignored = at::logical_not(ref.valid).nonzero().squeeze(1);
@@ -326,10 +298,10 @@ TEST_F(SoftmaxXent, OutOfRangeTargetGivesNanLoss) {
         EXPECT_TRUE(all_zero_bits(p.block.view[1])) << "the ignored row";
         const at::Tensor got = p.block.view.index_select(0, good_rows).narrow(1, 0, shape.cols).to(at::kDouble);
         if (dt == at::kFloat) {
-          EXPECT_TRUE(within(got, ref.grad, kF32Atol + kF32Rtol * ref.grad.abs())) << "the other rows";
+          EXPECT_TRUE(within(got, ref.grad, kF32Atol + kF32Rtol * ref.grad.abs(), "gradients")) << "the other rows";
         } else {
           const at::Tensor r = ref.grad.to(dt).to(at::kDouble);
-          EXPECT_TRUE(within(got, r, ulp_of(r, dt) + ref.onehot * kTargetAllowance * ref.p_t)) << "the other rows";
+          EXPECT_TRUE(within(got, r, ulp_of(r, dt) + ref.onehot * kTargetAllowance * ref.p_t, "gradients")) << "the other rows";
         }
         EXPECT_TRUE(p.block.guards_intact());
       }
