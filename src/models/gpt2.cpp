@@ -9,14 +9,12 @@
 #include <sstream>
 
 #include "models/checkpoint.h"
+#include "kernels/aten.h"
 #include "kernels/column_sum.h"
 #include "kernels/layer_norm_grad.h"
 #include "models/lm_head_loss.h"
 #include "zerotrain/error.h"
 
-#ifdef ZT_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
-#endif
 
 namespace zt::models {
 namespace F = torch::nn::functional;
@@ -175,19 +173,7 @@ double gpt2_flops_per_token(const GPT2Config& c, int64_t seq) {
 
 // ---- modules ------------------------------------------------------------------------
 
-bool use_kernels(const torch::Tensor& t) {
-  const auto d = t.scalar_type();
-  return kernels::kernels_available() && t.is_cuda() && t.is_contiguous() &&
-         (d == at::kBFloat16 || d == at::kHalf || d == at::kFloat);
-}
-kernels::DType kernel_dtype(at::ScalarType d) {
-  return d == at::kBFloat16 ? kernels::DType::kBF16 : d == at::kHalf ? kernels::DType::kF16 : kernels::DType::kF32;
-}
-#ifdef ZT_WITH_CUDA
-cudaStream_t current_stream(const torch::Tensor& t) { return at::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
-#else
-cudaStream_t current_stream(const torch::Tensor&) { return nullptr; }
-#endif
+bool use_kernels(const torch::Tensor& t) { return kernels::runs_on(t) && t.is_contiguous(); }
 
 // Sum over the rows of a (N, C) matrix (a bias gradient): zerotrain's column-sum kernel
 // on CUDA (src/kernels/column_sum.h, deterministic), ATen elsewhere.
@@ -197,13 +183,13 @@ torch::Tensor column_sum(const torch::Tensor& g) {
   auto ws = at::empty({kernels::column_sum_workspace_floats(g.size(0), g.size(1))}, g.options().dtype(at::kFloat));
   kernels::ColumnSumArgs a;
   a.in = g.data_ptr();
-  a.type = kernel_dtype(g.scalar_type());
+  a.type = kernels::dtype_of(g.scalar_type());
   a.rows = g.size(0);
   a.cols = g.size(1);
   a.ld = g.stride(0);
   a.out = out.data_ptr();
   a.workspace = ws.data_ptr<float>();
-  kernels::column_sum(a, current_stream(g));
+  kernels::column_sum(a, kernels::current_stream(g.device()));
   return out;
 }
 
@@ -236,7 +222,7 @@ struct LayerNormFn : torch::autograd::Function<LayerNormFn> {
       a.input = x2.data_ptr();
       a.mean = mean.data_ptr<float>();
       a.rstd = rstd.data_ptr<float>();
-      a.type = kernel_dtype(g.scalar_type());
+      a.type = kernels::dtype_of(g.scalar_type());
       a.rows = g.size(0);
       a.cols = C;
       if (need_w) {
@@ -249,7 +235,7 @@ struct LayerNormFn : torch::autograd::Function<LayerNormFn> {
       }
       auto ws = at::empty({kernels::layer_norm_param_grad_workspace_floats(a.rows, C)}, g.options().dtype(at::kFloat));
       a.workspace = ws.data_ptr<float>();
-      kernels::layer_norm_param_grads(a, current_stream(g));
+      kernels::layer_norm_param_grads(a, kernels::current_stream(g.device()));
     }
     if (dx.defined()) dx = dx.view(grad_out[0].sizes());
     return {dx, need_w ? dw : torch::Tensor(), need_b ? db : torch::Tensor(), torch::Tensor()};

@@ -3,12 +3,10 @@
 #include <algorithm>
 #include <limits>
 
+#include "kernels/aten.h"
 #include "kernels/softmax_xent.h"
 #include "zerotrain/error.h"
 
-#ifdef ZT_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
-#endif
 
 namespace zt::models {
 namespace {
@@ -16,28 +14,18 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-bool use_fused_kernel(const torch::Tensor& x) {
-  const auto t = x.scalar_type();
-  return kernels::kernels_available() && x.is_cuda() && (t == at::kBFloat16 || t == at::kHalf || t == at::kFloat);
-}
-
 // logits (n, Vp) contiguous, in place -> d(sum of the rows' losses)/d(logits); adds the
 // rows' losses to loss_sum (fp32 scalar).
 void fused_softmax_xent(torch::Tensor& logits, const torch::Tensor& targets, int64_t V, torch::Tensor& loss_sum) {
   kernels::SoftmaxXentArgs a;
   a.logits = logits.data_ptr();
-  const auto t = logits.scalar_type();
-  a.type = t == at::kBFloat16 ? kernels::DType::kBF16 : t == at::kHalf ? kernels::DType::kF16 : kernels::DType::kF32;
+  a.type = kernels::dtype_of(logits.scalar_type());
   a.rows = logits.size(0);
   a.cols = V;
   a.ld = logits.stride(0);
   a.targets = targets.data_ptr<int64_t>();
   a.loss_sum = loss_sum.data_ptr<float>();
-#ifdef ZT_WITH_CUDA
-  kernels::softmax_xent(a, at::cuda::getCurrentCUDAStream(logits.device().index()).stream());
-#else
-  ZT_CHECK(false, "fused_softmax_xent needs a CUDA build");
-#endif
+  kernels::softmax_xent(a, kernels::current_stream(logits.device()));
 }
 
 struct LmHeadCrossEntropy : torch::autograd::Function<LmHeadCrossEntropy> {
@@ -54,7 +42,7 @@ struct LmHeadCrossEntropy : torch::autograd::Function<LmHeadCrossEntropy> {
     const auto valid_all = targets.ne(-1);
     // CUDA: zerotrain's fused kernel turns each chunk's logits into their gradient in
     // place (src/kernels/softmax_xent.h), with no host sync.
-    const bool fused = use_fused_kernel(x);
+    const bool fused = kernels::runs_on(x);
     // Unfused, one host sync per call: masking rows of ignored targets is a full pass
     // over the chunk's logits, worth skipping when (as in pre-training) every target counts.
     const bool any_ignored = !fused && !valid_all.all().item<bool>();

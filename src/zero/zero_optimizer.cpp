@@ -1,6 +1,6 @@
 #include "zero/zero_optimizer.h"
 
-#include "kernels/fused_adam.h"
+#include "kernels/aten.h"
 
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
@@ -378,7 +378,7 @@ StepOutcome ZeroOptimizer::step(const StepInputs& in) {
 
 bool ZeroOptimizer::use_kernel() const {
   return kernels::kernels_available() && opt_.device.is_cuda() && !opt_.offload_optimizer && !sgd_ &&
-         master_.defined() && (opt_.dtype == at::kFloat || opt_.dtype == at::kBFloat16 || opt_.dtype == at::kHalf);
+         master_.defined() && kernels::dtype_supported(opt_.dtype);
 }
 
 // [Fused Step] zerotrain's Adam/AdamW kernel (src/kernels/fused_adam.cu): per bucket and
@@ -393,15 +393,8 @@ void ZeroOptimizer::kernel_step(double factor, const StepInputs& in) {
   const double bc2 = P.bias_correction ? 1.0 - std::pow(beta2, static_cast<double>(in.step)) : 1.0;
   torch::Tensor scale = grad_scale_;
   if (!scale.defined() && factor != 1.0) scale = torch::full({1}, factor, master_.options());
-  auto ktype = [](at::ScalarType t) {
-    return t == at::kBFloat16 ? kernels::DType::kBF16 : t == at::kHalf ? kernels::DType::kF16 : kernels::DType::kF32;
-  };
   const bool write_params = opt_.stage <= 2;
-#ifdef ZT_WITH_CUDA
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream(opt_.device.index()).stream();
-#else
-  cudaStream_t stream = nullptr;  // unreachable: use_kernel() needs a CUDA device
-#endif
+  cudaStream_t stream = kernels::current_stream(opt_.device);
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
     auto master = owned_view(master_, static_cast<int>(b));
     auto m = owned_view(exp_avg_, static_cast<int>(b));
@@ -418,10 +411,10 @@ void ZeroOptimizer::kernel_step(double factor, const StepInputs& in) {
       a.exp_avg = m.data_ptr<float>() + at;
       a.exp_avg_sq = v.data_ptr<float>() + at;
       a.grad = static_cast<const char*>(grad.data_ptr()) + at * grad.element_size();
-      a.grad_type = ktype(grad.scalar_type());
+      a.grad_type = kernels::dtype_of(grad.scalar_type());
       if (dst.defined()) {
         a.param_out = static_cast<char*>(dst.data_ptr()) + at * dst.element_size();
-        a.param_type = ktype(dst.scalar_type());
+        a.param_type = kernels::dtype_of(dst.scalar_type());
       }
       a.n = len;
       a.lr = static_cast<float>(in.lr * groups_[g].lr_scale);
