@@ -307,7 +307,7 @@ int cmd_train(int argc, char** argv) {
   // Step reports arrive when the GPU has finished the step (on CUDA usually during the
   // next one): the loop reads them as they come and never waits for the GPU itself.
   const int64_t first_timed = start + std::min(a.warmup, a.steps - start);
-  std::map<int64_t, std::pair<int64_t, double>> launched;  // step -> (epoch, CPU ms of its loop)
+  std::map<int64_t, int64_t> epoch_of;  // step -> its epoch, until its report arrives
   auto consume = [&](const StepReport& r) {
     const int64_t s = r.step - 1;  // the loop index of this step
     if (s == start) first_loss = r.loss;
@@ -325,8 +325,8 @@ int cmd_train(int argc, char** argv) {
     upd(peak_fwd, r.forward);
     upd(peak_bwd, r.backward);
     upd(peak_step, r.step_phase);
-    auto it = launched.find(r.step);
-    const int64_t epoch = it != launched.end() ? it->second.first : loader.epoch();
+    auto it = epoch_of.find(r.step);
+    const int64_t epoch = it != epoch_of.end() ? it->second : loader.epoch();
     if (rank == 0 && ((s + 1) % print_every == 0 || s == start || s + 1 == a.steps)) {
       // ms: the step's forward + backward + step on the device (CPU: wall time).
       const double ms = r.forward.ms + r.backward.ms + r.step_phase.ms;
@@ -334,7 +334,7 @@ int cmd_train(int argc, char** argv) {
                   static_cast<long long>(s), r.loss, ms, r.lr, r.skipped ? ", skipped" : "");
       std::fflush(stdout);
     }
-    if (it != launched.end()) launched.erase(it);
+    if (it != epoch_of.end()) epoch_of.erase(it);
   };
   auto timed_t0 = std::chrono::steady_clock::now();
   for (int64_t s = start; s < a.steps; ++s) {
@@ -357,7 +357,7 @@ int cmd_train(int argc, char** argv) {
     }
     if (s == a.profile_step) sync_device();  // the profiled step's device work, all of it
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    launched[engine->global_steps()] = {loader.epoch(), ms};
+    epoch_of[engine->global_steps()] = loader.epoch();
     if (s == a.profile_step) {
       const std::string text = profiler.stop(a.profile_out, rank, ms);
       if (rank == 0) std::printf("%s", text.c_str());
