@@ -14,6 +14,9 @@
 
 #include "ckpt/engine_checkpoint.h"
 #include "engine/phase_timer.h"
+#ifdef ZT_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 #include "models/gpt2.h"
 #include "models/safetensors.h"
 #include "optim/loss_scaler.h"
@@ -69,6 +72,14 @@ class EngineImpl : public Engine {
       : model_(std::move(model)), cfg_(cfg), opts_(std::move(o)) {
     group_ = opts_.group ? opts_.group : comm::world_group();
     device_ = opts_.device.value_or(default_device());
+#ifdef ZT_WITH_CUDA
+    // The rank's device becomes the thread's current device (DeepSpeed's
+    // torch.cuda.set_device(local_rank)): CUDA work that follows the current device
+    // instead of a tensor's -- page-locked allocations, library handles, raw launches --
+    // then lands on it. Rank 1 of ZeRO-3 with offload_param hit an illegal address
+    // without this.
+    if (device_.is_cuda()) c10::cuda::set_device(device_.index());
+#endif
     dtype_ = cfg_.compute_dtype();
     ZT_CHECK_T(cfg_.dp_world_size == group_->size(), ConfigError, "the config was resolved for a world of ",
                cfg_.dp_world_size, " ranks but the engine runs on ", group_->size(),
@@ -217,9 +228,7 @@ class EngineImpl : public Engine {
     }
     scaler_ = std::make_unique<optim::LossScaler>(so);
     schedule_ = optim::make_lr_schedule(cfg_.scheduler.type, cfg_.scheduler.params, cfg_.optimizer.params.lr);
-    // offload_param: synchronized phases (see PhaseTimer); every other configuration runs
-    // the GPU step without stopping the CPU.
-    timer_ = std::make_unique<PhaseTimer>(device_, zo.offload_param);
+    timer_ = std::make_unique<PhaseTimer>(device_);
     timer_->set_cpu_bytes(zero_->state_bytes().total());
     if (!opts_.metrics_path.empty() && group_->rank() == 0) {
       metrics_.open(opts_.metrics_path, std::ios::out | std::ios::trunc);

@@ -69,14 +69,11 @@ double DeviceSpan::ms() const {
   return std::chrono::duration<double, std::milli>(impl_->t1 - impl_->t0).count();
 }
 
-PhaseTimer::PhaseTimer(torch::Device device, bool sync_phases) : device_(device), sync_(sync_phases) {}
+PhaseTimer::PhaseTimer(torch::Device device) : device_(device) {}
 
 void PhaseTimer::begin() {
 #ifdef ZT_WITH_CUDA
-  if (device_.is_cuda()) {
-    if (sync_) c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();
-    c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index());
-  }
+  if (device_.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index());
 #endif
   span_ = DeviceSpan::start(device_);
 }
@@ -84,9 +81,6 @@ void PhaseTimer::begin() {
 PendingPhase PhaseTimer::end() {
   PendingPhase p;
   span_.stop();
-#ifdef ZT_WITH_CUDA
-  if (sync_ && device_.is_cuda()) c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();
-#endif
   p.span = span_;
   span_ = DeviceSpan();
 #ifdef ZT_WITH_CUDA

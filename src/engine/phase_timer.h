@@ -49,17 +49,13 @@ struct PendingPhase {
 
 class PhaseTimer {
  public:
-  // sync_phases: synchronize the compute stream when a phase begins and ends (how every
-  // phase was timed before the asynchronous step; kept for offload_param, whose host
-  // shard uploads were only ever run with those synchronizations).
-  explicit PhaseTimer(torch::Device device, bool sync_phases = false);
+  explicit PhaseTimer(torch::Device device);
   void begin();
   PendingPhase end();
   void set_cpu_bytes(int64_t b) { cpu_bytes_ = b; }
 
  private:
   torch::Device device_;
-  bool sync_ = false;
   DeviceSpan span_;
   int64_t cpu_bytes_ = 0;
 };

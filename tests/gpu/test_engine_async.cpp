@@ -40,7 +40,7 @@ nlohmann::json config(int stage, const char* dtype) {
       {"gradient_clipping", 1.0},
       {"steps_per_print", 1000},
       {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-2}, {"weight_decay", 0.01}}}}},
-      {"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_min_lr", 0.0}, {"warmup_max_lr", 1e-2},
+      {"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_min_lr", 1e-3}, {"warmup_max_lr", 1e-2},
                                                       {"warmup_num_steps", 10}, {"warmup_type", "linear"}}}}},
       {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 500}, {"overlap_comm", true}}},
   };
