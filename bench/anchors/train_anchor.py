@@ -15,6 +15,13 @@ Modes (see README.md for the ZeRO mapping):
   fsdp2_offload  reshard_after_forward=True + CPUOffloadPolicy(pin_memory)    (~ ZeRO-3 + offload)
 FSDP2 modes use MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) instead of autocast.
 
+Shape overrides (like zerotrain's CLI): --layers/--embd/--heads replace those of the named --model
+(vocab, n_positions, default seq stay).  --checkpoint-activations recomputes each block in backward
+(torch.utils.checkpoint, use_reentrant=False; hf: gradient_checkpointing_enable).  --meta-init (FSDP2
+modes) builds the model on the meta device, shards it, materializes the shards with to_empty (on CPU for
+fsdp2_offload, as CPUOffloadPolicy requires) and fills them with the same values the eager build would
+give (same RNG stream, replayed on the compute device), so no full unsharded copy is ever allocated.
+
 Rank 0 prints one JSON line on stdout and appends it to --json. Out-of-memory on any rank is a
 result: {"status": "oom", "phase": ...}, exit code 0.
 """
@@ -29,6 +36,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import math
 import resource
 import sys
 import threading
@@ -60,6 +68,18 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", required=True, choices=MODES)
     p.add_argument("--model", default="gpt2", choices=list(CONFIGS))
+    p.add_argument("--layers", type=int, default=None, help="override n_layer of --model")
+    p.add_argument("--embd", type=int, default=None, help="override n_embd of --model")
+    p.add_argument("--heads", type=int, default=None, help="override n_head of --model")
+    p.add_argument("--checkpoint-activations", action="store_true",
+                   help="activation checkpointing: recompute each transformer block in backward")
+    p.add_argument("--meta-init", action="store_true",
+                   help="FSDP2 modes: build on the meta device, fully_shard, to_empty (cpu for fsdp2_offload), "
+                        "then initialize the shards (same values as the eager build)")
+    p.add_argument("--host-mem-guard-gib", type=float, default=None, metavar="GIB",
+                   help="watch host memory (MemAvailable, and the cgroup limit if any) every 0.1 s; below GIB "
+                        "report {status: oom, oom_kind: host} and exit before the kernel's OOM killer strikes "
+                        "(default: off; any value also records host_min_avail_gib)")
     p.add_argument("--micro-batch", type=int, default=8, help="sequences per GPU per step")
     p.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's seq)")
     p.add_argument("--steps", type=int, default=20, help="timed iterations (after warm-up)")
@@ -120,8 +140,10 @@ class Reporter:
 
     def emit_oom(self, info: dict) -> None:
         rec = dict(self.base)
-        rec.update(status="oom", phase=info.get("phase"), oom_rank=info.get("rank"),
+        rec.update(status="oom", phase=info.get("phase"), oom_kind=info.get("kind"), oom_rank=info.get("rank"),
                    oom_iteration=info.get("iteration"), error=info.get("error"))
+        if "host_min_avail_gib" in info:
+            rec["host_min_avail_gib"] = info["host_min_avail_gib"]
         self.emit(rec)
 
 
@@ -178,9 +200,12 @@ class OOMWatch:
                 self.exit_for_peer(info)
             time.sleep(0.1)
 
-    def oom(self, phase: str, iteration, exc: BaseException):
-        info = {"phase": phase, "iteration": iteration, "rank": self.rank,
+    def oom(self, phase: str, iteration, exc: BaseException, kind=None, extra=None):
+        if kind is None:
+            kind = oom_kind(exc)
+        info = {"phase": phase, "iteration": iteration, "rank": self.rank, "kind": kind,
                 "error": (str(exc).strip().splitlines() or [type(exc).__name__])[0][:400]}
+        info.update(extra or {})
         print(f"[rank {self.rank}] out of memory in {phase} (iteration {iteration}): {info['error']}",
               file=sys.stderr, flush=True)
         if self.store is not None:
@@ -203,10 +228,102 @@ class OOMWatch:
             self.thread.join(timeout=2)
 
 
-def is_oom(exc: BaseException) -> bool:
+class HostMemMonitor:
+    """Polls the host memory still available to this process (MemAvailable, capped by the cgroup's
+    limit minus its non-reclaimable usage when a limit is set) and records the minimum.  With a guard
+    it reports an out-of-memory result (oom_kind "host") and exits when the available memory drops
+    below the guard: the kernel's OOM killer would otherwise SIGKILL the process with no result line.
+    The guard acts only from this rank's view (ranks of one host see the same memory)."""
+
+    def __init__(self, guard_gib, watch, where, period=0.1):
+        self.guard_gib, self.watch, self.where, self.period = guard_gib, watch, where, period
+        self.min_avail_gib = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="host-mem", daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def _read_int(path):
+        try:
+            with open(path) as f:
+                v = f.read().strip()
+            return None if v in ("", "max") else int(v)
+        except (OSError, ValueError):
+            return None
+
+    @classmethod
+    def available_gib(cls):
+        avail = None
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        avail = int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            pass
+        # cgroup v2, then v1: limit - (usage - inactive file pages)
+        for lim_p, use_p, stat_p, key in (
+                ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.stat",
+                 "inactive_file"),
+                ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+                 "/sys/fs/cgroup/memory/memory.stat", "total_inactive_file")):
+            lim, use = cls._read_int(lim_p), cls._read_int(use_p)
+            if lim is None or use is None or lim >= (1 << 60):
+                continue
+            inactive = 0
+            try:
+                with open(stat_p) as f:
+                    for line in f:
+                        k, v = line.split()[:2]
+                        if k == key:
+                            inactive = int(v)
+                            break
+            except (OSError, ValueError):
+                pass
+            cg = lim - (use - inactive)
+            avail = cg if avail is None else min(avail, cg)
+            break
+        return None if avail is None else avail / GIB
+
+    def _run(self):
+        while not self.stop.wait(self.period):
+            a = self.available_gib()
+            if a is None:
+                return
+            if self.min_avail_gib is None or a < self.min_avail_gib:
+                self.min_avail_gib = a
+            if self.guard_gib and a < self.guard_gib:
+                exc = MemoryError(f"host memory: {a:.2f} GiB available < --host-mem-guard-gib {self.guard_gib:g}")
+                self.watch.oom(self.where.get("phase"), self.where.get("iteration"), exc, kind="host",
+                               extra={"host_min_avail_gib": round(a, 3)})
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=2)
+
+
+def oom_kind(exc: BaseException):
+    """"device" (the CUDA caching allocator: torch.OutOfMemoryError), "host" (MemoryError, std::bad_alloc,
+    DefaultCPUAllocator "can't allocate memory"), "cuda_error" (a RuntimeError "CUDA error: out of memory",
+    i.e. cudaErrorMemoryAllocation from a driver call such as cudaHostAlloc when pinning host memory),
+    or None if exc is not an out-of-memory error."""
     if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+        return "device"
+    if isinstance(exc, MemoryError):
+        return "host"
+    if not isinstance(exc, RuntimeError):
+        return None
+    msg = str(exc).lower()
+    if any(k in msg for k in ("can't allocate memory", "cannot allocate memory", "bad_alloc")):
+        return "host"
+    if "out of memory" in msg:
+        return "cuda_error" if "cuda error" in msg else "device"
+    return None
+
+
+def is_oom(exc: BaseException) -> bool:
+    return oom_kind(exc) is not None
 
 
 class SimulatedOOM:
@@ -273,18 +390,97 @@ def adamw_class_and_kwargs(args):
     return kw, "AdamW(fused)"
 
 
-def build(args, cfg, device, world, local_rank):
+def apply_activation_checkpointing(model) -> None:
+    """Recompute each transformer block in backward: the block's forward runs inside
+    torch.utils.checkpoint.checkpoint(use_reentrant=False).  The wrapper replaces the block instance's
+    forward, so module hooks (FSDP2's fully_shard of the block) stay outside the checkpointed region
+    (as with torch's checkpoint_wrapper applied before fully_shard) and the module tree is unchanged."""
+    import functools
+    from torch.utils.checkpoint import checkpoint
+
+    def ckpt_forward(inner, *a, **kw):
+        return checkpoint(inner, *a, use_reentrant=False, **kw)
+
+    for block in model.h:
+        block.forward = functools.partial(ckpt_forward, block.forward)
+
+
+def _eager_default_init_replay(model, gen_device) -> None:
+    """Advance the RNG exactly as GPT2(cfg) does before its reset_parameters(): every nn.Linear and
+    nn.Embedding runs its default init in construction (= module registration) order.  The values are
+    discarded (reset_parameters overwrites them); only the generator state matters."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.Linear(m.in_features, m.out_features, bias=m.bias is not None, device=gen_device)
+        elif isinstance(m, torch.nn.Embedding):
+            torch.nn.Embedding(m.num_embeddings, m.embedding_dim, device=gen_device)
+        # LayerNorm's default init draws no random numbers
+
+
+def _fill_param(param, value_fn, gen_device, rank, world) -> None:
+    """Writes value_fn(full tensor on gen_device) into param, which may be an FSDP2 DTensor shard
+    (Shard(dim), torch.chunk layout as fully_shard uses) or a plain tensor."""
+    from torch.distributed.tensor import DTensor, Shard
+    full = torch.empty(param.shape, dtype=param.dtype, device=gen_device)
+    value_fn(full)
+    if isinstance(param, DTensor):
+        local = param._local_tensor
+        (pl,) = param.placements
+        if not isinstance(pl, Shard):
+            raise RuntimeError(f"meta-init expects Shard placements, got {param.placements}")
+        chunks = list(torch.chunk(full, world, dim=pl.dim))
+        part = chunks[rank] if rank < len(chunks) else full.narrow(pl.dim, 0, 0)
+        if part.shape != local.shape:
+            raise RuntimeError(f"meta-init: shard shape {tuple(part.shape)} != local {tuple(local.shape)}")
+        local.copy_(part)
+    else:
+        param.copy_(full)
+
+
+@torch.no_grad()
+def init_like_eager(model, cfg, gen_device, seed, rank, world) -> None:
+    """Initializes a materialized (to_empty) GPT2, sharded or not, to exactly the weights that
+    `torch.manual_seed(seed); with torch.device(gen_device): GPT2(cfg)` gives: the default-init RNG draws
+    are replayed, then gpt2.py's reset_parameters() is done tensor by tensor on gen_device (one full
+    tensor at a time) and each rank keeps its shard."""
+    torch.manual_seed(seed)
+    _eager_default_init_replay(model, gen_device)
+    std = 0.02
+    proj_std = 0.02 / math.sqrt(2 * cfg.n_layer)
+    fill = lambda p, fn: _fill_param(p, fn, gen_device, rank, world)  # noqa: E731
+    for name, m in model.named_modules():  # same order and same calls as GPT2.reset_parameters
+        if isinstance(m, torch.nn.Linear):
+            s_ = proj_std if name.endswith("c_proj") else std
+            fill(m.weight, lambda t, s_=s_: torch.nn.init.normal_(t, mean=0.0, std=s_))
+            fill(m.bias, torch.nn.init.zeros_)
+        elif isinstance(m, torch.nn.Embedding):
+            fill(m.weight, lambda t: torch.nn.init.normal_(t, mean=0.0, std=std))
+        elif isinstance(m, torch.nn.LayerNorm):
+            fill(m.weight, torch.nn.init.ones_)
+            fill(m.bias, torch.nn.init.zeros_)
+
+
+def build(args, cfg, device, world, local_rank, where=None):
     """Returns (model, optimizer, use_autocast, notes dict)."""
     mode = args.mode
     notes = {}
+    where = where if where is not None else {}
     torch.manual_seed(args.seed)  # same init on every rank
+    meta = args.meta_init
     if mode == "hf":
         model, notes["model_impl"] = build_hf_model(cfg, device)
     else:
-        with torch.device(device):
+        with torch.device("meta" if meta else device):
             model = GPT2(cfg)
         notes["model_impl"] = "bench/anchors/gpt2.py"
     model.train()
+    if args.checkpoint_activations:
+        if mode == "hf":
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            notes["activation_checkpointing"] = "HF gradient_checkpointing_enable(use_reentrant=False)"
+        else:
+            apply_activation_checkpointing(model)
+            notes["activation_checkpointing"] = "torch.utils.checkpoint(use_reentrant=False) per block"
 
     bf16 = args.dtype == "bf16"
     if mode in ("single", "hf"):
@@ -319,6 +515,23 @@ def build(args, cfg, device, world, local_rank):
     for block in model.h:
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard, offload_policy=offload)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard, offload_policy=offload)
+    if meta:
+        # CPUOffloadPolicy wants the sharded parameters on the CPU (FSDPParamGroup checks it at lazy
+        # init); FSDPModule._apply re-registers (and, with pin_memory, pins) the shards after to_empty.
+        mat_dev = torch.device("cpu") if mode == "fsdp2_offload" else device
+        where["phase"] = "setup:materialize"
+        t0 = time.perf_counter()
+        model.to_empty(device=mat_dev)
+        t1 = time.perf_counter()
+        where["phase"] = "setup:init"
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        init_like_eager(model, cfg, device, args.seed, rank, world)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        where["phase"] = "setup"
+        notes["meta_init"] = {"materialize_device": str(mat_dev), "materialize_s": round(t1 - t0, 3),
+                              "init_s": round(t2 - t1, 3), "init_rng_device": str(device)}
     if device.type == "cuda":
         torch.cuda.empty_cache()  # drop the unsharded init copy from the cache
     opt, notes["optimizer"] = make_adamw(model.parameters(), args, device.type)
@@ -392,6 +605,19 @@ def device_name(device):
 def main(argv=None):
     args = parse_args(argv)
     cfg = get_config(args.model)
+    over = {k: v for k, v in (("n_layer", args.layers), ("n_embd", args.embd), ("n_head", args.heads))
+            if v is not None}
+    if over:
+        import dataclasses
+        if any(v < 1 for v in over.values()):
+            raise SystemExit("--layers/--embd/--heads must be >= 1")
+        tag = ",".join(f"{k}={over[n]}" for k, n in (("layers", "n_layer"), ("embd", "n_embd"), ("heads", "n_head"))
+                       if n in over)
+        cfg = dataclasses.replace(cfg, name=f"{cfg.name}[{tag}]", **over)
+    if cfg.n_embd % cfg.n_head:
+        raise SystemExit(f"n_embd {cfg.n_embd} is not divisible by n_head {cfg.n_head}")
+    if args.meta_init and not args.mode.startswith("fsdp2"):
+        raise SystemExit("--meta-init is for the FSDP2 modes (fsdp2, fsdp2_reshard, fsdp2_offload)")
     seq = args.seq or cfg.seq
     if seq > cfg.n_positions:
         raise SystemExit(f"--seq {seq} > n_positions {cfg.n_positions} of {cfg.name}")
@@ -446,7 +672,9 @@ def main(argv=None):
         "steps": args.steps, "warmup": args.warmup, "device": device_name(device),
         "backend": backend, "torch": torch.__version__,
         "nccl": nccl_version() if dev_type == "cuda" else None,
-        "n_params": num_params(cfg), "flops_n": args.flops_n,
+        "n_params": num_params(cfg), "layers": cfg.n_layer, "embd": cfg.n_embd, "heads": cfg.n_head,
+        "vocab": cfg.vocab_size, "checkpoint_activations": args.checkpoint_activations,
+        "meta_init": args.meta_init, "flops_n": args.flops_n,
         "flops_per_token": flops_per_token(cfg, seq, exclude_wpe=args.flops_n == "non_embedding"),
         "peak_tflops": args.peak_tflops,
         "phase_sync": not args.no_phase_sync,
@@ -456,24 +684,27 @@ def main(argv=None):
     reporter = Reporter(args, base, rank)
     watch = OOMWatch(reporter, store, rank)
     where = {"phase": "setup", "iteration": None}
+    hostmon = HostMemMonitor(args.host_mem_guard_gib, watch, where) if args.host_mem_guard_gib is not None else None
     try:
-        run(args, cfg, seq, device, world, rank, local_rank, distributed, base, reporter, where)
+        run(args, cfg, seq, device, world, rank, local_rank, distributed, base, reporter, where, hostmon)
     except BaseException as exc:
         watch.failed(where, exc)  # exits on our OOM or a peer's
         raise
+    if hostmon is not None:
+        hostmon.close()
     watch.close()
     if distributed:
         dist.barrier()
         dist.destroy_process_group()
 
 
-def run(args, cfg, seq, device, world, rank, local_rank, distributed, base, reporter, where):
+def run(args, cfg, seq, device, world, rank, local_rank, distributed, base, reporter, where, hostmon=None):
     dev_type = device.type
     sim = SimulatedOOM(args.simulate_oom, rank)
 
     # ---- setup --------------------------------------------------------------------------------
     sim.maybe("setup", None)
-    model, opt, use_autocast, notes = build(args, cfg, device, world, local_rank)
+    model, opt, use_autocast, notes = build(args, cfg, device, world, local_rank, where)
     base.update(notes)
 
     n_iters = args.warmup + args.steps
@@ -584,6 +815,8 @@ def run(args, cfg, seq, device, world, rank, local_rank, distributed, base, repo
         "tokens_per_s": round(tokens_per_s, 1),
         "tflops_per_gpu": round(tflops_per_gpu, 3),
         "mfu": round(tflops_per_gpu / args.peak_tflops, 5),
+        "host_min_avail_gib": (None if hostmon is None or hostmon.min_avail_gib is None
+                               else round(hostmon.min_avail_gib, 3)),
         "loss_first": loss_list[0],
         "loss_last": loss_list[-1],
         "losses": loss_list,

@@ -18,6 +18,7 @@
 
 #ifdef ZT_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -39,7 +40,7 @@ namespace zt::zero {
 
 void ZeroOptimizer::init_offload() {
   const bool pin = opt_.pin_memory && opt_.device.is_cuda();
-  auto host = torch::TensorOptions().device(torch::kCPU).dtype(opt_.dtype).pinned_memory(pin);
+  const auto host = host_grad_options();
   const int64_t owned = owns_all_ ? layout_.total_numel : layout_.shard_numel;
   host_grad_ = torch::empty({owned}, host);
   // Stage 3 with offload_param: the CPU step writes the host-resident shard directly.
@@ -93,13 +94,10 @@ void ZeroOptimizer::stream_grad_to_host(int b, const comm::WorkPtr& reduce) {
 void ZeroOptimizer::offload_step(double factor, const StepInputs& in) {
   torch::NoGradGuard no_grad;
   const int nb = static_cast<int>(layout_.buckets.size());
-  // Delayed update: first apply the previous step's CPU update (it ran while this step's
-  // forward/backward computed); refresh_params() after this call all-gathers it.
-  if (opt_.delayed_update && worker_.joinable()) {
-    worker_.join();
-    if (worker_error_) std::rethrow_exception(std::exchange(worker_error_, nullptr));
-    upload_all();
-  }
+  // Delayed update: first apply the previous step's CPU update (it ran, and uploaded its
+  // result to the device, while this step's forward/backward computed); refresh_params()
+  // after this call all-gathers it.
+  if (opt_.delayed_update && worker_.joinable()) apply_delayed_update();
   // Gradients on the host: what backward did not stream yet is copied now.
   for (int b = 0; b < nb; ++b) {
     if (!streamed_[b]) owned_view(host_grad_, b).copy_(grad_view(b));
@@ -113,42 +111,81 @@ void ZeroOptimizer::offload_step(double factor, const StepInputs& in) {
     return;
   }
   if (!opt_.delayed_update) {
-    cpu_update(host_grad_, factor, in, /*upload=*/true);
+    cpu_update(host_grad_, factor, in, Upload::kParams);
     return;
   }
   // The next backward streams into the other buffer while the CPU reads this one.
   torch::Tensor grads = host_grad_;
-  if (!host_grad_spare_.defined()) host_grad_spare_ = torch::empty_like(host_grad_);
+  // Page-locked like host_grad_ (empty_like would not be): backward's asynchronous copies
+  // into a pageable buffer would block the autograd thread on every bucket.
+  if (!host_grad_spare_.defined()) host_grad_spare_ = torch::empty({host_grad_.numel()}, host_grad_options());
   std::swap(host_grad_, host_grad_spare_);
+  // The worker uploads each updated sub-group into a device buffer of its own while the
+  // next forward/backward still reads the current parameters; the next step only copies
+  // it into place on the device.
+  if (opt_.device.is_cuda() && !delayed_stage_.defined()) {
+    delayed_stage_ = torch::empty({host_param_.numel()}, torch::TensorOptions().device(opt_.device).dtype(opt_.dtype));
+  }
   // Two cores of this rank's share stay free for the training thread, which launches the
   // next forward/backward while the CPU step runs.
   const int threads = std::max(1, omp_get_max_threads() - 2);
   worker_ = std::thread([this, grads, factor, in, threads] {
     try {
+#ifdef ZT_WITH_CUDA
+      // CUDA work on this thread (the uploads) belongs to the rank's device.
+      if (opt_.device.is_cuda()) c10::cuda::set_device(opt_.device.index());
+#endif
       omp_set_num_threads(threads);
-      cpu_update(grads, factor, in, /*upload=*/false);
+      cpu_update(grads, factor, in, delayed_stage_.defined() ? Upload::kDelayedStage : Upload::kNone);
+#ifdef ZT_WITH_CUDA
+      // The next worker rewrites host_param_: its uploads must have left it by then.
+      if (delayed_stage_.defined()) copy_streams(streams_)->h2d.synchronize();
+#endif
     } catch (...) {
       worker_error_ = std::current_exception();
     }
   });
 }
 
-void ZeroOptimizer::flush_delayed_update() {
-  if (!worker_.joinable()) return;
+torch::TensorOptions ZeroOptimizer::host_grad_options() const {
+  return torch::TensorOptions().device(torch::kCPU).dtype(opt_.dtype).pinned_memory(opt_.pin_memory &&
+                                                                                    opt_.device.is_cuda());
+}
+
+// Joins the worker and puts its update in place: on CUDA the compute stream waits for the
+// worker's uploads and copies the staged shard into the parameters (device to device);
+// elsewhere the host result is copied in.
+void ZeroOptimizer::apply_delayed_update() {
   worker_.join();
   if (worker_error_) std::rethrow_exception(std::exchange(worker_error_, nullptr));
-  torch::NoGradGuard no_grad;
+#ifdef ZT_WITH_CUDA
+  if (delayed_stage_.defined()) {
+    compute_waits_for_uploads(*copy_streams(streams_), opt_.device.index());
+    for (size_t k = 0; k < layout_.buckets.size(); ++k) {
+      auto dst = param_dst(static_cast<int>(k));
+      if (dst.defined()) dst.copy_(owned_view(delayed_stage_, static_cast<int>(k)));
+    }
+    return;
+  }
+#endif
   upload_all();
+}
+
+void ZeroOptimizer::flush_delayed_update() {
+  if (!worker_.joinable()) return;
+  torch::NoGradGuard no_grad;
+  apply_delayed_update();
   refresh_params();
 }
 
-void ZeroOptimizer::upload_bucket(int k) {
-  auto dst = param_dst(k);
+void ZeroOptimizer::upload_bucket(int k, Upload to) {
+  if (to == Upload::kNone) return;
+  auto dst = to == Upload::kDelayedStage ? owned_view(delayed_stage_, k) : param_dst(k);
   if (dst.defined()) dst.copy_(owned_view(host_param_, k), /*non_blocking=*/true);  // on the current stream
 }
 
 void ZeroOptimizer::upload_all() {
-  for (size_t k = 0; k < layout_.buckets.size(); ++k) upload_bucket(static_cast<int>(k));
+  for (size_t k = 0; k < layout_.buckets.size(); ++k) upload_bucket(static_cast<int>(k), Upload::kParams);
 }
 
 optim::AdamHyper ZeroOptimizer::adam_hyper(double factor, const StepInputs& in, int group) const {
@@ -166,11 +203,11 @@ optim::AdamHyper ZeroOptimizer::adam_hyper(double factor, const StepInputs& in, 
   return h;
 }
 
-void ZeroOptimizer::cpu_update(const torch::Tensor& grads, double factor, const StepInputs& in, bool upload) {
+void ZeroOptimizer::cpu_update(const torch::Tensor& grads, double factor, const StepInputs& in, Upload upload) {
   torch::NoGradGuard no_grad;
   const int nb = static_cast<int>(layout_.buckets.size());
 #ifdef ZT_WITH_CUDA
-  CopyStreams* cs = upload && streams_ ? copy_streams(streams_) : nullptr;
+  CopyStreams* cs = upload != Upload::kNone && streams_ ? copy_streams(streams_) : nullptr;
 #endif
   // CPU Adam per sub-group; each sub-group's upload overlaps the next one's compute.
   std::vector<optim::AdamHyper> hs;
@@ -197,17 +234,18 @@ void ZeroOptimizer::cpu_update(const torch::Tensor& grads, double factor, const 
     }
     // Upload the sub-group on the upload stream (stage 3 with offload_param: it stays on
     // the host).
-    if (upload) {
+    if (upload != Upload::kNone) {
 #ifdef ZT_WITH_CUDA
       std::optional<c10::cuda::CUDAStreamGuard> guard;
       if (cs) guard.emplace(cs->h2d);
 #endif
-      for (int k = b; k < end; ++k) upload_bucket(k);
+      for (int k = b; k < end; ++k) upload_bucket(k, upload);
     }
     b = end;
   }
 #ifdef ZT_WITH_CUDA
-  if (cs) compute_waits_for_uploads(*cs, opt_.device.index());
+  // The delayed update's uploads are waited for when the next step applies them.
+  if (cs && upload == Upload::kParams) compute_waits_for_uploads(*cs, opt_.device.index());
 #endif
 }
 

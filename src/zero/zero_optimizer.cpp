@@ -622,14 +622,15 @@ void ZeroOptimizer::zero_grad() {
 ModelStateBytes ZeroOptimizer::state_bytes() const {
   auto nb = [](const torch::Tensor& t) -> int64_t { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; };
   ModelStateBytes m;
-  m.params = nb(flat_param_) + nb(param_shard_);
+  m.params = nb(flat_param_) + nb(param_shard_) + nb(delayed_stage_);
   // The gradient shard exists from the first reduction of a step to the step; counted
   // at its size throughout (what the ZeRO formulas count).
   m.grads = nb(flat_grad_) + (opt_.stage >= 2 ? layout_.shard_numel * static_cast<int64_t>(c10::elementSize(opt_.dtype)) : 0);
   m.master = nb(master_);
   m.optimizer = nb(exp_avg_) + nb(exp_avg_sq_) + nb(momentum_buf_);
   if (opt_.offload_optimizer) {
-    m.host = m.master + m.optimizer + nb(host_grad_) + (host_param_.is_same(param_shard_) ? 0 : nb(host_param_));
+    m.host = m.master + m.optimizer + nb(host_grad_) + nb(host_grad_spare_) +
+             (host_param_.is_same(param_shard_) ? 0 : nb(host_param_));
     if (opt_.offload_param) m.host += nb(param_shard_);
   }
   if (nvme_) nvme_state_bytes(m);  // master and Adam state on the drive, staging buffers in host memory

@@ -211,9 +211,14 @@ class ZeroOptimizer {
   // ZeRO-Offload (zero_offload.cpp).
   void init_offload();
   void offload_step(double factor, const StepInputs& in);
-  void cpu_update(const torch::Tensor& grads, double factor, const StepInputs& in, bool upload);
-  void upload_bucket(int b);  // bucket b's updated compute-dtype shard to param_dst(b)
-  void upload_all();
+  // Where the CPU step sends each updated compute-dtype shard: nowhere, into the
+  // parameters (param_dst), or into delayed_stage_ (the delayed update's worker).
+  enum class Upload { kNone, kParams, kDelayedStage };
+  void cpu_update(const torch::Tensor& grads, double factor, const StepInputs& in, Upload upload);
+  void upload_bucket(int b, Upload to);  // bucket b's updated compute-dtype shard
+  void upload_all();                     // every bucket's, into the parameters
+  void apply_delayed_update();           // joins the worker and puts its update in place
+  torch::TensorOptions host_grad_options() const;
   // The CPU Adam hyper-parameters of parameter group `group`.
   optim::AdamHyper adam_hyper(double factor, const StepInputs& in, int group) const;
   // The optimizer update of lists of (fp32 master, fp32 gradient, state) tensors with one
@@ -314,6 +319,7 @@ class ZeroOptimizer {
   bool boundary_ = true;                 // this backward ends the accumulation window
   std::shared_ptr<void> streams_;        // CUDA copy streams (zero_offload.cpp)
   torch::Tensor host_grad_spare_;        // delayed update: backward fills one while the CPU reads the other
+  torch::Tensor delayed_stage_;          // delayed update (CUDA): the worker's uploads, (owned) compute dtype
   std::thread worker_;                   // delayed update: the CPU step of the previous step
   std::exception_ptr worker_error_;
   std::shared_ptr<NvmeOffload> nvme_;    // NVMe: the swap file, staging buffers, upload events

@@ -162,4 +162,59 @@ TEST_P(EngineAsync, DeferredStepMatchesTheCpuEngine) {
 INSTANTIATE_TEST_SUITE_P(Stages, EngineAsync, ::testing::Values(0, 1, 2, 3),
                          [](const auto& info) { return "stage" + std::to_string(info.param); });
 
+// The delayed parameter update on GPUs: the worker thread uploads its sub-groups into a
+// device buffer of its own during the next forward/backward, and the next step copies them
+// into place. After 1 step the device parameters are still the initial ones; after 2 they
+// equal a plain offloaded run's after 1; and once flushed they equal the fp32 master.
+class DelayedUpdateGpu : public ::testing::TestWithParam<int> {};
+
+TEST_P(DelayedUpdateGpu, LandsOneStepLateOnTheDevice) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const int stage = GetParam();
+  auto group = zt::comm::world_group();
+  const int rank = group->rank();
+  auto plain = config(stage, nullptr);
+  plain["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
+  plain["zero_optimization"]["sub_group_size"] = 700;  // several sub-groups, so several uploads
+  auto delayed = plain;
+  delayed["zero_optimization"]["offload_optimizer"]["delayed_param_update"] = true;
+  auto device_params = [&](const nlohmann::json& j, int steps, bool flush) {
+    auto cfg = zt::Config::from_json(j, group->size());
+    torch::manual_seed(5);
+    Net net;
+    zt::EngineOptions o;
+    o.device = my_device();
+    o.print = false;
+    auto engine = zt::initialize(net.ptr(), cfg, o);
+    for (int s = 0; s < steps; ++s) {
+      auto g = at::make_generator<at::CPUGeneratorImpl>(900 + s * 7 + rank);
+      auto x = at::randn({4, 32}, g).to(*o.device), y = at::randn({4, 8}, g).to(*o.device);
+      auto loss = engine->forward([&] { return torch::mse_loss(net->forward(x), y); });
+      engine->backward(loss);
+      engine->step();
+    }
+    std::vector<torch::Tensor> master;
+    if (flush) master = cpu_copy(engine->gather_master_params());
+    auto params = cpu_copy(net->parameters());
+    return std::make_pair(params, master);
+  };
+  const auto init = device_params(plain, 0, false).first;
+  const auto d1 = device_params(delayed, 1, false).first;
+  const auto d2 = device_params(delayed, 2, false).first;
+  const auto p1 = device_params(plain, 1, false).first;
+  const auto [d4, d4_master] = device_params(delayed, 4, true);
+  ASSERT_EQ(init.size(), d1.size());
+  for (size_t i = 0; i < init.size(); ++i) {
+    EXPECT_TRUE(torch::equal(d1[i], init[i])) << "parameter " << i << " changed before its delayed update landed";
+    EXPECT_TRUE(torch::equal(d2[i], p1[i])) << "parameter " << i << ": second delayed step != first plain step, max |diff| "
+                                            << (d2[i] - p1[i]).abs().max().item<double>();
+    EXPECT_TRUE(torch::equal(d4[i], d4_master[i].view(d4[i].sizes())))
+        << "parameter " << i << ": after the flush the device copy is not the fp32 master";
+    EXPECT_FALSE(torch::equal(d4[i], p1[i])) << "parameter " << i << " stopped changing";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, DelayedUpdateGpu, ::testing::Values(1, 2),
+                         [](const auto& info) { return "stage" + std::to_string(info.param); });
+
 }  // namespace
