@@ -530,8 +530,8 @@ def build(args, cfg, device, world, local_rank, where=None):
             torch.cuda.synchronize()
         t2 = time.perf_counter()
         where["phase"] = "setup"
-        notes["meta_init"] = {"materialize_device": str(mat_dev), "materialize_s": round(t1 - t0, 3),
-                              "init_s": round(t2 - t1, 3), "init_rng_device": str(device)}
+        notes["meta_init_info"] = {"materialize_device": str(mat_dev), "materialize_s": round(t1 - t0, 3),
+                                   "init_s": round(t2 - t1, 3), "init_rng_device": str(device)}
     if device.type == "cuda":
         torch.cuda.empty_cache()  # drop the unsharded init copy from the cache
     opt, notes["optimizer"] = make_adamw(model.parameters(), args, device.type)

@@ -17,6 +17,7 @@ struct SweepConfig {
   bool offload_optimizer;
   bool offload_param;
   const char* anchor;  // the PyTorch mode it is compared with (bench/anchors/train_anchor.py)
+  bool delayed_update = false;  // offload_optimizer.delayed_param_update
 };
 
 // results.json's object: {"meta": {...}, "rows": [...], "anchors": [...]}. Writes

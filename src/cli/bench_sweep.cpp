@@ -64,6 +64,7 @@ const SweepConfig kSweep[] = {
     {"z2-fp16", 2, "fp16", false, false, "fsdp2"},
     {"z3-fp16", 3, "fp16", false, false, "fsdp2_reshard"},
     {"z2-offopt", 2, "bf16", true, false, "fsdp2_offload"},
+    {"z2-offdpu", 2, "bf16", true, false, "fsdp2_offload", /*delayed_update=*/true},
     {"z3-offopt", 3, "bf16", true, false, "fsdp2_offload"},
     {"z3-offall", 3, "bf16", true, true, "fsdp2_offload"},
 };
@@ -73,7 +74,8 @@ const char* kUsage =
     "usage: zerotrain bench --model NAME [options]      the ZeRO cost sweep\n"
     "       zerotrain bench adam [options]              the CPU Adam microbenchmark\n\n"
     "Runs every configuration in fresh processes: ZeRO stage 0-3 in bf16, stage 1-3 in fp16,\n"
-    "stage 2 and 3 with offload_optimizer cpu, stage 3 with offload_param cpu too. Writes\n"
+    "stage 2 and 3 with offload_optimizer cpu (stage 2 also with the delayed update), stage 3\n"
+    "with offload_param cpu too. Writes\n"
     "OUT/results.json, OUT/results.md, OUT/memory.png and OUT/time.png (and per-run configs,\n"
     "logs and metrics under OUT/configs, OUT/logs, OUT/runs).\n\n"
     "  --model NAME        gpt2-tiny | gpt2 | gpt2-medium | gpt2-large | gpt2-xl\n"
@@ -87,7 +89,8 @@ const char* kUsage =
     "  --out DIR           where results go (default zerotrain-bench)\n"
     "  --only A,B,...      run only these configurations (names as in the table)\n"
     "  --with-anchors      also run bench/anchors/train_anchor.py (DDP, ZeroRedundancyOptimizer,\n"
-    "                      FSDP2, FSDP2 reshard, FSDP2 + CPUOffloadPolicy) and add ratios\n"
+    "                      FSDP2, FSDP2 reshard, FSDP2 + CPUOffloadPolicy: the counterparts of\n"
+    "                      the configurations that run) and add ratios\n"
     "  --python PY         python with torch for the anchors (default: the build's, " ZT_DEFAULT_PYTHON ")\n"
     "  --anchors DIR       the anchor scripts (default " ZT_DEFAULT_ANCHORS ")\n"
     "  --timeout S         seconds one run may take before it is ended (default 600)\n"
@@ -204,6 +207,7 @@ json make_config(const SweepConfig& c, int64_t micro) {
   if (c.offload_optimizer) {
     z["sub_group_size"] = 1e8;
     z["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
+    if (c.delayed_update) z["offload_optimizer"]["delayed_param_update"] = true;
   }
   if (c.offload_param) z["offload_param"] = {{"device", "cpu"}, {"pin_memory", true}};
   j["zero_optimization"] = z;
@@ -212,7 +216,7 @@ json make_config(const SweepConfig& c, int64_t micro) {
 
 std::string offload_label(const SweepConfig& c) {
   if (c.offload_param) return "optimizer+params";
-  if (c.offload_optimizer) return "optimizer";
+  if (c.offload_optimizer) return c.delayed_update ? "optimizer, delayed update" : "optimizer";
   return "-";
 }
 
@@ -452,6 +456,9 @@ int cmd_bench_sweep(int argc, char** argv) {
     ZT_CHECK_T(access(script.c_str(), R_OK) == 0, ConfigError, "bench: --with-anchors needs ", script,
                " (give the directory with --anchors DIR)");
     for (const char* mode : kAnchorModes) {
+      // Only the counterparts of the configurations that run (all of them without --only).
+      if (std::none_of(chosen.begin(), chosen.end(), [&](const SweepConfig* c) { return std::string(c->anchor) == mode; }))
+        continue;
       const std::string name = std::string("torch-") + mode;
       const std::string res = out + "/runs/" + name + ".json";
       const std::string log = out + "/logs/" + name + ".log";

@@ -77,11 +77,6 @@ std::string flag(bool in_use) { return in_use ? "true" : ""; }
 std::string unflag(bool value) { return value ? "" : "false"; }
 
 const Feature kFeatures[] = {
-    {"zero_optimization.offload_param.device", false,
-     [](const Config& c) {
-       return c.zero_optimization.offload_param.device == OffloadDevice::nvme ? std::string("\"nvme\"") : std::string();
-     },
-     "use device \"cpu\" (NVMe swapping of parameters is not there yet; offload_optimizer.device \"nvme\" is)"},
     {"aio.use_gds", false, [](const Config& c) { return flag(c.aio.use_gds); },
      "set it false (NVMe offload reads and writes through host staging buffers; GPUDirect Storage is not there yet)"},
     {"zero_optimization.offload_optimizer.ratio", false,

@@ -24,7 +24,8 @@ Memory estimate_memory(const Job& job, const Config& cfg) {
   const int stage = static_cast<int>(z.stage);
   const bool nvme = z.offload_optimizer.device == OffloadDevice::nvme;
   const bool off = z.offload_optimizer.device == OffloadDevice::cpu || nvme;
-  const bool off_param = z.offload_param.device == OffloadDevice::cpu;
+  const bool param_nvme = z.offload_param.device == OffloadDevice::nvme;  // with nvme above (the engine's rule)
+  const bool off_param = z.offload_param.device == OffloadDevice::cpu || param_nvme;
 
   Memory r;
   r.num_params = static_cast<int64_t>(psi);
@@ -37,6 +38,11 @@ Memory estimate_memory(const Job& job, const Config& cfg) {
   if (off && !nvme) {
     r.host = r.master + r.optimizer + 2.0 * d * psi / N + (off_param ? d * psi / N : 0.0);
     r.master = r.optimizer = 0.0;
+    if (z.offload_optimizer.delayed_param_update) {
+      // A second gradient buffer on the host, and the device buffer the worker uploads into.
+      r.host += d * psi / N;
+      r.params += d * psi / N;
+    }
   } else if (nvme) {
     // Master + optimizer in the swap file; the host keeps the gradient buffer and
     // min(buffer_count, sub-groups) staging buffers of one sub-group's master + m + v (12
@@ -47,9 +53,17 @@ Memory estimate_memory(const Job& job, const Config& cfg) {
     const double sub = std::min<double>(owned, static_cast<double>(std::max<int64_t>(1, z.sub_group_size)));
     const double groups = std::ceil(owned / sub);
     const double buffers = std::min<double>(static_cast<double>(z.offload_optimizer.buffer_count), groups);
-    const double scratch = d == 4.0 || off_param ? 0.0 : d;
-    r.host = d * owned + buffers * sub * (12.0 + scratch) + (off_param ? d * owned : 0.0);
+    const double scratch = d == 4.0 || (off_param && !param_nvme) ? 0.0 : d;
+    r.host = d * owned + buffers * sub * (12.0 + scratch) + (off_param && !param_nvme ? d * owned : 0.0);
     r.master = r.optimizer = 0.0;
+    if (param_nvme) {
+      // The compute-dtype shard in its own swap file; the host keeps buffer_count slots of
+      // the largest unit's shard (the root: token and position tables).
+      const double root = (static_cast<double>(m.vocab_size) + static_cast<double>(m.n_positions)) *
+                          static_cast<double>(m.n_embd);
+      r.nvme += d * owned;
+      r.host += static_cast<double>(z.offload_param.buffer_count) * d * root / N;
+    }
   }
   // Stage 3: the root unit (embeddings) for the whole step, plus the running unit and the
   // prefetch window (bounded by max_live).

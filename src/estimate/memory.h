@@ -8,10 +8,14 @@
 //   stage 3   grads dΨ/N, KΨ/N, plus gathered units (root + running + prefetched)
 //   offload   KΨ/N (and stage 3 with offload_param the dΨ/N shard) move to the host, which
 //             also holds the gradient and upload buffers (2 × dΨ/N); stage 3 without
-//             offload_param keeps a dΨ/N compute shard on the device
+//             offload_param keeps a dΨ/N compute shard on the device; the delayed update
+//             adds a second dΨ/N gradient buffer on the host and a dΨ/N upload buffer on
+//             the device
 //   nvme      KΨ/N go to the swap file instead; the host keeps the gradient buffer dΨ/N
 //             and min(buffer_count, sub-groups) staging buffers of (12 + d) bytes per
-//             sub-group element
+//             sub-group element; offload_param nvme moves the dΨ/N shard to a second
+//             file, and the host keeps offload_param.buffer_count slots of the largest
+//             unit's shard
 // Activations per token (what autograd keeps for one pre-LN GPT-2 block with fused
 // attention, in the compute dtype): 16·C elements per layer (x, ln_1, qkv 3C, attention out,
 // h1, ln_2, c_fc 4C, gelu 4C) = 16·C·d bytes; with activation checkpointing only the block

@@ -291,4 +291,94 @@ void NvmeOptimizerState::pass(Mode mode, const Visit& visit) {
   }
 }
 
+// ---- [NVMe Params] --------------------------------------------------------------------
+
+namespace {
+constexpr int64_t kPage = static_cast<int64_t>(kAioAlignment);
+}  // namespace
+
+NvmeParamFile::NvmeParamFile(int64_t bytes, int64_t max_read_bytes, NvmeStateOptions opt)
+    : bytes_(bytes),
+      lock_(NvmeOptimizerState::claim(opt.dir, opt.stem)),
+      file_(lock_->path(), round_up(std::max<int64_t>(1, bytes), kPage), opt.aio, opt.log) {
+  ZT_CHECK_T(opt.buffer_count >= 1, ConfigError, "zero_optimization.offload_param.buffer_count = ", opt.buffer_count,
+             ": parameters on NVMe need at least 1 staging buffer; use 5");
+  ZT_ASSERT(bytes > 0 && max_read_bytes > 0, "NvmeParamFile(", bytes, ", ", max_read_bytes, ")");
+  // A range starting mid-page covers one page more than its length rounded up.
+  const int64_t slot = round_up(max_read_bytes, kPage) + kPage;
+  for (int64_t k = 0; k < opt.buffer_count; ++k) {
+    slots_.emplace_back(static_cast<size_t>(slot));
+    std::memset(slots_.back().data(), 0, slots_.back().size());
+  }
+  constexpr int64_t kWriteChunk = int64_t{64} << 20;
+  wbuf_ = AlignedBuffer(static_cast<size_t>(std::min(kWriteChunk, round_up(bytes, kPage) + 2 * kPage)));
+  if (opt.pin) {
+    pinned_ = true;
+    for (auto& b : slots_) {
+      pins_.push_back(std::make_unique<NvmeOptimizerState::Pin>(b.data(), b.size(), opt.log));
+      pinned_ = pinned_ && pins_.back()->ptr != nullptr;
+    }
+  }
+  fence_due_.assign(slots_.size(), false);
+}
+
+NvmeParamFile::~NvmeParamFile() {
+  for (int k = 0; k < num_slots(); ++k) {
+    if (!fence_due_[k] || !fence_) continue;
+    try {
+      fence_(k);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[zerotrain] nvme: waiting for an upload from parameter slot %d failed: %s\n", k, e.what());
+    }
+  }
+}
+
+int64_t NvmeParamFile::staging_bytes() const {
+  int64_t b = static_cast<int64_t>(wbuf_.size());
+  for (const auto& s : slots_) b += static_cast<int64_t>(s.size());
+  return b;
+}
+
+void NvmeParamFile::transfer(bool write, int64_t offset, void* buf, int64_t bytes) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const uint64_t t = write ? file_.write_async(offset, buf, bytes) : file_.read_async(offset, buf, bytes);
+  file_.wait(t);
+  (write ? stats_.write_ms : stats_.read_ms) += ms_since(t0);
+  (write ? stats_.bytes_written : stats_.bytes_read) += bytes;
+}
+
+NvmeParamFile::View NvmeParamFile::read(int64_t offset, int64_t bytes) {
+  ZT_ASSERT(offset >= 0 && bytes > 0 && offset + bytes <= bytes_, "parameter read [", offset, ", +", bytes,
+            ") outside the ", bytes_, "-byte shard");
+  const int64_t a = kPage;
+  const int64_t a0 = offset / a * a, a1 = round_up(offset + bytes, a);
+  const int slot = next_;
+  ZT_ASSERT(a1 - a0 <= static_cast<int64_t>(slots_[slot].size()), "parameter read of ", bytes,
+            " bytes is larger than its staging slot");
+  next_ = (next_ + 1) % num_slots();
+  if (fence_due_[slot] && fence_) fence_(slot);  // an upload may still read the slot
+  fence_due_[slot] = true;
+  transfer(false, a0, slots_[slot].data(), a1 - a0);
+  return View{static_cast<const char*>(slots_[slot].data()) + (offset - a0), slot};
+}
+
+void NvmeParamFile::write(int64_t offset, const void* src, int64_t bytes) {
+  ZT_ASSERT(offset >= 0 && bytes >= 0 && offset + bytes <= bytes_, "parameter write [", offset, ", +", bytes,
+            ") outside the ", bytes_, "-byte shard");
+  const int64_t a = kPage, cap = static_cast<int64_t>(wbuf_.size());
+  const int64_t end = offset + bytes;
+  char* w = static_cast<char*>(wbuf_.data());
+  for (int64_t pos = offset; pos < end;) {
+    const int64_t a0 = pos / a * a;
+    const int64_t a1 = std::min(round_up(end, a), a0 + cap);
+    const int64_t stop = std::min(end, a1);  // data in this chunk: [pos, stop)
+    const bool head = pos > a0, tail = stop < a1;
+    if (head) transfer(false, a0, w, a);  // the first page's bytes before pos
+    if (tail && !(head && a1 - a == a0)) transfer(false, a1 - a, w + (a1 - a - a0), a);
+    std::memcpy(w + (pos - a0), static_cast<const char*>(src) + (pos - offset), static_cast<size_t>(stop - pos));
+    transfer(true, a0, w, a1 - a0);
+    pos = stop;
+  }
+}
+
 }  // namespace zt::offload

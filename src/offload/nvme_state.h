@@ -37,6 +37,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "offload/aio.h"
@@ -116,6 +117,7 @@ class NvmeOptimizerState {
   const PassStats& last_pass() const { return stats_; }
 
  private:
+  friend class NvmeParamFile;  // shares the name claim and the pinning
   struct Pin;       // cudaHostRegister of one buffer (RAII)
   class PathLock;  // the flock(2) that claims the swap file's name (RAII)
   static std::unique_ptr<PathLock> claim(const std::string& dir, const std::string& stem);
@@ -136,6 +138,65 @@ class NvmeOptimizerState {
   AioLog log_;
   std::unique_ptr<PathLock> lock_;  // before file_: released after the file is removed
   SwapFile file_;  // last: destroyed (drained, removed) first
+};
+
+// [NVMe Params] ZeRO-Infinity stage-3 parameters on NVMe (offload_param.device "nvme"): the
+// bytes of the rank's compute-dtype parameter shard -- what host memory holds with
+// offload_param "cpu" -- live in one swap file, and host memory keeps only `buffer_count`
+// staging slots, each sized for the largest range read() is asked for (one unit's shard).
+// Ranges need not be page-aligned (unit shards and optimizer sub-groups are not):
+//   read(off, n)   transfers the 4096-byte pages that cover the range into the next slot
+//                  (round robin; the reuse fence runs first for a slot read before, so an
+//                  upload from it has finished) and returns a pointer to byte `off`;
+//   write(off, n)  copies through a page-aligned write buffer, reading back the partially
+//                  covered first and last page first, so neighbours keep their bytes.
+// Both wait for their transfers: the file is read once per unit gather and written once per
+// optimizer step, and the caller overlaps them with device work by running ahead (the
+// gathers are prefetched). One caller thread. Errors as SwapFile's.
+class NvmeParamFile {
+ public:
+  // The swap file is DIR/STEM.swp (claimed as NvmeOptimizerState's); `bytes` is the shard's
+  // size; slots are page-locked with opt.pin (CUDA builds).
+  NvmeParamFile(int64_t bytes, int64_t max_read_bytes, NvmeStateOptions opt);
+  ~NvmeParamFile();  // runs the reuse fence of every slot in use, then removes the file
+  NvmeParamFile(const NvmeParamFile&) = delete;
+  NvmeParamFile& operator=(const NvmeParamFile&) = delete;
+
+  struct View {
+    const void* data = nullptr;  // byte `off` of the shard, inside slot `slot`
+    int slot = 0;
+  };
+  View read(int64_t offset, int64_t bytes);
+  void write(int64_t offset, const void* src, int64_t bytes);
+  void set_reuse_fence(std::function<void(int slot)> fence) { fence_ = std::move(fence); }
+
+  int num_slots() const { return static_cast<int>(slots_.size()); }
+  int64_t staging_bytes() const;  // slots and the write buffer
+  int64_t file_bytes() const { return file_.size(); }
+  bool pinned() const { return pinned_; }
+  const std::string& path() const { return file_.path(); }
+  const SwapFile& file() const { return file_; }
+
+  struct Stats {
+    double read_ms = 0, write_ms = 0;
+    int64_t bytes_read = 0, bytes_written = 0;
+  };
+  Stats take_stats() { return std::exchange(stats_, Stats{}); }  // since the last call
+
+ private:
+  void transfer(bool write, int64_t offset, void* buf, int64_t bytes);  // one aligned range, waited for
+
+  int64_t bytes_;
+  std::vector<AlignedBuffer> slots_;
+  AlignedBuffer wbuf_;
+  std::vector<std::unique_ptr<NvmeOptimizerState::Pin>> pins_;  // after the buffers: unpinned first
+  bool pinned_ = false;
+  std::vector<bool> fence_due_;
+  int next_ = 0;
+  std::function<void(int)> fence_;
+  Stats stats_;
+  std::unique_ptr<NvmeOptimizerState::PathLock> lock_;
+  SwapFile file_;  // last: destroyed first
 };
 
 }  // namespace zt::offload

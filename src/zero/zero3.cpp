@@ -147,7 +147,15 @@ void ZeroOptimizer::init_stage3(std::vector<torch::Tensor>& params) {
   auto topt = torch::TensorOptions().device(opt_.device).dtype(opt_.dtype);
   auto host = torch::TensorOptions().device(torch::kCPU).dtype(opt_.dtype).pinned_memory(
       opt_.pin_memory && opt_.device.is_cuda());
-  param_shard_ = torch::zeros({layout_.shard_numel}, opt_.offload_param ? host : topt);
+  if (opt_.param_nvme) {
+    ZT_CHECK_T(opt_.nvme && opt_.offload_param, InternalError, "offload_param nvme needs offload_optimizer nvme");
+    // The shard goes to its swap file unit by unit below; no host copy of it is kept.
+    int64_t max_unit_shard = 1;
+    for (const auto& B : layout_.buckets) max_unit_shard = std::max(max_unit_shard, B.shard_numel);
+    init_param_nvme(max_unit_shard);
+  } else {
+    param_shard_ = torch::zeros({layout_.shard_numel}, opt_.offload_param ? host : topt);
+  }
   empty_ = torch::empty({0}, topt);
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
     const Bucket& B = layout_.buckets[b];
@@ -176,7 +184,12 @@ void ZeroOptimizer::init_stage3(std::vector<torch::Tensor>& params) {
     for (int k = 0; k < B.num_params; ++k) params_[B.first_param + k].set_data(empty_);
     // Every rank starts from rank 0's parameters (as DeepSpeed does at initialize).
     if (world_ > 1) group_->broadcast(full, 0);
-    owned_view(param_shard_, b).copy_(full.narrow(0, static_cast<int64_t>(rank_) * B.shard_numel, B.shard_numel));
+    auto mine = full.narrow(0, static_cast<int64_t>(rank_) * B.shard_numel, B.shard_numel);
+    if (param_nvme_) {
+      param_nvme_write(owned_begin(static_cast<int>(b)), mine.to(torch::kCPU).contiguous());
+    } else {
+      owned_view(param_shard_, b).copy_(mine);
+    }
   }
 }
 
@@ -211,7 +224,13 @@ void ZeroOptimizer::gather(int b, bool prefetch) {
   // The rank's shard in the compute dtype, cast from the fp32 master as it is sent: no
   // separate compute-dtype copy of the shard is kept between steps.
   torch::Tensor mine;
-  if (param_shard_.defined()) {
+  if (param_nvme_) {
+    // offload_param nvme: the unit's shard is read from the swap file into a staging slot
+    // and uploaded from there; the slot is refilled only after that upload.
+    auto [host, slot] = param_nvme_read(owned_begin(b), B.shard_numel);
+    mine = opt_.device.is_cuda() ? host.to(opt_.device, /*non_blocking=*/true) : host.clone();
+    param_nvme_uploaded(slot);
+  } else if (param_shard_.defined()) {
     // Offload: the compute-dtype shard the CPU step wrote (host memory with offload_param:
     // uploaded here, asynchronously from page-locked memory, ahead of the gather).
     mine = owned_view(param_shard_, b);

@@ -49,9 +49,18 @@ struct NvmeOffload {
   std::unique_ptr<offload::NvmeOptimizerState> state;
 };
 
+struct NvmeParams {
+#ifdef ZT_WITH_CUDA
+  std::vector<at::cuda::CUDAEvent> uploaded;  // per slot: its last upload to the device
+#endif
+  // After the events: its destructor runs the reuse fence, which waits on them.
+  std::unique_ptr<offload::NvmeParamFile> file;
+};
+
 namespace {
 
 constexpr const char* kNvmePathKey = "zero_optimization.offload_optimizer.nvme_path";
+constexpr const char* kParamNvmePathKey = "zero_optimization.offload_param.nvme_path";
 
 std::string bytes_text(int64_t bytes) {
   char buf[64];
@@ -118,7 +127,9 @@ void ZeroOptimizer::check_nvme(int64_t owned) {
 void ZeroOptimizer::init_nvme(int64_t owned) {
   torch::NoGradGuard no_grad;
   const bool half = opt_.dtype != at::kFloat;
-  const bool host_shard = opt_.stage == 3 && opt_.offload_param;  // the step writes the host shard directly
+  // The step writes the host shard directly (offload_param cpu); with offload_param nvme
+  // it writes its scratch copy into the parameter file.
+  const bool host_shard = opt_.stage == 3 && opt_.offload_param && !param_nvme_;
   const int world_rank = comm::discover_rank().rank;
   auto sink = std::make_shared<LogSink>();
   sink->rank = world_rank;
@@ -186,11 +197,17 @@ void ZeroOptimizer::init_nvme(int64_t owned) {
   agree<Error>(group_, [&] {
     st.pass(offload::NvmeOptimizerState::Mode::kWrite, [&](const offload::NvmeOptimizerState::Staged& s) {
       auto master = torch::from_blob(s.master, {s.numel}, torch::kFloat);
-      owned_pieces(s.begin, s.numel, [&](int b, int64_t at, int64_t in_bucket, int64_t len) {
-        auto src = opt_.stage == 3 ? owned_view(param_shard_, b)
-                                   : (owns_all_ ? bucket_view(flat_param_, b) : shard_view(flat_param_, b));
-        master.narrow(0, at, len).copy_(src.narrow(0, in_bucket, len));
-      });
+      if (param_nvme_) {  // the shard is in the parameter file, read a unit's piece at a time (slot size)
+        owned_pieces(s.begin, s.numel, [&](int, int64_t at, int64_t, int64_t len) {
+          master.narrow(0, at, len).copy_(param_nvme_read(s.begin + at, len).first);
+        });
+      } else {
+        owned_pieces(s.begin, s.numel, [&](int b, int64_t at, int64_t in_bucket, int64_t len) {
+          auto src = opt_.stage == 3 ? owned_view(param_shard_, b)
+                                     : (owns_all_ ? bucket_view(flat_param_, b) : shard_view(flat_param_, b));
+          master.narrow(0, at, len).copy_(src.narrow(0, in_bucket, len));
+        });
+      }
       std::memset(s.exp_avg, 0, static_cast<size_t>(s.numel) * sizeof(float));
       std::memset(s.exp_avg_sq, 0, static_cast<size_t>(s.numel) * sizeof(float));
     });
@@ -202,7 +219,7 @@ void ZeroOptimizer::nvme_update(const torch::Tensor& grads, double factor, const
   std::vector<optim::AdamHyper> hs;
   for (size_t g = 0; g < groups_.size(); ++g) hs.push_back(adam_hyper(factor, in, static_cast<int>(g)));
   const bool half = opt_.dtype != at::kFloat;
-  const bool host_shard = opt_.stage == 3 && opt_.offload_param;
+  const bool host_shard = opt_.stage == 3 && opt_.offload_param && !param_nvme_;
   const auto esize = static_cast<int64_t>(grads.element_size());
   const char* g0 = static_cast<const char*>(grads.data_ptr());
   ZT_ASSERT(grads.is_contiguous() && grads.scalar_type() == opt_.dtype, "host gradient buffer");
@@ -221,6 +238,10 @@ void ZeroOptimizer::nvme_update(const torch::Tensor& grads, double factor, const
     });
     // What the device gets: the compute-dtype copy, or the fp32 master itself.
     auto src = torch::from_blob(half ? out : s.master, {s.numel}, torch::TensorOptions().dtype(opt_.dtype));
+    if (param_nvme_) {
+      param_nvme_write(s.begin, src);  // read back when its unit is next gathered
+      return;
+    }
     if (host_shard) {
       if (!half) param_shard_.narrow(0, s.begin, s.numel).copy_(src);
       return;  // gathered (uploaded) from the host shard when its unit is next used
@@ -288,9 +309,13 @@ void ZeroOptimizer::nvme_import(const StateFetch& fetch) {
 void ZeroOptimizer::nvme_finish_import() {
   // The step writes the compute-dtype copy itself: bring this rank's copy in line with the
   // loaded master (as the CPU path does from its host master).
-  const bool host_shard = opt_.stage == 3 && opt_.offload_param;
+  const bool host_shard = opt_.stage == 3 && opt_.offload_param && !param_nvme_;
   nvme_->state->pass(offload::NvmeOptimizerState::Mode::kRead, [&](const offload::NvmeOptimizerState::Staged& s) {
     auto master = torch::from_blob(s.master, {s.numel}, torch::kFloat);
+    if (param_nvme_) {
+      param_nvme_write(s.begin, master.to(opt_.dtype));
+      return;
+    }
     if (host_shard) {
       param_shard_.narrow(0, s.begin, s.numel).copy_(master);
       return;
@@ -310,6 +335,83 @@ void ZeroOptimizer::nvme_state_bytes(ModelStateBytes& m) const {
   m.optimizer = 2 * owned * static_cast<int64_t>(sizeof(float));
   m.nvme = nvme_->state->file_bytes();
   m.host += nvme_->state->staging_bytes();
+  if (param_nvme_) {  // the compute-dtype shard is in its own file; its slots in host memory
+    m.nvme += param_nvme_->file->file_bytes();
+    m.host += param_nvme_->file->staging_bytes();
+  }
+}
+
+void ZeroOptimizer::init_param_nvme(int64_t max_unit_shard) {
+  const int64_t esize = static_cast<int64_t>(c10::elementSize(opt_.dtype));
+  const int64_t bytes = std::max<int64_t>(1, layout_.shard_numel) * esize;
+  ZT_CHECK_T(max_unit_shard <= opt_.param_buffer_size, ConfigError, "zero_optimization.offload_param.buffer_size = ",
+             opt_.param_buffer_size, " elements, but the largest unit's shard on this rank has ", max_unit_shard,
+             ": raise buffer_size to at least ", max_unit_shard, " (each staging buffer holds one unit's shard)");
+  ZT_CHECK_T(opt_.param_buffer_count * max_unit_shard <= opt_.param_max_in_cpu, ConfigError,
+             "zero_optimization.offload_param.max_in_cpu = ", opt_.param_max_in_cpu, " elements, but buffer_count ",
+             opt_.param_buffer_count, " staging buffers of ", max_unit_shard,
+             " elements keep more in host memory: raise max_in_cpu or lower buffer_count");
+  const int local = std::max(1, comm::discover_rank().local_world_size);
+  agree<ConfigError>(group_, [&] { offload::check_nvme_path(kParamNvmePathKey, opt_.param_nvme_path, bytes * local); });
+  const int world_rank = comm::discover_rank().rank;
+  offload::NvmeStateOptions so;
+  so.dir = opt_.param_nvme_path;
+  so.stem = "zerotrain_rank" + std::to_string(world_rank) + "_params";
+  so.buffer_count = opt_.param_buffer_count;
+  so.pin = opt_.pin_memory && opt_.device.is_cuda();
+  so.aio = opt_.aio;
+  auto sink = std::make_shared<LogSink>();
+  sink->rank = world_rank;
+  sink->hold = false;
+  so.log = [sink, this](const std::string& line) {
+    if (rank_ == 0) sink->print(line);
+  };
+  auto p = std::make_shared<NvmeParams>();
+  agree<Error>(group_, [&] {
+#ifdef ZT_WITH_CUDA
+    std::optional<c10::cuda::CUDAGuard> device;  // cudaHostRegister in this rank's context
+    if (opt_.device.is_cuda()) device.emplace(opt_.device);
+#endif
+    p->file = std::make_unique<offload::NvmeParamFile>(bytes, max_unit_shard * esize, so);
+  });
+#ifdef ZT_WITH_CUDA
+  if (opt_.device.is_cuda()) {
+    p->uploaded.resize(static_cast<size_t>(p->file->num_slots()));
+    NvmeParams* raw = p.get();
+    p->file->set_reuse_fence([raw](int k) { raw->uploaded[k].synchronize(); });
+  }
+#endif
+  param_nvme_ = p;
+  if (rank_ == 0) {
+    const auto& f = *p->file;
+    std::fprintf(stderr,
+                 "[zerotrain] offload_param nvme: %s of %s parameters per rank in swap file '%s' (engine %s, %s), "
+                 "%d staging buffers of %s in %s host memory\n",
+                 bytes_text(bytes).c_str(), c10::toString(opt_.dtype), f.path().c_str(), f.file().engine().c_str(),
+                 f.file().direct() ? "O_DIRECT" : "buffered, no O_DIRECT", f.num_slots(),
+                 bytes_text(max_unit_shard * esize).c_str(), f.pinned() ? "page-locked" : "pageable");
+  }
+}
+
+std::pair<torch::Tensor, int> ZeroOptimizer::param_nvme_read(int64_t begin, int64_t numel) {
+  const int64_t esize = static_cast<int64_t>(c10::elementSize(opt_.dtype));
+  const auto v = param_nvme_->file->read(begin * esize, numel * esize);
+  return {torch::from_blob(const_cast<void*>(v.data), {numel}, torch::TensorOptions().dtype(opt_.dtype)), v.slot};
+}
+
+void ZeroOptimizer::param_nvme_uploaded(int slot) {
+#ifdef ZT_WITH_CUDA
+  if (opt_.device.is_cuda()) param_nvme_->uploaded[static_cast<size_t>(slot)].record(
+      c10::cuda::getCurrentCUDAStream(opt_.device.index()));
+#else
+  (void)slot;
+#endif
+}
+
+void ZeroOptimizer::param_nvme_write(int64_t begin, const torch::Tensor& src) {
+  ZT_ASSERT(src.device().is_cpu() && src.is_contiguous() && src.scalar_type() == opt_.dtype, "parameter write source");
+  const int64_t esize = static_cast<int64_t>(c10::elementSize(opt_.dtype));
+  param_nvme_->file->write(begin * esize, src.data_ptr(), src.numel() * esize);
 }
 
 std::string ZeroOptimizer::nvme_file() const { return nvme_ ? nvme_->state->path() : std::string(); }

@@ -88,9 +88,18 @@ struct ZeroOptions {
   std::string nvme_path;
   int64_t buffer_count = 4;         // offload_optimizer.buffer_count
   offload::AioOptions aio;          // the "aio" section
+  // offload_param.device nvme (stage 3, with nvme above; [NVMe Params] in
+  // src/offload/nvme_state.h): the compute-dtype shard lives in a swap file under
+  // param_nvme_path instead of host memory, read per unit through param_buffer_count slots.
+  bool param_nvme = false;
+  std::string param_nvme_path;
+  int64_t param_buffer_count = 5;           // offload_param.buffer_count
+  int64_t param_buffer_size = 100000000;    // offload_param.buffer_size: the largest unit shard must fit
+  int64_t param_max_in_cpu = 1000000000;    // offload_param.max_in_cpu: bound on the slots' elements
 };
 
 struct NvmeOffload;  // zero_offload_nvme.cpp
+struct NvmeParams;   // zero_offload_nvme.cpp
 
 // Stage 3 counters of one optimizer step.
 struct Zero3Stats {
@@ -251,6 +260,13 @@ class ZeroOptimizer {
   void nvme_import(const StateFetch& fetch);
   void nvme_finish_import();
   void nvme_state_bytes(ModelStateBytes& m) const;
+  // offload_param nvme: the stage-3 shard in its swap file ([NVMe Params]). Element ranges
+  // of the shard; a read is a host tensor in a staging slot, valid until param_buffer_count
+  // more reads; param_nvme_uploaded(slot) records that an upload from it was issued.
+  void init_param_nvme(int64_t max_unit_shard);
+  std::pair<torch::Tensor, int> param_nvme_read(int64_t begin, int64_t numel);
+  void param_nvme_uploaded(int slot);
+  void param_nvme_write(int64_t begin, const torch::Tensor& src);
  public:
   // Delayed parameter update: finishes the CPU step in flight and applies it to the
   // parameters (collective at stages 1-2). Called before anything reads the master.
@@ -323,6 +339,7 @@ class ZeroOptimizer {
   std::thread worker_;                   // delayed update: the CPU step of the previous step
   std::exception_ptr worker_error_;
   std::shared_ptr<NvmeOffload> nvme_;    // NVMe: the swap file, staging buffers, upload events
+  std::shared_ptr<NvmeParams> param_nvme_;  // offload_param nvme: the parameter file, its slots' upload events
   StepReport::Nvme nvme_step_;           // NVMe: the last step's swap (nvme_update)
 
   // Stage 3 state.

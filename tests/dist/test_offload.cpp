@@ -38,7 +38,7 @@ TORCH_MODULE(Net);
 // nvme_dir non-empty: offload_optimizer device nvme there (sub-groups of 200 elements, so
 // the swap pipeline has several sub-groups to overlap), with `buffers` staging buffers.
 nlohmann::json config(int stage, const std::string& dtype, int gas, bool offload, bool offload_param = false,
-                      const std::string& nvme_dir = "", int buffers = 4) {
+                      const std::string& nvme_dir = "", int buffers = 4, bool param_nvme = false) {
   nlohmann::json z = {{"stage", stage}, {"reduce_bucket_size", 300}, {"sub_group_size", 500},
                       {"stage3_param_persistence_threshold", 0}};
   if (offload) z["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
@@ -47,6 +47,9 @@ nlohmann::json config(int stage, const std::string& dtype, int gas, bool offload
     z["sub_group_size"] = 200;
   }
   if (offload_param) z["offload_param"] = {{"device", "cpu"}, {"pin_memory", true}};
+  if (offload_param && param_nvme) {  // ZeRO-Infinity parameters, 2 staging slots
+    z["offload_param"] = {{"device", "nvme"}, {"nvme_path", nvme_dir}, {"pin_memory", true}, {"buffer_count", 2}};
+  }
   nlohmann::json j = {
       {"train_micro_batch_size_per_gpu", kMicro},
       {"gradient_accumulation_steps", gas},
@@ -239,6 +242,7 @@ struct NvmeCase {
   int gas;
   bool offload_param;
   int buffers;  // offload_optimizer.buffer_count: 1 synchronous, 2 write overlap, 4 reads and writes
+  bool param_nvme = false;  // offload_param device nvme too (the parameter file, [NVMe Params])
 };
 void PrintTo(const NvmeCase& c, std::ostream* os) {
   *os << "stage " << c.stage << " " << c.dtype << " gas " << c.gas << " buffers " << c.buffers;
@@ -254,9 +258,12 @@ TEST_P(NvmeEquivalence, MatchesNoOffloadAndEqualsCpuOffload) {
   zt::ModelStateBytes cpu_state, nvme_state;
   auto ref = train(config(c.stage, c.dtype, c.gas, false), c.gas);
   auto cpu = train(config(c.stage, c.dtype, c.gas, true, c.offload_param), c.gas, nullptr, &cpu_state);
-  auto got = train(config(c.stage, c.dtype, c.gas, true, c.offload_param, dir.path, c.buffers), c.gas, nullptr,
-                   &nvme_state);
+  auto got = train(config(c.stage, c.dtype, c.gas, true, c.offload_param, dir.path, c.buffers, c.param_nvme), c.gas,
+                   nullptr, &nvme_state);
   EXPECT_EQ(file_size(swap_file(dir.path)), -1) << "the swap file outlived its engine";
+  const std::string param_file =
+      dir.path + "/zerotrain_rank" + std::to_string(zt::comm::discover_rank().rank) + "_params.swp";
+  EXPECT_EQ(file_size(param_file), -1) << "the parameter file outlived its engine";
 
   // Accounting: the same master and Adam state, now in the swap file (each 200-element
   // sub-group's three arrays padded to 4096 bytes); the host keeps the gradient buffer,
@@ -264,12 +271,23 @@ TEST_P(NvmeEquivalence, MatchesNoOffloadAndEqualsCpuOffload) {
   // with offload_param, the compute-dtype shard.
   const int64_t owned = cpu_state.master / 4;
   const int64_t groups = (owned + 199) / 200, d = std::string(c.dtype) == "bf16" ? 2 : 4;
-  const int64_t staging = std::min<int64_t>(c.buffers, groups) * (3 * 4096 + (d == 2 && !c.offload_param ? 4096 : 0));
+  // With offload_param nvme the compute-dtype shard is in its own file instead (rounded up
+  // to 4096 bytes); the host keeps its staging slots and write buffer, and the step's
+  // compute-dtype copy goes through the optimizer buffers' scratch again.
+  const bool scratch = d == 2 && (!c.offload_param || c.param_nvme);
+  const int64_t staging = std::min<int64_t>(c.buffers, groups) * (3 * 4096 + (scratch ? 4096 : 0));
+  const int64_t param_file_bytes = (d * owned + 4095) / 4096 * 4096;
   EXPECT_EQ(nvme_state.master, cpu_state.master);
   EXPECT_EQ(nvme_state.optimizer, cpu_state.optimizer);
   EXPECT_EQ(cpu_state.nvme, 0);
-  EXPECT_EQ(nvme_state.nvme, groups * 3 * 4096);
-  EXPECT_EQ(nvme_state.host, d * owned + staging + (c.offload_param ? d * owned : 0));
+  EXPECT_EQ(nvme_state.nvme, groups * 3 * 4096 + (c.param_nvme ? param_file_bytes : 0));
+  if (c.param_nvme) {
+    // Two slots of at least one page each, and the write buffer (the shard plus two pages).
+    EXPECT_GE(nvme_state.host, d * owned + staging + 2 * 4096 + param_file_bytes + 2 * 4096);
+    EXPECT_LT(nvme_state.host, d * owned + staging + 2 * (param_file_bytes + 4096) + param_file_bytes + 2 * 4096 + 1);
+  } else {
+    EXPECT_EQ(nvme_state.host, d * owned + staging + (c.offload_param ? d * owned : 0));
+  }
   EXPECT_EQ(cpu_state.host, 12 * owned + d * owned + d * owned);
 
   ASSERT_EQ(got.size(), ref.size());
@@ -287,10 +305,12 @@ INSTANTIATE_TEST_SUITE_P(Stages, NvmeEquivalence,
                          ::testing::Values(NvmeCase{1, "fp32", 1, false, 4}, NvmeCase{1, "bf16", 2, false, 1},
                                            NvmeCase{2, "bf16", 1, false, 4}, NvmeCase{2, "fp32", 2, false, 2},
                                            NvmeCase{3, "fp32", 2, false, 4}, NvmeCase{3, "bf16", 1, false, 3},
-                                           NvmeCase{3, "bf16", 2, true, 4}),
+                                           NvmeCase{3, "bf16", 2, true, 4}, NvmeCase{3, "bf16", 2, true, 4, true},
+                                           NvmeCase{3, "fp32", 1, true, 1, true}),
                          [](const auto& info) {
                            return "stage" + std::to_string(info.param.stage) + "_" + info.param.dtype + "_gas" +
-                                  std::to_string(info.param.gas) + (info.param.offload_param ? "_param" : "") +
+                                  std::to_string(info.param.gas) +
+                                  (info.param.offload_param ? (info.param.param_nvme ? "_paramnvme" : "_param") : "") +
                                   "_buffers" + std::to_string(info.param.buffers);
                          });
 
@@ -342,6 +362,32 @@ TEST(OffloadNvme, MissingPathFailsAtInitializeNamingKeyAndPath) {
       EXPECT_NE(msg.find("'" + missing + "' does not exist"), std::string::npos) << msg;
     }
   }
+}
+
+// offload_param nvme: named errors at initialize for the optimizer it needs, a missing
+// path, and a staging buffer too small for a unit's shard.
+TEST(OffloadNvme, ParamNvmeErrorsNameTheKeyAndTheFix) {
+  NvmeDir dir;
+  auto expect = [](const nlohmann::json& j, const std::vector<std::string>& parts) {
+    Net m{nullptr};
+    try {
+      net_engine(m, j);
+      ADD_FAILURE() << "accepted: " << j.dump();
+    } catch (const zt::ConfigError& e) {
+      for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    }
+  };
+  auto cpu_optimizer = config(3, "fp32", 1, true, true);
+  cpu_optimizer["zero_optimization"]["offload_param"] = {{"device", "nvme"}, {"nvme_path", dir.path}};
+  expect(cpu_optimizer, {"offload_param.device \"nvme\" needs zero_optimization.offload_optimizer.device \"nvme\"",
+                         "use offload_param.device \"cpu\""});
+  const std::string missing = std::string(ZT_BINARY_DIR) + "/no_such_nvme_dir_for_tests/params";
+  auto no_dir = config(3, "fp32", 1, true, true, dir.path, 2, true);
+  no_dir["zero_optimization"]["offload_param"]["nvme_path"] = missing;
+  expect(no_dir, {"zero_optimization.offload_param.nvme_path", "'" + missing + "' does not exist"});
+  auto small = config(3, "fp32", 1, true, true, dir.path, 2, true);
+  small["zero_optimization"]["offload_param"]["buffer_size"] = 10;
+  expect(small, {"zero_optimization.offload_param.buffer_size = 10", "raise buffer_size to at least"});
 }
 
 TEST(OffloadNvme, DelayedUpdateAndGdsAreRejected) {

@@ -60,9 +60,9 @@ TEST(BenchSweep, CpuSweepWritesJsonMarkdownAndCharts) {
 
   const auto results = nlohmann::json::parse(read_all(out + "/results.json"));
   const auto& rows = results.at("rows");
-  ASSERT_EQ(rows.size(), 10u);
+  ASSERT_EQ(rows.size(), 11u);
   std::set<std::string> names;
-  bool offload_opt = false, offload_param = false, fp16 = false;
+  bool offload_opt = false, offload_param = false, delayed = false, fp16 = false;
   for (const auto& r : rows) {
     const std::string name = r.at("name");
     names.insert(name);
@@ -78,9 +78,10 @@ TEST(BenchSweep, CpuSweepWritesJsonMarkdownAndCharts) {
     // Model states shrink with the stage on 2 ranks (CPU memory is the engine's accounting).
     offload_opt = offload_opt || r.at("offload") == "optimizer";
     offload_param = offload_param || r.at("offload") == "optimizer+params";
+    delayed = delayed || r.at("offload") == "optimizer, delayed update";
     fp16 = fp16 || r.at("dtype") == "fp16";
   }
-  EXPECT_TRUE(offload_opt && offload_param && fp16);
+  EXPECT_TRUE(offload_opt && offload_param && delayed && fp16);
   EXPECT_EQ(names.size(), rows.size());
   auto state = [&](const std::string& n) {
     for (const auto& r : rows) {
