@@ -181,12 +181,8 @@ class EngineImpl : public Engine {
     ZT_CHECK_T(!zo.offload_param || zo.offload_optimizer, ConfigError,
                "zero_optimization.offload_param keeps parameter shards off the device for the CPU step to write: "
                "also set zero_optimization.offload_optimizer.device to \"cpu\" (or \"nvme\")");
-    // ZeRO-Infinity parameters: the shard in a swap file, written by the NVMe step.
+    // ZeRO-Infinity parameters: the shard in a swap file, written by the CPU or NVMe step.
     zo.param_nvme = zc.offload_param.device == OffloadDevice::nvme;
-    ZT_CHECK_T(!zo.param_nvme || zc.offload_optimizer.device == OffloadDevice::nvme, ConfigError,
-               "zero_optimization.offload_param.device \"nvme\" needs zero_optimization.offload_optimizer.device "
-               "\"nvme\" (its step writes the parameter file from the NVMe staging buffers): set that too, or use "
-               "offload_param.device \"cpu\"");
     zo.param_nvme_path = zc.offload_param.nvme_path;
     zo.param_buffer_count = zc.offload_param.buffer_count;
     zo.param_buffer_size = zc.offload_param.buffer_size;

@@ -36,13 +36,21 @@ Memory estimate_memory(const Job& job, const Config& cfg) {
   r.grads = stage <= 1 ? d * psi : d * psi / N;
   if (stage == 3 && off && !off_param) r.params = d * psi / N;  // standing compute shard for the step to write
   if (off && !nvme) {
-    r.host = r.master + r.optimizer + 2.0 * d * psi / N + (off_param ? d * psi / N : 0.0);
+    r.host = r.master + r.optimizer + 2.0 * d * psi / N + (off_param && !param_nvme ? d * psi / N : 0.0);
     r.master = r.optimizer = 0.0;
     if (z.offload_optimizer.delayed_param_update) {
       // A second gradient buffer on the host, and the device buffer the worker uploads into.
       r.host += d * psi / N;
       r.params += d * psi / N;
     }
+  }
+  if (off && !nvme && param_nvme) {
+    // The shard in its swap file; the step's bucket-sized scratch is within the upload
+    // buffer counted above; the host keeps buffer_count slots of the largest unit's shard.
+    const double root = (static_cast<double>(m.vocab_size) + static_cast<double>(m.n_positions)) *
+                        static_cast<double>(m.n_embd);
+    r.nvme += d * psi / N;
+    r.host += static_cast<double>(z.offload_param.buffer_count) * d * root / N;
   } else if (nvme) {
     // Master + optimizer in the swap file; the host keeps the gradient buffer and
     // min(buffer_count, sub-groups) staging buffers of one sub-group's master + m + v (12

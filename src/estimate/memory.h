@@ -13,9 +13,9 @@
 //             the device
 //   nvme      KΨ/N go to the swap file instead; the host keeps the gradient buffer dΨ/N
 //             and min(buffer_count, sub-groups) staging buffers of (12 + d) bytes per
-//             sub-group element; offload_param nvme moves the dΨ/N shard to a second
-//             file, and the host keeps offload_param.buffer_count slots of the largest
-//             unit's shard
+//             sub-group element; offload_param nvme (with either optimizer device) moves
+//             the dΨ/N shard to its own file, and the host keeps offload_param.buffer_count
+//             slots of the largest unit's shard
 // Activations per token (what autograd keeps for one pre-LN GPT-2 block with fused
 // attention, in the compute dtype): 16·C elements per layer (x, ln_1, qkv 3C, attention out,
 // h1, ln_2, c_fc 4C, gelu 4C) = 16·C·d bytes; with activation checkpointing only the block

@@ -148,7 +148,7 @@ void ZeroOptimizer::init_stage3(std::vector<torch::Tensor>& params) {
   auto host = torch::TensorOptions().device(torch::kCPU).dtype(opt_.dtype).pinned_memory(
       opt_.pin_memory && opt_.device.is_cuda());
   if (opt_.param_nvme) {
-    ZT_CHECK_T(opt_.nvme && opt_.offload_param, InternalError, "offload_param nvme needs offload_optimizer nvme");
+    ZT_CHECK_T(opt_.offload_optimizer && opt_.offload_param, InternalError, "offload_param nvme needs offload_optimizer");
     // The shard goes to its swap file unit by unit below; no host copy of it is kept.
     int64_t max_unit_shard = 1;
     for (const auto& B : layout_.buckets) max_unit_shard = std::max(max_unit_shard, B.shard_numel);

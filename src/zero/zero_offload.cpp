@@ -43,10 +43,15 @@ void ZeroOptimizer::init_offload() {
   const auto host = host_grad_options();
   const int64_t owned = owns_all_ ? layout_.total_numel : layout_.shard_numel;
   host_grad_ = torch::empty({owned}, host);
-  // Stage 3 with offload_param: the CPU step writes the host-resident shard directly.
-  // NVMe: the step writes its compute-dtype copy into the staging buffers and uploads from
-  // there (zero_offload_nvme.cpp), so there is no separate upload buffer.
-  if (opt_.stage == 3 && opt_.offload_param) {
+  // Stage 3 with offload_param: the CPU step writes the host-resident shard directly; with
+  // offload_param nvme it writes one bucket at a time into a scratch buffer and from there
+  // into the parameter file. NVMe optimizer: the step writes its compute-dtype copy into
+  // the staging buffers (zero_offload_nvme.cpp), so there is no separate upload buffer.
+  if (opt_.param_nvme && !opt_.nvme) {
+    int64_t largest = 1;
+    for (size_t b = 0; b < layout_.buckets.size(); ++b) largest = std::max(largest, owned_view(master_, static_cast<int>(b)).numel());
+    host_param_ = torch::empty({largest}, host);
+  } else if (opt_.stage == 3 && opt_.offload_param) {
     host_param_ = param_shard_;
   } else if (!opt_.nvme) {
     host_param_ = torch::empty({owned}, host);
@@ -222,8 +227,8 @@ void ZeroOptimizer::cpu_update(const torch::Tensor& grads, double factor, const 
       ++end;
     }
     for (int k = b; k < end; ++k) {
-      auto out = owned_view(host_param_, k);
       auto master = owned_view(master_, k), m = owned_view(exp_avg_, k), v = owned_view(exp_avg_sq_, k);
+      auto out = param_nvme_ ? host_param_.narrow(0, 0, master.numel()) : owned_view(host_param_, k);
       auto g = owned_view(grads, k);
       // One call per parameter-group run of the bucket (one call with one group).
       for_group_runs(owned_begin(k), master.numel(), [&](int64_t at, int64_t len, int grp) {
@@ -231,6 +236,7 @@ void ZeroOptimizer::cpu_update(const torch::Tensor& grads, double factor, const 
                              g.narrow(0, at, len), hs[grp], half_out ? out.narrow(0, at, len) : torch::Tensor());
       });
       if (!half_out) out.copy_(master);
+      if (param_nvme_) param_nvme_write(owned_begin(k), out);  // read back when its unit is next gathered
     }
     // Upload the sub-group on the upload stream (stage 3 with offload_param: it stays on
     // the host).

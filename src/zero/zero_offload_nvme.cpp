@@ -335,10 +335,11 @@ void ZeroOptimizer::nvme_state_bytes(ModelStateBytes& m) const {
   m.optimizer = 2 * owned * static_cast<int64_t>(sizeof(float));
   m.nvme = nvme_->state->file_bytes();
   m.host += nvme_->state->staging_bytes();
-  if (param_nvme_) {  // the compute-dtype shard is in its own file; its slots in host memory
-    m.nvme += param_nvme_->file->file_bytes();
-    m.host += param_nvme_->file->staging_bytes();
-  }
+}
+
+void ZeroOptimizer::param_nvme_state_bytes(ModelStateBytes& m) const {
+  m.nvme += param_nvme_->file->file_bytes();
+  m.host += param_nvme_->file->staging_bytes();
 }
 
 void ZeroOptimizer::init_param_nvme(int64_t max_unit_shard) {

@@ -92,6 +92,11 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr g
   if (!opt_.nvme) {
     master_ = torch::empty({owned}, sopt.dtype(at::kFloat));
     for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+      const int bi = static_cast<int>(b);
+      if (param_nvme_) {  // offload_param nvme: the shard is in the parameter file
+        owned_view(master_, bi).copy_(param_nvme_read(owned_begin(bi), owned_view(master_, bi).numel()).first);
+        continue;
+      }
       owned_view(master_, b)
           .copy_(opt_.stage == 3 ? owned_view(param_shard_, b)
                                  : (owns_all_ ? bucket_view(flat_param_, b) : shard_view(flat_param_, b)));
@@ -634,6 +639,7 @@ ModelStateBytes ZeroOptimizer::state_bytes() const {
     if (opt_.offload_param) m.host += nb(param_shard_);
   }
   if (nvme_) nvme_state_bytes(m);  // master and Adam state on the drive, staging buffers in host memory
+  if (param_nvme_) param_nvme_state_bytes(m);  // the compute-dtype shard on the drive, its slots in host memory
   return m;
 }
 

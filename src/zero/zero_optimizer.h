@@ -88,8 +88,8 @@ struct ZeroOptions {
   std::string nvme_path;
   int64_t buffer_count = 4;         // offload_optimizer.buffer_count
   offload::AioOptions aio;          // the "aio" section
-  // offload_param.device nvme (stage 3, with nvme above; [NVMe Params] in
-  // src/offload/nvme_state.h): the compute-dtype shard lives in a swap file under
+  // offload_param.device nvme (stage 3, with offload_optimizer cpu or nvme; [NVMe Params]
+  // in src/offload/nvme_state.h): the compute-dtype shard lives in a swap file under
   // param_nvme_path instead of host memory, read per unit through param_buffer_count slots.
   bool param_nvme = false;
   std::string param_nvme_path;
@@ -267,6 +267,7 @@ class ZeroOptimizer {
   std::pair<torch::Tensor, int> param_nvme_read(int64_t begin, int64_t numel);
   void param_nvme_uploaded(int slot);
   void param_nvme_write(int64_t begin, const torch::Tensor& src);
+  void param_nvme_state_bytes(ModelStateBytes& m) const;
  public:
   // Delayed parameter update: finishes the CPU step in flight and applies it to the
   // parameters (collective at stages 1-2). Called before anything reads the master.

@@ -101,6 +101,10 @@ void ZeroOptimizer::finish_state_import() {
     for (size_t b = 0; b < layout_.buckets.size(); ++b) {
       const int bi = static_cast<int>(b);
       auto master = owned_view(master_, bi);
+      if (param_nvme_) {
+        param_nvme_write(owned_begin(bi), master.to(opt_.dtype));
+        continue;
+      }
       owned_view(host_param_, bi).copy_(master);
       auto dst = param_dst(bi);
       if (dst.defined()) dst.copy_(master);

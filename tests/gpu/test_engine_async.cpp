@@ -17,6 +17,7 @@
 #include <limits>
 #include <vector>
 
+#include "support/gpu_util.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
@@ -50,11 +51,7 @@ nlohmann::json config(int stage, const char* dtype) {
 
 bool have_gpu() { return torch::cuda::is_available() && torch::cuda::device_count() > 0; }
 
-torch::Device my_device() {
-  const char* lr = std::getenv("LOCAL_RANK");
-  const int n = static_cast<int>(torch::cuda::device_count());
-  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>((lr ? std::atoi(lr) : 0) % n));
-}
+torch::Device my_device() { return zt::test_support::rank_device(); }
 
 std::vector<torch::Tensor> cpu_copy(const std::vector<torch::Tensor>& v) {
   std::vector<torch::Tensor> out;

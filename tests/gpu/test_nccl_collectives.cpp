@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "zerotrain/comm.h"
+#include "support/gpu_util.h"
 #include "zerotrain/error.h"
 
 #ifdef ZT_WITH_CUDA
@@ -71,9 +72,7 @@ class Nccl : public ::testing::Test {
     if (std::getenv("ZT_COMM_TIMEOUT") == nullptr) g_->set_timeout(kTestTimeout);
     me_ = g_->rank();
     n_ = g_->size();
-    const char* lr = std::getenv("LOCAL_RANK");
-    dev_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(lr ? std::atoi(lr) : 0));
-    c10::cuda::set_device(dev_.index());
+    dev_ = zt::test_support::rank_device();
   }
   at::TensorOptions on(at::ScalarType dt) const { return at::TensorOptions(dt).device(dev_); }
   at::Tensor cuda_values(int r, int64_t n, at::ScalarType dt, int64_t offset = 0) const {

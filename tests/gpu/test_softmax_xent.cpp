@@ -98,10 +98,7 @@ class SoftmaxXent : public ::testing::Test {
   void SetUp() override {
     if (!kernels_available()) GTEST_SKIP() << "zerotrain was built without its CUDA kernels (no nvcc)";
     if (!at::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-    const char* lr = std::getenv("LOCAL_RANK");
-    const int idx = (lr ? std::atoi(lr) : 0) % static_cast<int>(at::cuda::device_count());
-    dev_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(idx));
-    c10::cuda::set_device(dev_.index());
+    dev_ = zt::test_support::rank_device();
   }
 
   at::TensorOptions on(at::ScalarType dt) const { return at::TensorOptions(dt).device(dev_); }

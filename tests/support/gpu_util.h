@@ -1,17 +1,31 @@
-// Helpers shared by the GPU kernel tests (tests/gpu): the kernel dtype of an ATen dtype,
-// element bits, the spacing of bf16/fp16, and a tolerance check that names its first
-// offender. Header-only.
+// Helpers shared by the GPU tests (tests/gpu): this rank's device, the kernel dtype of an
+// ATen dtype, element bits, the spacing of bf16/fp16, and a tolerance check that names its
+// first offender. Header-only.
 #pragma once
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
 #include "kernels/fused_adam.h"
 
 namespace zt::test_support {
+
+// This rank's GPU, cuda:(LOCAL_RANK mod devices) (cuda:0 outside `zerotrain launch`), made
+// the thread's current device as the engine makes it for its rank. Needs a CUDA device.
+inline at::Device rank_device() {
+  const char* lr = std::getenv("LOCAL_RANK");
+  const int n = std::max(1, static_cast<int>(at::cuda::device_count()));
+  const at::Device d(at::kCUDA, static_cast<c10::DeviceIndex>((lr ? std::atoi(lr) : 0) % n));
+  c10::cuda::set_device(d.index());
+  return d;
+}
 
 inline kernels::DType to_dtype(at::ScalarType t) {
   switch (t) {
