@@ -12,11 +12,5 @@ for v in ${VARIANTS:-"z2_offload 16" "z2_offload 8" "z2_offload_dpu 16" "z2_offl
   env OMP_NUM_THREADS=$t ${EXTRA:-} timeout 120 $Z launch -n 2 -- $Z train --config bench/configs/gpt2_bf16_$c.json $A --summary $R/$n.jsonl > $R/log_$n.txt 2>&1 || echo "$n failed"
 done
 tar -czf $OUT/offperf.tar.gz -C $OUT offperf
-python3 - $R <<'PY'
-import json, sys, glob, os
-for f in sorted(glob.glob(sys.argv[1] + "/*.jsonl")):
-    for line in open(f):
-        j = json.loads(line); p = j["phase_ms"]
-        print(f"{os.path.basename(f)[:-6]:24} {j['ms_per_iter']:8.1f} fwd {p['forward']:6.1f} bwd {p['backward']:6.1f} step {p['step']:6.1f}")
-PY
+python3 scripts/device/summarize.py $R
 echo "total: $(( $(date +%s) - T0 )) s"

@@ -12,12 +12,5 @@ for st in 0 1 2 ${ZT_Z3:+3}; do
   timeout 150 $Z launch -n 2 -- $Z train --config bench/configs/gpt2_bf16_z$st.json $A --summary $R/z${st}_2gpu.jsonl > $R/log_z${st}_2gpu.txt 2>&1
 done
 tar -czf $OUT/quick.tar.gz -C $OUT quick
-python3 - $R <<'PY'
-import json, sys, glob, os
-print(f"{'run':10} {'ms/iter':>8} {'fwd':>6} {'bwd':>6} {'step':>6} {'peak GiB':>8} {'MFU':>6} {'loss':>14}")
-for f in sorted(glob.glob(sys.argv[1] + "/*.jsonl")):
-    for line in open(f):
-        j = json.loads(line); p = j["phase_ms"]
-        print(f"{os.path.basename(f)[:-6]:10} {j['ms_per_iter']:8.1f} {p['forward']:6.1f} {p['backward']:6.1f} {p['step']:6.1f} {j['peak_gib']:8.2f} {100*j['mfu']:5.1f}% {j['loss_first']:6.3f}->{j['loss_last']:6.3f}")
-PY
+python3 scripts/device/summarize.py $R
 echo "total: $(( $(date +%s) - T0 )) s"

@@ -13,12 +13,5 @@ for c in ${CONFIGS:-z3_offload_param z2_offload z2_offload_dpu z2}; do
   echo "$c rc=$?"; grep -m3 -i "error\|illegal" $R/log_$c.txt
 done
 tar -czf $OUT/verify.tar.gz -C $OUT verify
-python3 - $R <<'PY'
-import json, sys, glob, os
-print(f"{'run':18} {'ms/iter':>8} {'fwd':>6} {'bwd':>6} {'step':>6} {'peak GiB':>8} {'loss':>14}")
-for f in sorted(glob.glob(sys.argv[1] + "/*.jsonl")):
-    for line in open(f):
-        j = json.loads(line); p = j["phase_ms"]
-        print(f"{os.path.basename(f)[:-6]:18} {j['ms_per_iter']:8.1f} {p['forward']:6.1f} {p['backward']:6.1f} {p['step']:6.1f} {j['peak_gib']:8.2f} {j['loss_first']:6.3f}->{j['loss_last']:6.3f}")
-PY
+python3 scripts/device/summarize.py $R
 echo "total: $(( $(date +%s) - T0 )) s"

@@ -323,7 +323,7 @@ NvmeParamFile::NvmeParamFile(int64_t bytes, int64_t max_read_bytes, NvmeStateOpt
 }
 
 NvmeParamFile::~NvmeParamFile() {
-  for (int k = 0; k < num_slots(); ++k) {
+  for (int k = 0; k < num_buffers(); ++k) {
     if (!fence_due_[k] || !fence_) continue;
     try {
       fence_(k);
@@ -355,7 +355,7 @@ NvmeParamFile::View NvmeParamFile::read(int64_t offset, int64_t bytes) {
   const int slot = next_;
   ZT_ASSERT(a1 - a0 <= static_cast<int64_t>(slots_[slot].size()), "parameter read of ", bytes,
             " bytes is larger than its staging slot");
-  next_ = (next_ + 1) % num_slots();
+  next_ = (next_ + 1) % num_buffers();
   if (fence_due_[slot] && fence_) fence_(slot);  // an upload may still read the slot
   fence_due_[slot] = true;
   transfer(false, a0, slots_[slot].data(), a1 - a0);

@@ -170,7 +170,7 @@ class NvmeParamFile {
   void write(int64_t offset, const void* src, int64_t bytes);
   void set_reuse_fence(std::function<void(int slot)> fence) { fence_ = std::move(fence); }
 
-  int num_slots() const { return static_cast<int>(slots_.size()); }
+  int num_buffers() const { return static_cast<int>(slots_.size()); }
   int64_t staging_bytes() const;  // slots and the write buffer
   int64_t file_bytes() const { return file_.size(); }
   bool pinned() const { return pinned_; }

@@ -41,21 +41,18 @@
 
 namespace zt::zero {
 
-struct NvmeOffload {
+// A swap file's owner (the optimizer state, or the parameter file) and one CUDA event per
+// staging buffer: the last upload from it, which the reuse fence waits for.
+template <class State>
+struct SwapWithEvents {
 #ifdef ZT_WITH_CUDA
-  std::vector<at::cuda::CUDAEvent> uploaded;  // per staging buffer: its last upload to the device
+  std::vector<at::cuda::CUDAEvent> uploaded;
 #endif
   // After the events: its destructor runs the reuse fence, which waits on them.
-  std::unique_ptr<offload::NvmeOptimizerState> state;
+  std::unique_ptr<State> state;
 };
-
-struct NvmeParams {
-#ifdef ZT_WITH_CUDA
-  std::vector<at::cuda::CUDAEvent> uploaded;  // per slot: its last upload to the device
-#endif
-  // After the events: its destructor runs the reuse fence, which waits on them.
-  std::unique_ptr<offload::NvmeParamFile> file;
-};
+struct NvmeOffload : SwapWithEvents<offload::NvmeOptimizerState> {};
+struct NvmeParams : SwapWithEvents<offload::NvmeParamFile> {};
 
 namespace {
 
@@ -92,6 +89,29 @@ void agree(const comm::GroupPtr& g, const std::function<void()>& fn) {
   const auto failure = comm::lowest_failure(g, err);
   if (failure && !mine) throw E(detail::cat("rank ", failure->rank, " failed: ", failure->message));
   if (mine) std::rethrow_exception(mine);
+}
+
+// Creates a swap file's owner with make() on every rank (agree: one rank's failure stops
+// all) with the rank's device current, so that cudaHostRegister of its buffers lands in
+// this rank's context; then sets its reuse fence to wait for the buffer's last upload.
+template <class S, class Make>
+std::shared_ptr<S> make_swap(const comm::GroupPtr& g, c10::Device device, Make make) {
+  auto s = std::make_shared<S>();
+  agree<Error>(g, [&] {
+#ifdef ZT_WITH_CUDA
+    std::optional<c10::cuda::CUDAGuard> guard;
+    if (device.is_cuda()) guard.emplace(device);
+#endif
+    s->state = make();
+  });
+#ifdef ZT_WITH_CUDA
+  if (device.is_cuda()) {
+    s->uploaded.resize(static_cast<size_t>(s->state->num_buffers()));
+    S* raw = s.get();
+    s->state->set_reuse_fence([raw](int k) { raw->uploaded[k].synchronize(); });
+  }
+#endif
+  return s;
 }
 
 // aio's lines: held while the swap file is created, then printed (see init_nvme), then
@@ -148,24 +168,11 @@ void ZeroOptimizer::init_nvme(int64_t owned) {
       sink->print(line);
     }
   };
-  auto n = std::make_shared<NvmeOffload>();
-  agree<Error>(group_, [&] {
-#ifdef ZT_WITH_CUDA
-    std::optional<c10::cuda::CUDAGuard> device;  // cudaHostRegister in this rank's context
-    if (opt_.device.is_cuda()) device.emplace(opt_.device);
-#endif
-    n->state = std::make_unique<offload::NvmeOptimizerState>(
+  nvme_ = make_swap<NvmeOffload>(group_, opt_.device, [&] {
+    return std::make_unique<offload::NvmeOptimizerState>(
         offload::NvmeOptimizerState::split(owned, std::max<int64_t>(1, opt_.sub_group_numel)), so);
   });
-  offload::NvmeOptimizerState& st = *n->state;
-#ifdef ZT_WITH_CUDA
-  if (opt_.device.is_cuda()) {
-    n->uploaded.resize(static_cast<size_t>(st.num_buffers()));
-    NvmeOffload* raw = n.get();
-    st.set_reuse_fence([raw](int k) { raw->uploaded[k].synchronize(); });
-  }
-#endif
-  nvme_ = n;
+  offload::NvmeOptimizerState& st = *nvme_->state;
 
   // Rank 0 says where the state went; another rank speaks up only when its file fell back
   // (no io_uring or no O_DIRECT), so no fallback goes unreported.
@@ -338,8 +345,8 @@ void ZeroOptimizer::nvme_state_bytes(ModelStateBytes& m) const {
 }
 
 void ZeroOptimizer::param_nvme_state_bytes(ModelStateBytes& m) const {
-  m.nvme += param_nvme_->file->file_bytes();
-  m.host += param_nvme_->file->staging_bytes();
+  m.nvme += param_nvme_->state->file_bytes();
+  m.host += param_nvme_->state->staging_bytes();
 }
 
 void ZeroOptimizer::init_param_nvme(int64_t max_unit_shard) {
@@ -367,36 +374,23 @@ void ZeroOptimizer::init_param_nvme(int64_t max_unit_shard) {
   so.log = [sink, this](const std::string& line) {
     if (rank_ == 0) sink->print(line);
   };
-  auto p = std::make_shared<NvmeParams>();
-  agree<Error>(group_, [&] {
-#ifdef ZT_WITH_CUDA
-    std::optional<c10::cuda::CUDAGuard> device;  // cudaHostRegister in this rank's context
-    if (opt_.device.is_cuda()) device.emplace(opt_.device);
-#endif
-    p->file = std::make_unique<offload::NvmeParamFile>(bytes, max_unit_shard * esize, so);
+  param_nvme_ = make_swap<NvmeParams>(group_, opt_.device, [&] {
+    return std::make_unique<offload::NvmeParamFile>(bytes, max_unit_shard * esize, so);
   });
-#ifdef ZT_WITH_CUDA
-  if (opt_.device.is_cuda()) {
-    p->uploaded.resize(static_cast<size_t>(p->file->num_slots()));
-    NvmeParams* raw = p.get();
-    p->file->set_reuse_fence([raw](int k) { raw->uploaded[k].synchronize(); });
-  }
-#endif
-  param_nvme_ = p;
   if (rank_ == 0) {
-    const auto& f = *p->file;
+    const auto& f = *param_nvme_->state;
     std::fprintf(stderr,
                  "[zerotrain] offload_param nvme: %s of %s parameters per rank in swap file '%s' (engine %s, %s), "
                  "%d staging buffers of %s in %s host memory\n",
                  bytes_text(bytes).c_str(), c10::toString(opt_.dtype), f.path().c_str(), f.file().engine().c_str(),
-                 f.file().direct() ? "O_DIRECT" : "buffered, no O_DIRECT", f.num_slots(),
+                 f.file().direct() ? "O_DIRECT" : "buffered, no O_DIRECT", f.num_buffers(),
                  bytes_text(max_unit_shard * esize).c_str(), f.pinned() ? "page-locked" : "pageable");
   }
 }
 
 std::pair<torch::Tensor, int> ZeroOptimizer::param_nvme_read(int64_t begin, int64_t numel) {
   const int64_t esize = static_cast<int64_t>(c10::elementSize(opt_.dtype));
-  const auto v = param_nvme_->file->read(begin * esize, numel * esize);
+  const auto v = param_nvme_->state->read(begin * esize, numel * esize);
   return {torch::from_blob(const_cast<void*>(v.data), {numel}, torch::TensorOptions().dtype(opt_.dtype)), v.slot};
 }
 
@@ -412,7 +406,7 @@ void ZeroOptimizer::param_nvme_uploaded(int slot) {
 void ZeroOptimizer::param_nvme_write(int64_t begin, const torch::Tensor& src) {
   ZT_ASSERT(src.device().is_cpu() && src.is_contiguous() && src.scalar_type() == opt_.dtype, "parameter write source");
   const int64_t esize = static_cast<int64_t>(c10::elementSize(opt_.dtype));
-  param_nvme_->file->write(begin * esize, src.data_ptr(), src.numel() * esize);
+  param_nvme_->state->write(begin * esize, src.data_ptr(), src.numel() * esize);
 }
 
 std::string ZeroOptimizer::nvme_file() const { return nvme_ ? nvme_->state->path() : std::string(); }

@@ -53,6 +53,17 @@ bool have_gpu() { return torch::cuda::is_available() && torch::cuda::device_coun
 
 torch::Device my_device() { return zt::test_support::rank_device(); }
 
+// A fresh Net (torch seed `seed`) and its engine on `dev` for config `j`, quiet.
+auto make_engine(Net& net, const nlohmann::json& j, torch::Device dev, int seed) {
+  auto cfg = zt::Config::from_json(j, zt::comm::world_group()->size());
+  torch::manual_seed(seed);
+  net = Net();
+  zt::EngineOptions o;
+  o.device = dev;
+  o.print = false;
+  return zt::initialize(net.ptr(), cfg, o);
+}
+
 std::vector<torch::Tensor> cpu_copy(const std::vector<torch::Tensor>& v) {
   std::vector<torch::Tensor> out;
   for (const auto& t : v) out.push_back(t.to(torch::kCPU).clone());
@@ -74,18 +85,14 @@ TEST_P(EngineAsync, InfOnOneRankSkipsOnTheDeviceEverywhere) {
   const int stage = GetParam();
   auto group = zt::comm::world_group();
   const int rank = group->rank();
-  auto cfg = zt::Config::from_json(config(stage, "bf16"), group->size());
-  torch::manual_seed(3);
-  Net net;
-  zt::EngineOptions o;
-  o.device = my_device();
-  o.print = false;
-  auto engine = zt::initialize(net.ptr(), cfg, o);
+  const torch::Device dev = my_device();
+  Net net{nullptr};
+  auto engine = make_engine(net, config(stage, "bf16"), dev, 3);
   auto batch = [&](int s) {
     auto g = at::make_generator<at::CPUGeneratorImpl>(100 + s * 7 + rank);
     auto x = at::randn({4, 32}, g);
     auto y = at::randn({4, 8}, g);
-    return std::make_pair(x.to(*o.device), y.to(*o.device));
+    return std::make_pair(x.to(dev), y.to(dev));
   };
   auto run_step = [&](int s, bool poison) {
     auto [x, y] = batch(s);
@@ -130,14 +137,9 @@ TEST_P(EngineAsync, DeferredStepMatchesTheCpuEngine) {
   const int stage = GetParam();
   auto group = zt::comm::world_group();
   const int rank = group->rank();
-  auto cfg = zt::Config::from_json(config(stage, nullptr), group->size());
   auto train = [&](torch::Device dev) {
-    torch::manual_seed(3);
-    Net net;
-    zt::EngineOptions o;
-    o.device = dev;
-    o.print = false;
-    auto engine = zt::initialize(net.ptr(), cfg, o);
+    Net net{nullptr};
+    auto engine = make_engine(net, config(stage, nullptr), dev, 3);
     for (int s = 0; s < 4; ++s) {
       auto g = at::make_generator<at::CPUGeneratorImpl>(500 + s * 7 + rank);
       auto x = at::randn({4, 32}, g).to(dev), y = at::randn({4, 8}, g).to(dev);
@@ -175,17 +177,13 @@ TEST_P(DelayedUpdateGpu, LandsOneStepLateOnTheDevice) {
   plain["zero_optimization"]["sub_group_size"] = 700;  // several sub-groups, so several uploads
   auto delayed = plain;
   delayed["zero_optimization"]["offload_optimizer"]["delayed_param_update"] = true;
+  const torch::Device dev = my_device();
   auto device_params = [&](const nlohmann::json& j, int steps, bool flush) {
-    auto cfg = zt::Config::from_json(j, group->size());
-    torch::manual_seed(5);
-    Net net;
-    zt::EngineOptions o;
-    o.device = my_device();
-    o.print = false;
-    auto engine = zt::initialize(net.ptr(), cfg, o);
+    Net net{nullptr};
+    auto engine = make_engine(net, j, dev, 5);
     for (int s = 0; s < steps; ++s) {
       auto g = at::make_generator<at::CPUGeneratorImpl>(900 + s * 7 + rank);
-      auto x = at::randn({4, 32}, g).to(*o.device), y = at::randn({4, 8}, g).to(*o.device);
+      auto x = at::randn({4, 32}, g).to(dev), y = at::randn({4, 8}, g).to(dev);
       auto loss = engine->forward([&] { return torch::mse_loss(net->forward(x), y); });
       engine->backward(loss);
       engine->step();
