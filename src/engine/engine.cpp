@@ -186,7 +186,6 @@ class EngineImpl : public Engine {
     zo.param_nvme_path = zc.offload_param.nvme_path;
     zo.param_buffer_count = zc.offload_param.buffer_count;
     zo.param_buffer_size = zc.offload_param.buffer_size;
-    zo.param_max_in_cpu = zc.offload_param.max_in_cpu;
     // ZeRO-Infinity: master and Adam state in a swap file under nvme_path (src/zero/zero_offload_nvme.cpp).
     zo.nvme = zc.offload_optimizer.device == OffloadDevice::nvme;
     zo.nvme_path = zc.offload_optimizer.nvme_path;

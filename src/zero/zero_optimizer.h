@@ -95,7 +95,6 @@ struct ZeroOptions {
   std::string param_nvme_path;
   int64_t param_buffer_count = 5;           // offload_param.buffer_count
   int64_t param_buffer_size = 100000000;    // offload_param.buffer_size: the largest unit shard must fit
-  int64_t param_max_in_cpu = 1000000000;    // offload_param.max_in_cpu: bound on the slots' elements
 };
 
 struct NvmeOffload;  // zero_offload_nvme.cpp
