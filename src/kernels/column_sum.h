@@ -15,12 +15,13 @@
 //   pass 2: one thread per column adds the S partials in split order and rounds once to
 //           the dtype (nearest even).
 // S is chosen on the host so that the grid has about 4 blocks per multiprocessor, at
-// most kColumnSumMaxSplits and at least kColumnSumMinRowsPerSplit rows per split.
+// most kReductionMaxSplits and at least kReductionMinRowsPerSplit rows per split (row_splits.h).
 #pragma once
 #include <algorithm>
 #include <cstdint>
 
 #include "kernels/fused_adam.h"  // DType, cudaStream_t
+#include "kernels/row_splits.h"
 
 namespace zt::kernels {
 
@@ -32,21 +33,12 @@ struct ColumnSumArgs {
   float* workspace = nullptr; // device fp32 scratch of at least column_sum_workspace_floats(rows, cols) floats (contents need not be zeroed)
 };
 
-inline constexpr int64_t kColumnSumMaxSplits = 128;       // S <= this
-inline constexpr int64_t kColumnSumMinRowsPerSplit = 64;  // S <= ceil(rows / this)
-
-// The most row splits column_sum() uses for `rows` rows on any device (0 when rows <= 0).
-inline int64_t column_sum_max_splits(int64_t rows) {
-  if (rows <= 0) return 0;
-  return std::min(kColumnSumMaxSplits, (rows + kColumnSumMinRowsPerSplit - 1) / kColumnSumMinRowsPerSplit);
-}
-
 // fp32 elements of workspace column_sum() needs: max splits x cols (0 when rows or cols
 // is <= 0, and then the workspace may be null). Plain host math, the same on every device
 // and in builds without the kernels (inline here, so kernels_stub.cpp needs no copy).
 inline int64_t column_sum_workspace_floats(int64_t rows, int64_t cols) {
   if (cols <= 0) return 0;
-  return column_sum_max_splits(rows) * cols;
+  return reduction_max_splits(rows) * cols;
 }
 
 // Two launches on `stream`, asynchronous; all pointers are device pointers of the current

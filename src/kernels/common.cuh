@@ -89,6 +89,13 @@ inline int sm_count(int dev, const char* kernel) {
   });
 }
 
+// `per_sm` blocks on each multiprocessor of the current device.
+inline int64_t blocks_on_current_device(int per_sm, const char* kernel) {
+  int dev = 0;
+  check(cudaGetDevice(&dev), kernel, "cudaGetDevice");
+  return static_cast<int64_t>(sm_count(dev, kernel)) * per_sm;
+}
+
 inline bool aligned(const void* p, std::uintptr_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
 
 }  // namespace zt::kernels::detail

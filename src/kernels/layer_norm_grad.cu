@@ -32,7 +32,7 @@ using detail::aligned;
 using detail::DTypeName;
 using detail::from_float;
 using detail::Pack;
-using detail::sm_count;
+using detail::blocks_on_current_device;
 using detail::to_float;
 
 constexpr int kThreads = 256;
@@ -164,8 +164,6 @@ __global__ void __launch_bounds__(kFinalThreads)
   if (grad_bias != nullptr) grad_bias[j] = from_float<T>(sum_splits(partial + splits * cols + j, splits, cols));
 }
 
-void check(cudaError_t rc, const char* what) { detail::check(rc, kName, what); }
-
 std::string shape_of(const LayerNormParamGradArgs& a) {
   return "rows=" + std::to_string(a.rows) + " cols=" + std::to_string(a.cols);
 }
@@ -214,12 +212,9 @@ void launch(const LayerNormParamGradArgs& a, cudaStream_t stream) {
 
   int64_t splits = 0;  // rows == 0: pass 2 alone writes the zeros
   if (a.rows > 0) {
-    int dev = 0;
-    check(cudaGetDevice(&dev), "cudaGetDevice");
-    const int64_t target = static_cast<int64_t>(sm_count(dev, kName)) * kBlocksPerSm;
-    splits = std::clamp<int64_t>((target + tiles - 1) / tiles, 1, layer_norm_param_grad_max_splits(a.rows));
-    const int64_t rows_per_split = (a.rows + splits - 1) / splits;
-    splits = (a.rows + rows_per_split - 1) / rows_per_split;  // no empty trailing split
+    const RowSplits plan = plan_row_splits(a.rows, tiles, blocks_on_current_device(kBlocksPerSm, kName));
+    splits = plan.splits;
+    const int64_t rows_per_split = plan.rows_per_split;
     if (vec) {
       launch_partial_mode<T, kVec>(a, splits, rows_per_split, stream);
     } else {

@@ -21,12 +21,13 @@
 //   pass 2: one thread per column adds the S partials in split order and rounds once to
 //           the dtype (nearest even).
 // S is chosen on the host so that the grid has about 4 blocks per multiprocessor, at
-// most kLayerNormGradMaxSplits and at least kLayerNormGradMinRowsPerSplit rows per split.
+// most kReductionMaxSplits and at least kReductionMinRowsPerSplit rows per split (row_splits.h).
 #pragma once
 #include <algorithm>
 #include <cstdint>
 
 #include "kernels/fused_adam.h"  // DType, cudaStream_t
+#include "kernels/row_splits.h"
 
 namespace zt::kernels {
 
@@ -42,22 +43,12 @@ struct LayerNormParamGradArgs {
   float* workspace = nullptr;     // fp32 scratch, >= layer_norm_param_grad_workspace_floats(rows, cols) floats (need not be zeroed)
 };
 
-inline constexpr int64_t kLayerNormGradMaxSplits = 128;       // S <= this
-inline constexpr int64_t kLayerNormGradMinRowsPerSplit = 64;  // S <= ceil(rows / this)
-
-// The most row splits layer_norm_param_grads() uses for `rows` rows on any device (0 when
-// rows <= 0).
-inline int64_t layer_norm_param_grad_max_splits(int64_t rows) {
-  if (rows <= 0) return 0;
-  return std::min(kLayerNormGradMaxSplits, (rows + kLayerNormGradMinRowsPerSplit - 1) / kLayerNormGradMinRowsPerSplit);
-}
-
 // fp32 elements of workspace layer_norm_param_grads() needs: 2 x max splits x cols (0 when
 // rows or cols is <= 0, and then the workspace may be null). Plain host math, the same on
 // every device and in builds without the kernels (inline here, so the stub needs no copy).
 inline int64_t layer_norm_param_grad_workspace_floats(int64_t rows, int64_t cols) {
   if (cols <= 0) return 0;
-  return 2 * layer_norm_param_grad_max_splits(rows) * cols;
+  return 2 * reduction_max_splits(rows) * cols;
 }
 
 // Two launches on `stream`, asynchronous; all pointers are device pointers of the current

@@ -50,7 +50,7 @@ TEST(ColumnSumWorkspace, Formula) {
   EXPECT_EQ(column_sum_workspace_floats(1, 7), 7);
   EXPECT_EQ(column_sum_workspace_floats(64, 7), 7);
   EXPECT_EQ(column_sum_workspace_floats(65, 7), 14);
-  EXPECT_EQ(column_sum_workspace_floats(8192, 1280), kColumnSumMaxSplits * 1280);
+  EXPECT_EQ(column_sum_workspace_floats(8192, 1280), kReductionMaxSplits * 1280);
 }
 
 #ifndef ZT_WITH_CUDA
@@ -107,17 +107,8 @@ const at::ScalarType kDtypes[] = {at::kBFloat16, at::kHalf, at::kFloat};
 
 enum class Data { kRandn, kSmallIntegers };
 
-class ColumnSum : public ::testing::Test {
+class ColumnSum : public zt::test_support::KernelTest {
  protected:
-  void SetUp() override {
-    if (!kernels_available()) GTEST_SKIP() << "zerotrain was built without its CUDA kernels (no nvcc)";
-    if (!at::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-    dev_ = zt::test_support::rank_device();
-  }
-
-  at::TensorOptions on(at::ScalarType dt) const { return at::TensorOptions(dt).device(dev_); }
-  cudaStream_t stream() const { return at::cuda::getCurrentCUDAStream(dev_.index()).stream(); }
-
   // A (rows, ld) block `offset` elements into a NaN buffer; x is its first `cols`
   // columns, filled with data (the padding and the elements before stay NaN).
   struct Input {
@@ -180,8 +171,6 @@ class ColumnSum : public ::testing::Test {
     // Not vacuous.
     EXPECT_GT(got.abs().sum().item<double>(), 0.0) << "all column sums are zero";
   }
-
-  at::Device dev_{at::kCUDA, 0};
 };
 
 TEST_F(ColumnSum, MatchesReferenceEveryDtypeAndShape) {

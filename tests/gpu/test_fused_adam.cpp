@@ -128,17 +128,9 @@ struct Scalars {
   std::optional<float> grad_scale = 0.5f;  // ours multiplies by it; ATen is given 1/it
 };
 
-class FusedAdam : public ::testing::Test {
+class FusedAdam : public zt::test_support::KernelTest {
  protected:
-  void SetUp() override {
-    if (!kernels_available()) GTEST_SKIP() << "zerotrain was built without its CUDA kernels (no nvcc)";
-    if (!at::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-    dev_ = zt::test_support::rank_device();
-  }
-
-  at::TensorOptions on(at::ScalarType dt) const { return at::TensorOptions(dt).device(dev_); }
   at::Tensor scalar(float x) const { return at::full({}, x, on(at::kFloat)); }
-  cudaStream_t stream() const { return at::cuda::getCurrentCUDAStream(dev_.index()).stream(); }
 
   // 1 - beta^step as ATen's fused kernel forms it: pow in fp32 on the device.
   float bias_correction(float beta, float step) const {
@@ -240,8 +232,6 @@ class FusedAdam : public ::testing::Test {
       EXPECT_TRUE(o.out->guards_intact()) << "param_out";
     }
   }
-
-  at::Device dev_{at::kCUDA, 0};
 };
 
 const at::ScalarType kGradDtypes[] = {at::kFloat, at::kBFloat16, at::kHalf};

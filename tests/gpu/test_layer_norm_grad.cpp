@@ -87,17 +87,8 @@ const Shape kShapes[] = {
 };
 const at::ScalarType kDtypes[] = {at::kBFloat16, at::kHalf, at::kFloat};
 
-class LayerNormGrad : public ::testing::Test {
+class LayerNormGrad : public zt::test_support::KernelTest {
  protected:
-  void SetUp() override {
-    if (!kernels_available()) GTEST_SKIP() << "zerotrain was built without its CUDA kernels (no nvcc)";
-    if (!at::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-    dev_ = zt::test_support::rank_device();
-  }
-
-  at::TensorOptions on(at::ScalarType dt) const { return at::TensorOptions(dt).device(dev_); }
-  cudaStream_t stream() const { return at::cuda::getCurrentCUDAStream(dev_.index()).stream(); }
-
   // A LayerNorm's forward inputs and an upstream gradient, with the forward's fp32 mean/rstd.
   struct Problem {
     at::ScalarType dt;
@@ -177,8 +168,6 @@ class LayerNormGrad : public ::testing::Test {
     return name(dt) + " rows=" + std::to_string(s.rows) + " cols=" + std::to_string(s.cols) +
            " offset=" + std::to_string(s.offset);
   }
-
-  at::Device dev_{at::kCPU};
 };
 
 TEST_F(LayerNormGrad, MatchesReferenceEveryDtypeAndShape) {

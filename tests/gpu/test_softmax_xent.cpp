@@ -93,17 +93,8 @@ const Shape kShapes[] = {
 const at::ScalarType kDtypes[] = {at::kBFloat16, at::kHalf, at::kFloat};
 const int64_t kRows[] = {1, 7, 300};
 
-class SoftmaxXent : public ::testing::Test {
+class SoftmaxXent : public zt::test_support::KernelTest {
  protected:
-  void SetUp() override {
-    if (!kernels_available()) GTEST_SKIP() << "zerotrain was built without its CUDA kernels (no nvcc)";
-    if (!at::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-    dev_ = zt::test_support::rank_device();
-  }
-
-  at::TensorOptions on(at::ScalarType dt) const { return at::TensorOptions(dt).device(dev_); }
-  cudaStream_t stream() const { return at::cuda::getCurrentCUDAStream(dev_.index()).stream(); }
-
   // A (rows, ld) block `offset` elements into a buffer of kSentinel with kGuard more
   // elements after it.
   struct Block {
@@ -227,8 +218,6 @@ class SoftmaxXent : public ::testing::Test {
       EXPECT_GT(got.abs().sum().item<double>(), 0.0) << "all gradients are zero";
     }
   }
-
-  at::Device dev_{at::kCUDA, 0};
 };
 
 TEST_F(SoftmaxXent, MatchesReferenceEveryDtypeShapeAndRowCount) {

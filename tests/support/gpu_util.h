@@ -3,9 +3,12 @@
 // first offender. Header-only.
 #pragma once
 #include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#ifdef ZT_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAFunctions.h>
-#include <gtest/gtest.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -17,6 +20,7 @@
 
 namespace zt::test_support {
 
+#ifdef ZT_WITH_CUDA
 // This rank's GPU, cuda:(LOCAL_RANK mod devices) (cuda:0 outside `zerotrain launch`), made
 // the thread's current device as the engine makes it for its rank. Needs a CUDA device.
 inline at::Device rank_device() {
@@ -26,6 +30,22 @@ inline at::Device rank_device() {
   c10::cuda::set_device(d.index());
   return d;
 }
+
+// Base fixture of the kernel tests: skipped without zerotrain's kernels (no nvcc at build
+// time) or without a GPU; runs on this rank's device.
+class KernelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!kernels::kernels_available()) GTEST_SKIP() << "zerotrain was built without its CUDA kernels (no nvcc)";
+    if (!at::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+    dev_ = rank_device();
+  }
+  at::TensorOptions on(at::ScalarType dt) const { return at::TensorOptions(dt).device(dev_); }
+  cudaStream_t stream() const { return at::cuda::getCurrentCUDAStream(dev_.index()).stream(); }
+
+  at::Device dev_{at::kCPU};
+};
+#endif  // ZT_WITH_CUDA
 
 inline kernels::DType to_dtype(at::ScalarType t) {
   switch (t) {
