@@ -167,19 +167,7 @@ NvmeOptimizerState::NvmeOptimizerState(std::vector<int64_t> group_numels, NvmeSt
   const int64_t max_numel = *std::max_element(numel_.begin(), numel_.end());
   scratch_offset_ = 3 * max_stride_;
   const int64_t bytes = scratch_offset_ + round_up(opt.scratch_bytes_per_element * max_numel, kAioAlignment);
-  const int64_t count = std::min<int64_t>(opt.buffer_count, num_groups());
-  for (int64_t k = 0; k < count; ++k) {
-    buffers_.emplace_back(static_cast<size_t>(bytes));
-    // Padding is swapped too: keep it deterministic (zeros) rather than uninitialised.
-    std::memset(buffers_.back().data(), 0, buffers_.back().size());
-  }
-  if (opt.pin) {
-    pinned_ = true;
-    for (auto& b : buffers_) {
-      pins_.push_back(std::make_unique<Pin>(b.data(), b.size(), opt.log));
-      pinned_ = pinned_ && pins_.back()->ptr != nullptr;
-    }
-  }
+  pinned_ = make_buffers(std::min<int64_t>(opt.buffer_count, num_groups()), bytes, opt.pin, opt.log, buffers_, pins_);
   write_pending_.assign(buffers_.size(), false);
   write_ticket_.assign(buffers_.size(), 0);
   fence_due_.assign(buffers_.size(), false);
@@ -191,12 +179,33 @@ NvmeOptimizerState::~NvmeOptimizerState() {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "[zerotrain] nvme: a swap-file transfer failed during shutdown: %s\n", e.what());
   }
-  for (int k = 0; k < num_buffers(); ++k) {
-    if (!fence_due_[k] || !fence_) continue;
+  fence_in_use(fence_due_, fence_, "staging buffer");
+}
+
+bool NvmeOptimizerState::make_buffers(int64_t count, int64_t bytes, bool pin, const AioLog& log,
+                                      std::vector<AlignedBuffer>& out, std::vector<std::unique_ptr<Pin>>& pins) {
+  for (int64_t k = 0; k < count; ++k) {
+    out.emplace_back(static_cast<size_t>(bytes));
+    // Padding is swapped too: keep it deterministic (zeros) rather than uninitialised.
+    std::memset(out.back().data(), 0, out.back().size());
+  }
+  if (!pin) return false;
+  bool all = true;
+  for (auto& b : out) {
+    pins.push_back(std::make_unique<Pin>(b.data(), b.size(), log));
+    all = all && pins.back()->ptr != nullptr;
+  }
+  return all;
+}
+
+void NvmeOptimizerState::fence_in_use(const std::vector<bool>& due, const std::function<void(int)>& fence,
+                                      const char* what) {
+  for (int k = 0; k < static_cast<int>(due.size()); ++k) {
+    if (!due[k] || !fence) continue;
     try {
-      fence_(k);
+      fence(k);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "[zerotrain] nvme: waiting for an upload from staging buffer %d failed: %s\n", k, e.what());
+      std::fprintf(stderr, "[zerotrain] nvme: waiting for an upload from %s %d failed: %s\n", what, k, e.what());
     }
   }
 }
@@ -306,32 +315,13 @@ NvmeParamFile::NvmeParamFile(int64_t bytes, int64_t max_read_bytes, NvmeStateOpt
   ZT_ASSERT(bytes > 0 && max_read_bytes > 0, "NvmeParamFile(", bytes, ", ", max_read_bytes, ")");
   // A range starting mid-page covers one page more than its length rounded up.
   const int64_t slot = round_up(max_read_bytes, kPage) + kPage;
-  for (int64_t k = 0; k < opt.buffer_count; ++k) {
-    slots_.emplace_back(static_cast<size_t>(slot));
-    std::memset(slots_.back().data(), 0, slots_.back().size());
-  }
+  pinned_ = NvmeOptimizerState::make_buffers(opt.buffer_count, slot, opt.pin, opt.log, slots_, pins_);
   constexpr int64_t kWriteChunk = int64_t{64} << 20;
   wbuf_ = AlignedBuffer(static_cast<size_t>(std::min(kWriteChunk, round_up(bytes, kPage) + 2 * kPage)));
-  if (opt.pin) {
-    pinned_ = true;
-    for (auto& b : slots_) {
-      pins_.push_back(std::make_unique<NvmeOptimizerState::Pin>(b.data(), b.size(), opt.log));
-      pinned_ = pinned_ && pins_.back()->ptr != nullptr;
-    }
-  }
   fence_due_.assign(slots_.size(), false);
 }
 
-NvmeParamFile::~NvmeParamFile() {
-  for (int k = 0; k < num_buffers(); ++k) {
-    if (!fence_due_[k] || !fence_) continue;
-    try {
-      fence_(k);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "[zerotrain] nvme: waiting for an upload from parameter slot %d failed: %s\n", k, e.what());
-    }
-  }
-}
+NvmeParamFile::~NvmeParamFile() { NvmeOptimizerState::fence_in_use(fence_due_, fence_, "parameter slot"); }
 
 int64_t NvmeParamFile::staging_bytes() const {
   int64_t b = static_cast<int64_t>(wbuf_.size());

@@ -121,6 +121,13 @@ class NvmeOptimizerState {
   struct Pin;       // cudaHostRegister of one buffer (RAII)
   class PathLock;  // the flock(2) that claims the swap file's name (RAII)
   static std::unique_ptr<PathLock> claim(const std::string& dir, const std::string& stem);
+  // `count` zeroed staging buffers of `bytes` each into `out`, page-locked with `pin` (CUDA
+  // builds; pins into `pins`): true when pinned, every one of them.
+  static bool make_buffers(int64_t count, int64_t bytes, bool pin, const AioLog& log, std::vector<AlignedBuffer>& out,
+                           std::vector<std::unique_ptr<Pin>>& pins);
+  // At shutdown: the reuse fence of every buffer still in use (`what` names them in the
+  // log); a failure is logged, not thrown.
+  static void fence_in_use(const std::vector<bool>& due, const std::function<void(int)>& fence, const char* what);
   void acquire(int buffer);  // wait for the buffer's write, run the fence
   int64_t region_bytes(int g) const { return 3 * stride_[g]; }
 
