@@ -145,16 +145,12 @@ void ZeroOptimizer::init_stage3(std::vector<torch::Tensor>& params) {
 
   // Partition one unit at a time: only one unit is ever full-size on the device.
   auto topt = torch::TensorOptions().device(opt_.device).dtype(opt_.dtype);
-  auto host = torch::TensorOptions().device(torch::kCPU).dtype(opt_.dtype).pinned_memory(
-      opt_.pin_memory && opt_.device.is_cuda());
   if (opt_.param_nvme) {
     ZT_CHECK_T(opt_.offload_optimizer && opt_.offload_param, InternalError, "offload_param nvme needs offload_optimizer");
     // The shard goes to its swap file unit by unit below; no host copy of it is kept.
-    int64_t max_unit_shard = 1;
-    for (const auto& B : layout_.buckets) max_unit_shard = std::max(max_unit_shard, B.shard_numel);
-    init_param_nvme(max_unit_shard);
+    init_param_nvme(max_owned_numel());
   } else {
-    param_shard_ = torch::zeros({layout_.shard_numel}, opt_.offload_param ? host : topt);
+    param_shard_ = torch::zeros({layout_.shard_numel}, opt_.offload_param ? host_options() : topt);
   }
   empty_ = torch::empty({0}, topt);
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
@@ -228,7 +224,8 @@ void ZeroOptimizer::gather(int b, bool prefetch) {
     // offload_param nvme: the unit's shard is read from the swap file into a staging slot
     // and uploaded from there; the slot is refilled only after that upload.
     auto [host, slot] = param_nvme_read(owned_begin(b), B.shard_numel);
-    mine = opt_.device.is_cuda() ? host.to(opt_.device, /*non_blocking=*/true) : host.clone();
+    // (On the CPU the all-gather reads it synchronously, before the slot can be reused.)
+    mine = opt_.device.is_cuda() ? host.to(opt_.device, /*non_blocking=*/true) : host;
     param_nvme_uploaded(slot);
   } else if (param_shard_.defined()) {
     // Offload: the compute-dtype shard the CPU step wrote (host memory with offload_param:

@@ -40,7 +40,7 @@ namespace zt::zero {
 
 void ZeroOptimizer::init_offload() {
   const bool pin = opt_.pin_memory && opt_.device.is_cuda();
-  const auto host = host_grad_options();
+  const auto host = host_options();
   const int64_t owned = owns_all_ ? layout_.total_numel : layout_.shard_numel;
   host_grad_ = torch::empty({owned}, host);
   // Stage 3 with offload_param: the CPU step writes the host-resident shard directly; with
@@ -48,9 +48,7 @@ void ZeroOptimizer::init_offload() {
   // into the parameter file. NVMe optimizer: the step writes its compute-dtype copy into
   // the staging buffers (zero_offload_nvme.cpp), so there is no separate upload buffer.
   if (opt_.param_nvme && !opt_.nvme) {
-    int64_t largest = 1;
-    for (size_t b = 0; b < layout_.buckets.size(); ++b) largest = std::max(largest, owned_view(master_, static_cast<int>(b)).numel());
-    host_param_ = torch::empty({largest}, host);
+    host_param_ = torch::empty({max_owned_numel()}, host);
   } else if (opt_.stage == 3 && opt_.offload_param) {
     host_param_ = param_shard_;
   } else if (!opt_.nvme) {
@@ -123,7 +121,7 @@ void ZeroOptimizer::offload_step(double factor, const StepInputs& in) {
   torch::Tensor grads = host_grad_;
   // Page-locked like host_grad_ (empty_like would not be): backward's asynchronous copies
   // into a pageable buffer would block the autograd thread on every bucket.
-  if (!host_grad_spare_.defined()) host_grad_spare_ = torch::empty({host_grad_.numel()}, host_grad_options());
+  if (!host_grad_spare_.defined()) host_grad_spare_ = torch::empty({host_grad_.numel()}, host_options());
   std::swap(host_grad_, host_grad_spare_);
   // The worker uploads each updated sub-group into a device buffer of its own while the
   // next forward/backward still reads the current parameters; the next step only copies
@@ -152,7 +150,7 @@ void ZeroOptimizer::offload_step(double factor, const StepInputs& in) {
   });
 }
 
-torch::TensorOptions ZeroOptimizer::host_grad_options() const {
+torch::TensorOptions ZeroOptimizer::host_options() const {
   return torch::TensorOptions().device(torch::kCPU).dtype(opt_.dtype).pinned_memory(opt_.pin_memory &&
                                                                                     opt_.device.is_cuda());
 }

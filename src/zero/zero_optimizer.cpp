@@ -153,6 +153,12 @@ ZeroOptimizer::~ZeroOptimizer() {
   if (worker_.joinable()) worker_.join();  // a delayed CPU step still running
 }
 
+int64_t ZeroOptimizer::max_owned_numel() const {
+  int64_t m = 1;
+  for (const Bucket& B : layout_.buckets) m = std::max(m, owns_all_ ? B.numel : B.shard_numel);
+  return m;
+}
+
 int64_t ZeroOptimizer::owned_begin(int b) const {
   return owns_all_ ? layout_.buckets[b].offset : layout_.shard_buffer_offsets[b];
 }

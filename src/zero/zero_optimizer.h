@@ -226,7 +226,9 @@ class ZeroOptimizer {
   void upload_bucket(int b, Upload to);  // bucket b's updated compute-dtype shard
   void upload_all();                     // every bucket's, into the parameters
   void apply_delayed_update();           // joins the worker and puts its update in place
-  torch::TensorOptions host_grad_options() const;
+  // Host buffers of the compute dtype: page-locked with pin_memory on CUDA.
+  torch::TensorOptions host_options() const;
+  int64_t max_owned_numel() const;  // the largest bucket's owned part (its shard; all of it at stage 0)
   // The CPU Adam hyper-parameters of parameter group `group`.
   optim::AdamHyper adam_hyper(double factor, const StepInputs& in, int group) const;
   // The optimizer update of lists of (fp32 master, fp32 gradient, state) tensors with one
