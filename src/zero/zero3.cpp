@@ -150,7 +150,7 @@ void ZeroOptimizer::init_stage3(std::vector<torch::Tensor>& params) {
     // The shard goes to its swap file unit by unit below; no host copy of it is kept.
     init_param_nvme(max_owned_numel());
   } else {
-    param_shard_ = torch::zeros({layout_.shard_numel}, opt_.offload_param ? host_options() : topt);
+    param_shard_ = opt_.offload_param ? host_buffer(layout_.shard_numel) : torch::zeros({layout_.shard_numel}, topt);
   }
   empty_ = torch::empty({0}, topt);
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {

@@ -30,6 +30,7 @@
 #include <thread>
 #include <utility>
 
+#include "offload/host_memory.h"
 #include "optim/cpu_adam.h"
 #include "zero/offload_streams.h"
 #include "zero/zero_optimizer.h"
@@ -39,20 +40,18 @@
 namespace zt::zero {
 
 void ZeroOptimizer::init_offload() {
-  const bool pin = opt_.pin_memory && opt_.device.is_cuda();
-  const auto host = host_options();
   const int64_t owned = owns_all_ ? layout_.total_numel : layout_.shard_numel;
-  host_grad_ = torch::empty({owned}, host);
+  host_grad_ = host_buffer(owned);
   // Stage 3 with offload_param: the CPU step writes the host-resident shard directly; with
   // offload_param nvme it writes one bucket at a time into a scratch buffer and from there
   // into the parameter file. NVMe optimizer: the step writes its compute-dtype copy into
   // the staging buffers (zero_offload_nvme.cpp), so there is no separate upload buffer.
   if (opt_.param_nvme && !opt_.nvme) {
-    host_param_ = torch::empty({max_owned_numel()}, host);
+    host_param_ = host_buffer(max_owned_numel());
   } else if (opt_.stage == 3 && opt_.offload_param) {
     host_param_ = param_shard_;
   } else if (!opt_.nvme) {
-    host_param_ = torch::empty({owned}, host);
+    host_param_ = host_buffer(owned);
   }
   streamed_.assign(layout_.buckets.size(), false);
 #ifdef ZT_WITH_CUDA
@@ -71,7 +70,7 @@ void ZeroOptimizer::init_offload() {
   if (rank_ == 0 && !opt_.nvme) {  // NVMe: init_nvme says where the state is
     std::fprintf(stderr, "[zerotrain] offload_optimizer: %.3f GiB of fp32 state in %s host memory, CPU Adam kernel %s, "
                  "%d threads per rank\n",
-                 3.0 * static_cast<double>(master_.nbytes()) / (1024.0 * 1024.0 * 1024.0), pin ? "page-locked" : "pageable",
+                 3.0 * static_cast<double>(master_.nbytes()) / (1024.0 * 1024.0 * 1024.0), master_.is_pinned() ? "page-locked" : "pageable",
                  optim::kernel_name(optim::best_cpu_kernel()), omp_get_max_threads());
   }
 }
@@ -121,7 +120,7 @@ void ZeroOptimizer::offload_step(double factor, const StepInputs& in) {
   torch::Tensor grads = host_grad_;
   // Page-locked like host_grad_ (empty_like would not be): backward's asynchronous copies
   // into a pageable buffer would block the autograd thread on every bucket.
-  if (!host_grad_spare_.defined()) host_grad_spare_ = torch::empty({host_grad_.numel()}, host_options());
+  if (!host_grad_spare_.defined()) host_grad_spare_ = host_buffer(host_grad_.numel());
   std::swap(host_grad_, host_grad_spare_);
   // The worker uploads each updated sub-group into a device buffer of its own while the
   // next forward/backward still reads the current parameters; the next step only copies
@@ -150,9 +149,8 @@ void ZeroOptimizer::offload_step(double factor, const StepInputs& in) {
   });
 }
 
-torch::TensorOptions ZeroOptimizer::host_options() const {
-  return torch::TensorOptions().device(torch::kCPU).dtype(opt_.dtype).pinned_memory(opt_.pin_memory &&
-                                                                                    opt_.device.is_cuda());
+torch::Tensor ZeroOptimizer::host_buffer(int64_t numel, std::optional<at::ScalarType> dtype) const {
+  return offload::host_zeros(numel, dtype.value_or(opt_.dtype), opt_.pin_memory && opt_.device.is_cuda());
 }
 
 // Joins the worker and puts its update in place: on CUDA the compute stream waits for the

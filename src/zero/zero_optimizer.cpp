@@ -78,19 +78,21 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr g
   adamw_ = type == "adamw" || opt_.optimizer.params.adam_w_mode;
   // Offload: the fp32 shard and its optimizer state live in host memory (NVMe: in a swap
   // file, zero_offload_nvme.cpp).
-  auto sopt = topt;
+  // The fp32 state: on the device, or zero-filled host buffers with offload.
+  auto state = [&](int64_t n) {
+    return opt_.offload_optimizer ? host_buffer(n, at::kFloat) : torch::zeros({n}, topt.dtype(at::kFloat));
+  };
   if (opt_.offload_optimizer) {
     ZT_CHECK_T(opt_.stage >= 1, ConfigError, "zero_optimization.offload_optimizer needs stage 1, 2 or 3");
     ZT_CHECK_T(!sgd_, ConfigError, "zero_optimization.offload_optimizer runs the step with zerotrain's CPU Adam: "
                "use optimizer.type Adam or AdamW, or remove offload_optimizer");
-    sopt = torch::TensorOptions().device(torch::kCPU).pinned_memory(opt_.pin_memory && opt_.device.is_cuda());
   }
   ZT_CHECK_T(!opt_.nvme || opt_.offload_optimizer, InternalError, "ZeroOptions.nvme needs offload_optimizer");
   ZT_CHECK_T(!(opt_.nvme && opt_.delayed_update), ConfigError, "zero_optimization.offload_optimizer."
              "delayed_param_update is not supported with device \"nvme\": remove it or use device \"cpu\"");
   if (opt_.nvme) check_nvme(owned);  // before any state is allocated
   if (!opt_.nvme) {
-    master_ = torch::empty({owned}, sopt.dtype(at::kFloat));
+    master_ = state(owned);
     for (size_t b = 0; b < layout_.buckets.size(); ++b) {
       const int bi = static_cast<int>(b);
       if (param_nvme_) {  // offload_param nvme: the shard is in the parameter file
@@ -107,10 +109,10 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr g
   // and the CPU step writes it.
   if (!opt_.offload_optimizer) param_shard_ = torch::Tensor();
   if (sgd_) {
-    if (opt_.optimizer.params.momentum != 0) momentum_buf_ = torch::zeros({owned}, sopt.dtype(at::kFloat));
+    if (opt_.optimizer.params.momentum != 0) momentum_buf_ = state(owned);
   } else if (!opt_.nvme) {
-    exp_avg_ = torch::zeros({owned}, sopt.dtype(at::kFloat));
-    exp_avg_sq_ = torch::zeros({owned}, sopt.dtype(at::kFloat));
+    exp_avg_ = state(owned);
+    exp_avg_sq_ = state(owned);
   }
   if (opt_.offload_optimizer) init_offload();
   if (opt_.nvme) init_nvme(owned);

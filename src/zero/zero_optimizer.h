@@ -23,6 +23,7 @@
 #include <thread>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -226,8 +227,9 @@ class ZeroOptimizer {
   void upload_bucket(int b, Upload to);  // bucket b's updated compute-dtype shard
   void upload_all();                     // every bucket's, into the parameters
   void apply_delayed_update();           // joins the worker and puts its update in place
-  // Host buffers of the compute dtype: page-locked with pin_memory on CUDA.
-  torch::TensorOptions host_options() const;
+  // A zero-filled host buffer (offloaded state): page-locked at its exact size with
+  // pin_memory on CUDA (offload/host_memory.h). The dtype defaults to the compute dtype.
+  torch::Tensor host_buffer(int64_t numel, std::optional<at::ScalarType> dtype = std::nullopt) const;
   int64_t max_owned_numel() const;  // the largest bucket's owned part (its shard; all of it at stage 0)
   // The CPU Adam hyper-parameters of parameter group `group`.
   optim::AdamHyper adam_hyper(double factor, const StepInputs& in, int group) const;

@@ -1,0 +1,72 @@
+#include "offload/host_memory.h"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include <omp.h>
+#include <torch/torch.h>
+
+#ifdef ZT_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include "zerotrain/error.h"
+
+namespace zt::offload {
+
+namespace {
+
+constexpr size_t kHugePage = size_t{2} << 20;
+
+#ifdef ZT_WITH_CUDA
+// Maps `bytes` (rounded up to a huge page) of anonymous memory and faults it in from every
+// OpenMP thread: a single-threaded first touch (what cudaHostRegister would do) runs at a
+// fraction of the host's memory bandwidth, which at hundreds of GiB is minutes.
+void* map_touched(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ZT_CHECK_T(p != MAP_FAILED, Error, "offload: cannot map ", bytes, " bytes of host memory for offloaded state (",
+             std::strerror(errno), "): lower the model size or offload to \"nvme\"");
+  (void)madvise(p, bytes, MADV_HUGEPAGE);  // advice only: fewer pages to fault and to register
+  auto* c = static_cast<volatile char*>(p);
+  const int64_t pages = static_cast<int64_t>(bytes / 4096);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < pages; ++i) c[i * 4096] = 0;
+  return p;
+}
+#endif
+
+}  // namespace
+
+at::Tensor host_zeros(int64_t numel, at::ScalarType dtype, bool pin) {
+  const auto opts = torch::TensorOptions().device(torch::kCPU).dtype(dtype);
+#ifdef ZT_WITH_CUDA
+  if (pin && numel > 0) {
+    const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+    const size_t mapped = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+    void* p = map_touched(mapped);
+    const cudaError_t rc = cudaHostRegister(p, mapped, cudaHostRegisterPortable);
+    const bool pinned = rc == cudaSuccess;
+    if (!pinned) {
+      (void)cudaGetLastError();  // reset the last-error state so a later check does not report this one
+      std::fprintf(stderr, "[zerotrain] offload: cudaHostRegister of %zu bytes failed (%s): this buffer stays "
+                   "pageable and its copies are synchronous (raise the locked-memory limit, ulimit -l)\n",
+                   mapped, cudaGetErrorString(rc));
+    }
+    return torch::from_blob(
+        p, {numel},
+        [mapped, pinned](void* q) {
+          if (pinned) (void)cudaHostUnregister(q);
+          munmap(q, mapped);
+        },
+        opts);
+  }
+#else
+  (void)pin;
+#endif
+  return torch::zeros({numel}, opts);
+}
+
+}  // namespace zt::offload
