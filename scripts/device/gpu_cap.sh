@@ -3,6 +3,8 @@
 # model (width 4096, 32 heads, micro-batch 1, seq 1024, checkpointing) that trains on ONE
 # GPU without offload (ZeRO-3 at world 1) and with CPU offload of optimizer + parameters.
 # Usage: LAYERS_NO="44 48" LAYERS_OFF="59" T=170 STEPS=3 bash scripts/device/gpu_cap.sh
+#   PROBES  further runs, "config:layers ..." (bench/configs/<config>.json), after those; a config
+#           with offload_param nvme writes its parameter file under /tmp/zerotrain_nvme
 #   T       per-run timeout in seconds; BUDGET (s, default 560): a probe that could end past it
 #           (counted from the script's start, build included) is skipped and said so
 set -uo pipefail
@@ -20,6 +22,8 @@ run() {  # name config layers
   { echo "== after $n L=$l (rc $rc)"; free -g; } >> $R/host.txt
 }
 for l in ${LAYERS_NO-44 48}; do run nooffload cap_z3 $l; done
-for l in ${LAYERS_OFF-59}; do run offload ${CFG_OFF:-cap_z3_offload} $l; done
+for l in ${LAYERS_OFF-59}; do run offload cap_z3_offload $l; done
+mkdir -p /tmp/zerotrain_nvme; df -h /tmp/zerotrain_nvme >> $R/host.txt
+for p in ${PROBES:-}; do run ${p%%:*} ${p%%:*} ${p##*:}; rm -rf /tmp/zerotrain_nvme/*; done
 echo "total: $(( $(date +%s) - T0 )) s"
 tar -czf $OUT/cap_results.tar.gz -C $OUT cap

@@ -5,6 +5,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -415,8 +416,8 @@ int cmd_train(int argc, char** argv) {
       std::printf(", %.1f TFLOP/s per GPU", tflops);
       if (peak > 0) std::printf(", MFU %.1f%% (of %.0f TFLOP/s; 6N+12LCT FLOPs per token)", 100 * tflops / peak, peak);
     }
-    std::printf("\n  loss %.4f -> %.4f (%.1f%% lower)\n", first_loss, last_loss,
-                first_loss > 0 ? 100 * (1 - last_loss / first_loss) : 0.0);
+    const double drop = first_loss > 0 ? 100 * (1 - last_loss / first_loss) : 0.0;
+    std::printf("\n  loss %.4f -> %.4f (%.1f%% %s)\n", first_loss, last_loss, std::abs(drop), drop >= 0 ? "lower" : "higher");
     std::fflush(stdout);
     if (!a.summary.empty()) {
       nlohmann::json sj = {
