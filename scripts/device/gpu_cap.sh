@@ -16,8 +16,9 @@ run() {  # name config layers
   local n=$1 c=$2 l=$3 ts=$(date +%s)
   if [ $(( ts - T0 + T )) -gt $BUDGET ]; then echo "$n layers=$l skipped: $(( ts - T0 )) s used + T=$T s > BUDGET=$BUDGET s"; return; fi
   timeout -k 20 $T $Z launch -n 1 -- $Z train --config bench/configs/$c.json --model gpt2 --layers $l --embd 4096 --heads 32 \
-    --seq 1024 --micro-batch 1 --steps $STEPS --warmup 1 --checkpoint-activations --summary $R/cap.jsonl > $R/log_${n}_$l.txt 2>&1
-  local rc=$?
+    --seq 1024 --micro-batch 1 --steps $STEPS --warmup 1 --checkpoint-activations --summary $R/cap.jsonl 2>&1 |
+    while IFS= read -r line; do echo "[$(( $(date +%s) - ts )) s] $line"; done > $R/log_${n}_$l.txt
+  local rc=${PIPESTATUS[0]}
   echo "$n layers=$l rc=$rc wall=$(( $(date +%s) - ts ))s | $(grep -E 'gpt2: |ms/iteration|model states per rank|out of memory|OutOfMemory|rror|Killed' $R/log_${n}_$l.txt | head -4 | tr '\n' ' ')" | tee -a $R/summary.txt
   { echo "== after $n L=$l (rc $rc)"; free -g; } >> $R/host.txt
 }
