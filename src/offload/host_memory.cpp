@@ -4,7 +4,9 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include <omp.h>
 #include <torch/torch.h>
@@ -43,6 +45,13 @@ void* map_touched(size_t bytes) {
 at::Tensor host_zeros(int64_t numel, at::ScalarType dtype, bool pin) {
   const auto opts = torch::TensorOptions().device(torch::kCPU).dtype(dtype);
 #ifdef ZT_WITH_CUDA
+  // ZT_PINNED_ALLOCATOR=torch: torch's caching pinned allocator instead (power-of-two
+  // blocks), to compare the two on one machine.
+  static const bool torch_pinned = [] {
+    const char* e = std::getenv("ZT_PINNED_ALLOCATOR");
+    return e != nullptr && std::string(e) == "torch";
+  }();
+  if (pin && torch_pinned) return torch::zeros({numel}, opts.pinned_memory(true));
   if (pin && numel > 0) {
     const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
     const size_t mapped = (bytes + kHugePage - 1) / kHugePage * kHugePage;
