@@ -502,14 +502,21 @@ class EngineImpl : public Engine {
                   r.model_state.params / gib, r.model_state.grads / gib, r.model_state.master / gib,
                   r.model_state.optimizer / gib, static_cast<long long>(r.buckets),
                   static_cast<long long>(r.buckets_before_backward_end), r.exposed_comm_ms);
+      const auto& zc = cfg_.zero_optimization;
+      const bool opt_nvme = zc.offload_optimizer.device == OffloadDevice::nvme;
+      const bool param_nvme = zc.stage == 3 && zc.offload_param.device == OffloadDevice::nvme;
       if (r.model_state.nvme > 0) {
-        std::printf("[zerotrain]   offload: %.3f GiB in host memory (gradient and staging buffers), %.3f GiB of "
-                    "master + optimizer state in the NVMe swap file\n",
-                    r.model_state.host / gib, r.model_state.nvme / gib);
-        std::printf("[zerotrain]   nvme step: read %.3f GiB (waited %.1f ms), wrote %.3f GiB (waited %.1f ms), "
-                    "CPU Adam + uploads %.1f ms\n",
-                    r.nvme.bytes_read / gib, r.nvme.read_wait_ms, r.nvme.bytes_written / gib, r.nvme.write_wait_ms,
-                    r.nvme.visit_ms);
+        std::printf("[zerotrain]   offload: %.3f GiB in host memory, %.3f GiB on NVMe (%s)\n", r.model_state.host / gib,
+                    r.model_state.nvme / gib,
+                    opt_nvme && param_nvme ? "master + optimizer state, and the parameters"
+                    : opt_nvme             ? "master + optimizer state"
+                                           : "the parameters");
+        if (opt_nvme) {
+          std::printf("[zerotrain]   nvme step: read %.3f GiB (waited %.1f ms), wrote %.3f GiB (waited %.1f ms), "
+                      "CPU Adam + uploads %.1f ms\n",
+                      r.nvme.bytes_read / gib, r.nvme.read_wait_ms, r.nvme.bytes_written / gib, r.nvme.write_wait_ms,
+                      r.nvme.visit_ms);
+        }
       } else if (r.model_state.host > 0) {
         std::printf("[zerotrain]   offload: %.3f GiB of model state in host memory\n", r.model_state.host / gib);
       }

@@ -345,6 +345,8 @@ void ZeroOptimizer::nvme_state_bytes(ModelStateBytes& m) const {
 }
 
 void ZeroOptimizer::param_nvme_state_bytes(ModelStateBytes& m) const {
+  // The compute-dtype shard is a model state like any other, kept on the drive.
+  m.params += layout_.shard_numel * static_cast<int64_t>(c10::elementSize(opt_.dtype));
   m.nvme += param_nvme_->state->file_bytes();
   m.host += param_nvme_->state->staging_bytes();
 }
