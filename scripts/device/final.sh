@@ -3,15 +3,9 @@
 # GPT-2 Large (as scripts/device/sweep.sh), then ZeRO-2 with offload_optimizer nvme on the
 # machine's disk. Results: $OUT/final_results.tar.gz.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-OUT=${OUT:-/tmp/out}; R=$OUT/final; mkdir -p $R; B=build-gpu; Z=$B/zerotrain
 COMMIT=${COMMIT:?pass COMMIT=<sha> (the device copy has no current git HEAD)}
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/device.txt
-t0=$(date +%s)
-if [ ! -f $B/build.ninja ]; then cmake -S . -B $B -G Ninja -DZT_PYTHON=python3 -DZT_WERROR=OFF > $R/cmake.log 2>&1 || { tail -30 $R/cmake.log; exit 1; }; fi
-ninja -C $B zerotrain_cli > $R/build.log 2>&1 || { grep -E "error" $R/build.log | head -30; exit 1; }
-echo "build: $(( $(date +%s) - t0 )) s"
+source scripts/device/common.sh final zerotrain_cli
+cat $R/device.txt
 t1=$(date +%s)
 [ -n "${SKIP_SWEEP:-}" ] || $Z bench --model gpt2-large --gpus 2 --steps ${STEPS:-20} --warmup 2 --with-anchors --python python3 \
   --timeout 150 --commit $COMMIT --out $R/gpt2-large > $R/bench.log 2>&1
@@ -30,6 +24,6 @@ timeout 200 $Z launch -n 2 -- $Z train --config $R/z2_nvme.json --model gpt2-lar
   --summary $R/z2_nvme.summary.jsonl --metrics $R/z2_nvme.metrics.jsonl > $R/log_z2_nvme.txt 2>&1
 echo "nvme rc=$?"; grep -E "nvme|ms/iteration|error" $R/log_z2_nvme.txt | head -12 | cut -c1-220
 fi
-echo "total: $(( $(date +%s) - t0 )) s"
+echo "total: $(( $(date +%s) - T0 )) s"
 tar -czf $OUT/final_results.tar.gz -C $OUT final
 grep "^\[bench\]" $R/bench.log | cut -c1-150

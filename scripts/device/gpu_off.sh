@@ -3,14 +3,8 @@
 # zerotrain stage 2 and stage 3 with offload_optimizer cpu (pinned, CPU Adam), next to
 # PyTorch FSDP2 + CPUOffloadPolicy in the same run. Results: $OUT/off_results.tar.gz.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-OUT=${OUT:-/tmp/out}; R=$OUT/off; mkdir -p $R; B=build-gpu; Z=$B/zerotrain
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/device.txt; nproc >> $R/device.txt
-t0=$(date +%s)
-if [ ! -f $B/build.ninja ]; then cmake -S . -B $B -G Ninja -DZT_PYTHON=python3 -DZT_WERROR=OFF > $R/cmake.log 2>&1 || { tail -30 $R/cmake.log; exit 1; }; fi
-ninja -C $B zerotrain_cli > $R/build.log 2>&1 || { grep -E "error" $R/build.log | head -30; exit 1; }
-echo "build: $(( $(date +%s) - t0 )) s"
+source scripts/device/common.sh off zerotrain_cli
+cat $R/device.txt; nproc >> $R/device.txt
 STEPS=${STEPS:-10}
 A="--model gpt2-large --seq 1024 --micro-batch 8 --steps $STEPS --warmup 3"
 for c in ${CONFIGS:-z2_offload z3_offload}; do
@@ -19,7 +13,7 @@ for c in ${CONFIGS:-z2_offload z3_offload}; do
 done
 FA="--model gpt2-large --seq 1024 --micro-batch 8 --steps ${FSTEPS:-6} --warmup 2"
 [ -n "${SKIP_ANCHOR:-}" ] || timeout 240 torchrun --standalone --nproc_per_node 2 bench/anchors/train_anchor.py --mode fsdp2_offload $FA --dtype bf16 --json $R/torch.jsonl > $R/log_fsdp2_offload.txt 2>&1 || tail -5 $R/log_fsdp2_offload.txt
-echo "total: $(( $(date +%s) - t0 )) s"
+echo "total: $(( $(date +%s) - T0 )) s"
 tar -czf $OUT/off_results.tar.gz -C $OUT off
 python3 - $R <<'PY'
 import json, sys, glob

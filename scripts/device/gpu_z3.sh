@@ -7,14 +7,8 @@
 #     GPU: stage 3, activation checkpointing, micro-batch 1, built partitioned.
 # Results: $OUT/z3_results.tar.gz; a table last.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-OUT=${OUT:-/tmp/out}; R=$OUT/z3; mkdir -p $R; B=build-gpu; Z=$B/zerotrain
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/device.txt
-t0=$(date +%s)
-if [ ! -f $B/build.ninja ]; then cmake -S . -B $B -G Ninja -DZT_PYTHON=python3 -DZT_WERROR=OFF > $R/cmake.log 2>&1 || { tail -30 $R/cmake.log; exit 1; }; fi
-ninja -C $B zerotrain_cli gpt2_logits zt_dist > $R/build.log 2>&1 || { grep -E "error" $R/build.log | head -30; exit 1; }
-echo "build: $(( $(date +%s) - t0 )) s"
+source scripts/device/common.sh z3 zerotrain_cli gpt2_logits zt_dist
+cat $R/device.txt
 STEPS=${STEPS:-12}
 A="--model gpt2-large --seq 1024 --micro-batch 8 --steps $STEPS --warmup 3"
 for c in ${CONFIGS:-z3 z3_reshard}; do
@@ -28,7 +22,7 @@ timeout 420 $Z launch -n 2 -- $Z train --data /tmp/zt_text.txt --config bench/co
   --seq 1024 --micro-batch 1 --steps ${STEPS10:-6} --warmup 2 --checkpoint-activations --metrics $R/metrics_10b.jsonl --summary $R/zt_10b.jsonl > $R/log_10b.txt 2>&1
 tail -6 $R/log_10b.txt
 nvidia-smi --query-gpu=memory.used --format=csv >> $R/device.txt
-echo "total: $(( $(date +%s) - t0 )) s"
+echo "total: $(( $(date +%s) - T0 )) s"
 tar -czf $OUT/z3_results.tar.gz -C $OUT z3
 python3 - $R <<'PY'
 import json, sys, glob

@@ -2,13 +2,7 @@
 # Device run MFU: the padded LM head. GPT2 unit tests on the device, one profiled step of
 # GPT-2 Large on 1 GPU, then the stage 0-3 sweep with the PyTorch anchors in the same call.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-OUT=${OUT:-/tmp/out}; R=$OUT/mfu; mkdir -p $R; B=build-gpu; Z=$B/zerotrain
-t0=$(date +%s)
-if [ ! -f $B/build.ninja ]; then cmake -S . -B $B -G Ninja -DZT_PYTHON=python3 -DZT_WERROR=OFF > $R/cmake.log 2>&1 || { tail -30 $R/cmake.log; exit 1; }; fi
-ninja -C $B zerotrain_cli zt_unit > $R/build.log 2>&1 || { grep -E "error" $R/build.log | head -30; exit 1; }
-echo "build: $(( $(date +%s) - t0 )) s"
+source scripts/device/common.sh mfu zerotrain_cli zt_unit
 $B/zt_unit --gtest_filter='GPT2*' > $R/unit_gpt2.txt 2>&1; tail -3 $R/unit_gpt2.txt
 A="--model gpt2-large --seq 1024 --micro-batch 8 --steps 6 --warmup 3 --profile 4"
 timeout 200 $Z launch -n 1 -- $Z train --config bench/configs/gpt2_bf16_z0.json $A --profile-out $R/z0_1gpu > $R/log_z0_1gpu.txt 2>&1
@@ -18,4 +12,4 @@ $Z bench --model gpt2-large --gpus 2 --steps 20 --warmup 2 --with-anchors --pyth
 gzip -f $R/*.json 2>/dev/null
 tar -czf $OUT/mfu_results.tar.gz -C $OUT mfu
 grep "^\[bench\]" $R/bench.log | cut -c1-150
-echo "total: $(( $(date +%s) - t0 )) s"
+echo "total: $(( $(date +%s) - T0 )) s"

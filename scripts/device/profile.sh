@@ -3,13 +3,7 @@
 # Kineto profiler: 1 GPU (ZeRO-0) and 2 GPUs (ZeRO-3). Writes the kernel summaries and
 # Chrome traces to $OUT/profile_results.tar.gz; prints the summaries.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-OUT=${OUT:-/tmp/out}; R=$OUT/profile; mkdir -p $R; B=build-gpu; Z=$B/zerotrain
-t0=$(date +%s)
-if [ ! -f $B/build.ninja ]; then cmake -S . -B $B -G Ninja -DZT_PYTHON=python3 -DZT_WERROR=OFF > $R/cmake.log 2>&1 || { tail -30 $R/cmake.log; exit 1; }; fi
-ninja -C $B zerotrain_cli > $R/build.log 2>&1 || { grep -E "error" $R/build.log | head -30; exit 1; }
-echo "build: $(( $(date +%s) - t0 )) s"
+source scripts/device/common.sh profile zerotrain_cli
 A="--model gpt2-large --seq 1024 --micro-batch 8 --steps 6 --warmup 3 --profile 4"
 timeout 200 $Z launch -n 1 -- $Z train --config bench/configs/gpt2_bf16_z0.json $A --profile-out $R/z0_1gpu > $R/log_z0_1gpu.txt 2>&1
 grep -A45 "^\[rank 0\] \[profile\]" $R/log_z0_1gpu.txt | cut -c1-190
@@ -17,4 +11,4 @@ timeout 200 $Z launch -n 2 -- $Z train --config bench/configs/gpt2_bf16_z3.json 
 grep -A20 "^\[rank 0\] \[profile\]" $R/log_z3_2gpu.txt | cut -c1-190
 gzip -f $R/*.json 2>/dev/null
 tar -czf $OUT/profile_results.tar.gz -C $OUT profile
-echo "total: $(( $(date +%s) - t0 )) s"
+echo "total: $(( $(date +%s) - T0 )) s"

@@ -2,16 +2,11 @@
 # Device run SINGLE (1 GPU): zerotrain train vs transformers GPT2LMHeadModel (autocast bf16,
 # fused AdamW) in the same call. GPT-2 Large, bf16, micro-batch 8, seq 1024.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=0
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-OUT=${OUT:-/tmp/out}; R=$OUT/single; mkdir -p $R; B=build-gpu; Z=$B/zerotrain
-t0=$(date +%s)
-if [ ! -f $B/build.ninja ]; then cmake -S . -B $B -G Ninja -DZT_PYTHON=python3 -DZT_WERROR=OFF > $R/cmake.log 2>&1 || { tail -30 $R/cmake.log; exit 1; }; fi
-ninja -C $B zerotrain_cli > $R/build.log 2>&1 || { grep -E "error" $R/build.log | head -30; exit 1; }
-echo "build: $(( $(date +%s) - t0 )) s"
+source scripts/device/common.sh single zerotrain_cli
+export CUDA_VISIBLE_DEVICES=0
 timeout 120 $Z train --config bench/configs/gpt2_bf16_z0.json --model gpt2-large --seq 1024 --micro-batch 8 --steps 22 --warmup 2 \
   --summary $R/zerotrain.jsonl > $R/log_zerotrain.txt 2>&1; grep -E "ms/iteration|MFU" $R/log_zerotrain.txt | tail -2
 timeout 150 python3 bench/anchors/train_anchor.py --mode hf --model gpt2-large --micro-batch 8 --seq 1024 --steps 20 --warmup 2 --dtype bf16 \
   --json $R/hf.jsonl > $R/log_hf.txt 2>&1; tail -1 $R/hf.jsonl | cut -c1-400
 tar -czf $OUT/single.tar.gz -C $OUT single
-echo "total: $(( $(date +%s) - t0 )) s"
+echo "total: $(( $(date +%s) - T0 )) s"

@@ -5,14 +5,8 @@
 # stage 0) to show an out-of-memory result with its phase.
 # Results: $OUT/sweep_results.tar.gz (results.json, results.md, memory.png, time.png, logs).
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-OUT=${OUT:-/tmp/out}; R=$OUT/sweep; mkdir -p $R; B=build-gpu; Z=$B/zerotrain
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/device.txt
-t0=$(date +%s)
-if [ ! -f $B/build.ninja ]; then cmake -S . -B $B -G Ninja -DZT_PYTHON=python3 -DZT_WERROR=OFF > $R/cmake.log 2>&1 || { tail -30 $R/cmake.log; exit 1; }; fi
-ninja -C $B zerotrain_cli > $R/build.log 2>&1 || { grep -E "error" $R/build.log | head -30; exit 1; }
-echo "build: $(( $(date +%s) - t0 )) s"
+source scripts/device/common.sh sweep zerotrain_cli
+cat $R/device.txt
 COMMIT=${COMMIT:?pass COMMIT=<sha> (the device copy has no current git HEAD)}
 t1=$(date +%s)
 $Z bench --model ${MODEL:-gpt2-large} --gpus 2 --steps ${STEPS:-20} --warmup ${WARMUP:-2} --with-anchors --python python3 \
@@ -20,6 +14,6 @@ $Z bench --model ${MODEL:-gpt2-large} --gpus 2 --steps ${STEPS:-20} --warmup ${W
 echo "sweep + anchors: $(( $(date +%s) - t1 )) s (exit $?)"
 [ -n "${SKIP_OOM:-}" ] || $Z bench --model gpt2-large --gpus 2 --steps 2 --warmup 1 --micro-batch 64 --only z0-bf16 \
   --timeout 120 --commit $COMMIT --out $R/oom > $R/bench_oom.log 2>&1
-echo "total: $(( $(date +%s) - t0 )) s"
+echo "total: $(( $(date +%s) - T0 )) s"
 tar -czf $OUT/sweep_results.tar.gz -C $OUT sweep
 grep "^\[bench\]" $R/bench.log $R/bench_oom.log | cut -c1-200
