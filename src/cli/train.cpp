@@ -413,8 +413,13 @@ int cmd_train(int argc, char** argv) {
                 msb.params / gib, msb.grads / gib, msb.master / gib, msb.optimizer / gib, msb.total() / gib);
     if (msb.host > 0) std::printf(" (host memory %.3f GiB, NVMe files %.3f GiB)", msb.host / gib, msb.nvme / gib);
     std::printf("\n");
-    std::printf("  %.1f ms/iteration, %.0f tokens/s", ms_per_iter, tokens_per_s);
-    if (device.is_cuda()) {
+    if (timed_steps == 0) {
+      std::printf("  no timed steps: all %lld were warm-up (--warmup %lld); run more --steps for the throughput",
+                  static_cast<long long>(a.steps), static_cast<long long>(a.warmup));
+    } else {
+      std::printf("  %.1f ms/iteration, %.0f tokens/s", ms_per_iter, tokens_per_s);
+    }
+    if (device.is_cuda() && timed_steps > 0) {
       std::printf(", %.1f TFLOP/s per GPU", tflops);
       if (peak > 0) std::printf(", MFU %.1f%% (of %.0f TFLOP/s; 6N+12LCT FLOPs per token)", 100 * tflops / peak, peak);
     }

@@ -2,10 +2,12 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 
 #include <omp.h>
@@ -40,7 +42,56 @@ void* map_touched(size_t bytes) {
 }
 #endif
 
+// The first number of a file (cgroup counters), or -1 ("max", missing, unreadable).
+int64_t read_number(const char* path) {
+  std::ifstream f(path);
+  std::string word;
+  if (!(f >> word) || word.empty() || word.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(word);
+}
+
 }  // namespace
+
+int64_t host_memory_available(std::string* source) {
+  auto say = [&](const char* s) {
+    if (source) *source = s;
+  };
+  if (const char* e = std::getenv("ZT_HOST_MEMORY_AVAILABLE")) {
+    say("ZT_HOST_MEMORY_AVAILABLE");
+    return std::stoll(e);
+  }
+  int64_t avail = -1;
+  {
+    std::ifstream f("/proc/meminfo");
+    std::string key, unit;
+    int64_t kib = 0;
+    while (f >> key >> kib) {
+      std::getline(f, unit);
+      if (key == "MemAvailable:") {
+        avail = kib * 1024;
+        say("MemAvailable in /proc/meminfo");
+        break;
+      }
+    }
+  }
+  const struct {
+    const char *limit, *usage, *name;
+  } cgroups[] = {{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "the cgroup's memory.max"},
+                 {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+                  "the cgroup's memory limit"}};
+  for (const auto& c : cgroups) {
+    const int64_t limit = read_number(c.limit), usage = read_number(c.usage);
+    // v1 reports "no limit" as a huge number; anything above 2^60 is treated as none.
+    if (limit < 0 || usage < 0 || limit > (int64_t{1} << 60)) continue;
+    const int64_t room = std::max<int64_t>(0, limit - usage);
+    if (avail < 0 || room < avail) {
+      avail = room;
+      say(c.name);
+    }
+    break;
+  }
+  return avail;
+}
 
 at::Tensor host_zeros(int64_t numel, at::ScalarType dtype, bool pin) {
   const auto opts = torch::TensorOptions().device(torch::kCPU).dtype(dtype);

@@ -8,6 +8,7 @@
 // offloaded state costs its own size and its copies to and from the GPU are asynchronous.
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include <ATen/core/Tensor.h>
 
@@ -18,5 +19,11 @@ namespace zt::offload {
 // RLIMIT_MEMLOCK), the buffer stays pageable and a line on stderr says so; is_pinned() tells.
 // Without pin, or without CUDA: an ordinary zero-filled tensor.
 at::Tensor host_zeros(int64_t numel, at::ScalarType dtype, bool pin);
+
+// Bytes of host memory this process can still take: the smaller of /proc/meminfo's
+// MemAvailable and the room left under the cgroup's limit (v2 memory.max - memory.current,
+// or v1's limit - usage), with `source` saying which. ZT_HOST_MEMORY_AVAILABLE (bytes)
+// overrides both (tests). -1 when none can be read.
+int64_t host_memory_available(std::string* source = nullptr);
 
 }  // namespace zt::offload

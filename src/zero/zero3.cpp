@@ -142,6 +142,7 @@ void ZeroOptimizer::init_stage3(std::vector<torch::Tensor>& params) {
   persistent_ = add_unit(persistent, "persistent", UnitKind::kPersistent);
   layout_ = make_unit_layout(numels, world_, kAlign);
   for (const auto& B : layout_.buckets) z3_.max_unit_numel = std::max(z3_.max_unit_numel, B.numel);
+  check_host_memory();  // before the host shard (offload_param cpu) is allocated
 
   // Partition one unit at a time: only one unit is ever full-size on the device.
   auto topt = torch::TensorOptions().device(opt_.device).dtype(opt_.dtype);

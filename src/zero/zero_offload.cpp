@@ -31,6 +31,7 @@
 #include <utility>
 
 #include "offload/host_memory.h"
+#include "zero/agree.h"
 #include "optim/cpu_adam.h"
 #include "zero/offload_streams.h"
 #include "zero/zero_optimizer.h"
@@ -146,6 +147,43 @@ void ZeroOptimizer::offload_step(double factor, const StepInputs& in) {
     } catch (...) {
       worker_error_ = std::current_exception();
     }
+  });
+}
+
+int64_t ZeroOptimizer::host_bytes_planned() const {
+  if (!opt_.offload_optimizer) return 0;
+  const int64_t d = static_cast<int64_t>(c10::elementSize(opt_.dtype));
+  const int64_t owned = owns_all_ ? layout_.total_numel : layout_.shard_numel;
+  const bool param_shard_on_host = opt_.stage == 3 && opt_.offload_param && !opt_.param_nvme;
+  int64_t b = d * owned;                                  // host_grad_
+  if (!opt_.nvme) b += 12 * owned;                        // master_, exp_avg_, exp_avg_sq_ (Adam only)
+  if (opt_.delayed_update) b += d * owned;                // host_grad_spare_
+  if (param_shard_on_host) b += d * layout_.shard_numel;  // param_shard_, which is also host_param_
+  if (opt_.param_nvme && !opt_.nvme) {
+    b += d * max_owned_numel();  // host_param_: one bucket's scratch
+  } else if (!param_shard_on_host && !opt_.nvme) {
+    b += d * owned;  // host_param_
+  }
+  return b;
+}
+
+void ZeroOptimizer::check_host_memory() const {
+  const int64_t per_rank = host_bytes_planned();
+  if (per_rank == 0) return;
+  const int local = std::max(1, comm::discover_rank().local_world_size);
+  // Every rank reads the host's free memory before any of them allocates (agree ends in a
+  // collective), and all of them decide alike.
+  agree<ConfigError>(group_, [&] {
+    std::string source;
+    const int64_t avail = offload::host_memory_available(&source);
+    if (avail < 0) return;  // unknown: nothing to check against
+    const int64_t need = per_rank * local;
+    ZT_CHECK_T(need <= avail, ConfigError, "zero_optimization.offload_optimizer: the offloaded model state needs ",
+               bytes_text(need), " of host memory (", bytes_text(per_rank), " per rank x ", local,
+               " rank(s) on this host), but ", bytes_text(avail), " is available (", source,
+               "). Put part of it on NVMe (zero_optimization.offload_param.device \"nvme\" moves 2 bytes per "
+               "parameter there at stage 3, offload_optimizer.device \"nvme\" 12), use more hosts, or train a "
+               "smaller model.");
   });
 }
 

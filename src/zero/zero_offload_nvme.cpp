@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "offload/nvme_state.h"
+#include "zero/agree.h"
 #include "optim/cpu_adam.h"
 #include "zero/offload_streams.h"
 #include "zero/zero_optimizer.h"
@@ -58,38 +59,6 @@ namespace {
 
 constexpr const char* kNvmePathKey = "zero_optimization.offload_optimizer.nvme_path";
 constexpr const char* kParamNvmePathKey = "zero_optimization.offload_param.nvme_path";
-
-std::string bytes_text(int64_t bytes) {
-  char buf[64];
-  const double b = static_cast<double>(bytes);
-  if (b >= 1024.0 * 1024.0 * 1024.0) {
-    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024.0 * 1024.0));
-  } else if (b >= 1024.0 * 1024.0) {
-    std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1024.0 * 1024.0));
-  } else {
-    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
-  }
-  return buf;
-}
-
-// Runs fn on every rank of g. When any rank threw, every rank throws: a failing rank its
-// own exception, the others an E naming the lowest failing rank and its message, so no
-// rank goes on into a collective that a failed rank never joins.
-template <class E>
-void agree(const comm::GroupPtr& g, const std::function<void()>& fn) {
-  std::string err;
-  std::exception_ptr mine;
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    mine = std::current_exception();
-    err = e.what();
-    if (err.empty()) err = "unknown error";
-  }
-  const auto failure = comm::lowest_failure(g, err);
-  if (failure && !mine) throw E(detail::cat("rank ", failure->rank, " failed: ", failure->message));
-  if (mine) std::rethrow_exception(mine);
-}
 
 // Creates a swap file's owner with make() on every rank (agree: one rank's failure stops
 // all) with the rank's device current, so that cudaHostRegister of its buffers lands in

@@ -91,6 +91,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr g
   ZT_CHECK_T(!(opt_.nvme && opt_.delayed_update), ConfigError, "zero_optimization.offload_optimizer."
              "delayed_param_update is not supported with device \"nvme\": remove it or use device \"cpu\"");
   if (opt_.nvme) check_nvme(owned);  // before any state is allocated
+  if (opt_.stage != 3) check_host_memory();  // stage 3: init_stage3, before its host shard
   if (!opt_.nvme) {
     master_ = state(owned);
     for (size_t b = 0; b < layout_.buckets.size(); ++b) {

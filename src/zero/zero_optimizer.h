@@ -230,6 +230,13 @@ class ZeroOptimizer {
   // A zero-filled host buffer (offloaded state): page-locked at its exact size with
   // pin_memory on CUDA (offload/host_memory.h). The dtype defaults to the compute dtype.
   torch::Tensor host_buffer(int64_t numel, std::optional<at::ScalarType> dtype = std::nullopt) const;
+  // Bytes of host memory the offload set-up allocates on this rank (the fp32 master and Adam
+  // state, the gradient buffers, the upload buffer, the stage-3 host parameter shard; not
+  // the NVMe staging buffers). Needs layout_. Equals state_bytes().host with CPU offload.
+  int64_t host_bytes_planned() const;
+  // A ConfigError on every rank, before any of it is allocated, when the ranks of this host
+  // together need more than the host has available (offload/host_memory.h).
+  void check_host_memory() const;
   int64_t max_owned_numel() const;  // the largest bucket's owned part (its shard; all of it at stage 0)
   // The CPU Adam hyper-parameters of parameter group `group`.
   optim::AdamHyper adam_hyper(double factor, const StepInputs& in, int group) const;

@@ -3,6 +3,8 @@
 // bad combinations are named. Run at world 1, 2 and 4.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <algorithm>
+#include <string>
 #include <sys/stat.h>
 #include <torch/torch.h>
 
@@ -457,6 +459,61 @@ TEST(EngineErrors, OutOfMemoryNamesRankPhaseAndStep) {
         << msg;
     EXPECT_NE(msg.find("Tried to allocate 18.40 GiB"), std::string::npos) << msg;
     EXPECT_NE(msg.find("zerotrain estimate"), std::string::npos) << msg;
+  }
+}
+
+// Host bytes a CPU-offload run holds after two steps (the delayed update's second gradient
+// buffer exists from its first step on).
+int64_t host_after_two_steps(const nlohmann::json& j) {
+  Net m{nullptr};
+  auto engine = net_engine(m, j);
+  auto g = at::make_generator<at::CPUGeneratorImpl>(5);
+  auto x = at::randn({kMicro, kWidth}, g), y = at::randn({kMicro, 3}, g);
+  for (int s = 0; s < 2; ++s) {
+    auto loss = engine->forward(
+        [&] { return torch::mse_loss(m->forward(x.to(engine->compute_dtype()), engine.get()).to(torch::kFloat), y); });
+    engine->backward(loss);
+    engine->step();
+  }
+  return engine->model_state_bytes().host;
+}
+
+// Too little host memory for the offloaded state is a ConfigError on every rank at
+// initialize, before any of it is allocated, naming the key, the bytes, where the figure came
+// from and the fix; exactly enough passes. The boundary is the host memory the run then
+// holds, so the check and the allocations agree byte for byte (stages 1-3, the delayed
+// update, offload_param cpu, bf16 and fp32).
+TEST(OffloadHostMemory, TooLittleHostMemoryIsAConfigErrorAtInitialize) {
+  const int64_t local = std::max(1, zt::comm::discover_rank().local_world_size);
+  struct C {
+    int stage;
+    bool offload_param, delayed;
+    const char* dtype;
+  };
+  for (const C c : {C{1, false, false, "bf16"}, C{2, false, true, "bf16"}, C{2, false, false, "fp32"},
+                    C{3, false, false, "bf16"}, C{3, true, false, "bf16"}}) {
+    SCOPED_TRACE(::testing::Message() << "stage " << c.stage << " offload_param " << c.offload_param << " delayed "
+                                      << c.delayed << " " << c.dtype);
+    auto j = config(c.stage, c.dtype, 1, /*offload=*/true, c.offload_param);
+    if (c.delayed) j["zero_optimization"]["offload_optimizer"]["delayed_param_update"] = true;
+    unsetenv("ZT_HOST_MEMORY_AVAILABLE");
+    const int64_t host = host_after_two_steps(j);
+    ASSERT_GT(host, 0);
+    Net m{nullptr};
+    setenv("ZT_HOST_MEMORY_AVAILABLE", std::to_string(host * local - 1).c_str(), 1);
+    try {
+      net_engine(m, j);
+      ADD_FAILURE() << "no error with " << host * local - 1 << " bytes for " << host * local;
+    } catch (const zt::ConfigError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("zero_optimization.offload_optimizer"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("ZT_HOST_MEMORY_AVAILABLE"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("\"nvme\""), std::string::npos) << msg;
+      EXPECT_NE(msg.find("rank(s) on this host"), std::string::npos) << msg;
+    }
+    setenv("ZT_HOST_MEMORY_AVAILABLE", std::to_string(host * local).c_str(), 1);
+    EXPECT_NO_THROW(net_engine(m, j));
+    unsetenv("ZT_HOST_MEMORY_AVAILABLE");
   }
 }
 
