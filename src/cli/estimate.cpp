@@ -98,7 +98,7 @@ int cmd_estimate(int argc, char** argv) {
   std::printf("  peak forward / backward / step: %.2f / %.2f / %.2f GiB\n", r.forward_peak / gib, r.backward_peak / gib,
               r.step_peak / gib);
   if (r.host > 0) std::printf("  host memory per rank (offload): %.2f GiB\n", r.host / gib);
-  if (r.nvme > 0) std::printf("  NVMe swap file per rank (offload_optimizer nvme): %.2f GiB\n", r.nvme / gib);
+  if (r.nvme > 0) std::printf("  NVMe swap files per rank: %.2f GiB\n", r.nvme / gib);
   if (gpu_mem > 0) {
     const bool fits = r.peak / gib <= gpu_mem;
     std::printf("  %s a %.1f GiB GPU (%.1f GiB %s)\n", fits ? "fits" : "does NOT fit", gpu_mem,

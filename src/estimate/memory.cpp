@@ -36,7 +36,10 @@ Memory estimate_memory(const Job& job, const Config& cfg) {
   r.grads = stage <= 1 ? d * psi : d * psi / N;
   if (stage == 3 && off && !off_param) r.params = d * psi / N;  // standing compute shard for the step to write
   if (off && !nvme) {
-    r.host = r.master + r.optimizer + 2.0 * d * psi / N + (off_param && !param_nvme ? d * psi / N : 0.0);
+    // Master + optimizer, the gradient buffer, and the compute-dtype shard the step writes:
+    // an upload buffer of its own, or with offload_param cpu the host-resident shard itself
+    // (with offload_param nvme a bucket-sized scratch, below).
+    r.host = r.master + r.optimizer + d * psi / N + (param_nvme ? 0.0 : d * psi / N);
     r.master = r.optimizer = 0.0;
     if (z.offload_optimizer.delayed_param_update) {
       // A second gradient buffer on the host, and the device buffer the worker uploads into.
@@ -45,12 +48,12 @@ Memory estimate_memory(const Job& job, const Config& cfg) {
     }
   }
   if (off && !nvme && param_nvme) {
-    // The shard in its swap file; the step's bucket-sized scratch is within the upload
-    // buffer counted above; the host keeps buffer_count slots of the largest unit's shard.
+    // The shard in its swap file; the host keeps buffer_count slots of the largest unit's
+    // shard (the root: token and position tables) and the step's scratch of that size.
     const double root = (static_cast<double>(m.vocab_size) + static_cast<double>(m.n_positions)) *
                         static_cast<double>(m.n_embd);
     r.nvme += d * psi / N;
-    r.host += static_cast<double>(z.offload_param.buffer_count) * d * root / N;
+    r.host += static_cast<double>(z.offload_param.buffer_count + 1) * d * root / N;
   } else if (nvme) {
     // Master + optimizer in the swap file; the host keeps the gradient buffer and
     // min(buffer_count, sub-groups) staging buffers of one sub-group's master + m + v (12

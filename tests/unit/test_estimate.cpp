@@ -150,4 +150,42 @@ TEST(Estimate, NvmeMovesTheOptimizerStateFromHostToDrive) {
   EXPECT_NEAR(one.host, 2 * owned + 14 * owned, 1.0);
 }
 
+// Host memory with offload against the capacity runs on one H200 (the --summary records of
+// bench/results/2026-11-22_capacity_final_h200x2/zerotrain.jsonl, whose model_state_bytes.host
+// is what the engine held): CPU offload of optimizer and parameters (16 bytes per parameter),
+// and the parameters on NVMe (14 bytes, plus the parameter slots and the step's scratch).
+// Within 1% of every record, matched by parameter count.
+TEST(Estimate, HostMemoryWithinOnePercentOfTheCapacityRuns) {
+  std::ifstream f(std::string(ZT_SOURCE_DIR) + "/bench/results/2026-11-22_capacity_final_h200x2/zerotrain.jsonl");
+  ASSERT_TRUE(f.good());
+  int checked = 0;
+  for (std::string line; std::getline(f, line);) {
+    if (line.empty()) continue;
+    const auto rec = nlohmann::json::parse(line);
+    const int64_t n = rec.at("n_params").get<int64_t>();
+    const auto& ms = rec.at("last_step").at("model_state_bytes");
+    const double host = ms.at("host").get<double>(), nvme = ms.at("nvme").get<double>();
+    const char* config = nvme > 0 ? "cap_z3_offload_paramnvme" : "cap_z3_offload_pinned";
+    zt::estimate::Job job;
+    job.model = zt::models::named_gpt2("gpt2");
+    job.model.n_embd = 4096;
+    job.model.n_head = 32;
+    for (job.model.n_layer = 1; job.model.n_layer < 200 && zt::models::gpt2_num_params(job.model) < n;) {
+      ++job.model.n_layer;
+    }
+    ASSERT_EQ(zt::models::gpt2_num_params(job.model), n) << "no layer count gives " << n << " parameters";
+    SCOPED_TRACE(::testing::Message() << config << " " << job.model.n_layer << " layers");
+    job.gpus = 1;
+    job.micro_batch = 1;
+    job.checkpointing = true;
+    job.cuda_kernels = true;
+    auto cfg = zt::Config::from_file(std::string(ZT_SOURCE_DIR) + "/bench/configs/" + config + ".json", 1);
+    const auto r = zt::estimate::estimate_memory(job, cfg);
+    EXPECT_NEAR(r.host / host, 1.0, 0.01) << "estimated " << r.host << " measured " << host;
+    if (nvme > 0) EXPECT_NEAR(r.nvme / nvme, 1.0, 0.01) << "estimated " << r.nvme << " measured " << nvme;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 5);
+}
+
 }  // namespace
