@@ -20,6 +20,9 @@ const char* kUsage =
     "  --seq S             sequence length (default: min(1024, model positions))\n"
     "  --checkpoint-activations   activations of checkpointed blocks\n"
     "  --gpu-mem GIB       say whether the job fits a GPU of this many GiB\n"
+    "  --host-mem GIB      say whether the offloaded state of the ranks of one host fits its\n"
+    "                      memory (what initialize() checks against MemAvailable)\n"
+    "  --gpus-per-host N   ranks per host for --host-mem (default: all of --gpus)\n"
     "  --json              one JSON object instead of the table\n"
     "The model behind the numbers: docs/zero-costs.md.\n";
 
@@ -28,7 +31,8 @@ const char* kUsage =
 int cmd_estimate(int argc, char** argv) {
   std::string model = "gpt2-tiny", config;
   int64_t layers = 0, embd = 0, heads = 0, vocab = 0, micro = 0, seq = 0, gpus = 1;
-  double gpu_mem = 0;
+  double gpu_mem = 0, host_mem = 0;
+  int64_t per_host = 0;
   bool ckpt = false, json_out = false;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
@@ -49,12 +53,17 @@ int cmd_estimate(int argc, char** argv) {
     else if (f == "--seq") seq = parse_count("estimate", f, need());
     else if (f == "--gpus") gpus = parse_count("estimate", f, need());
     else if (f == "--gpu-mem") gpu_mem = std::stod(need());
+    else if (f == "--host-mem") host_mem = std::stod(need());
+    else if (f == "--gpus-per-host") per_host = parse_count("estimate", f, need());
     else if (f == "--checkpoint-activations") ckpt = true;
     else if (f == "--json") json_out = true;
     else throw ConfigError("estimate: unknown option '" + f + "' (see zerotrain estimate --help)");
   }
   ZT_CHECK_T(!config.empty(), ConfigError, "estimate: --config CONFIG.json is required (see zerotrain estimate --help)");
   ZT_CHECK_T(gpus >= 1, ConfigError, "estimate: --gpus must be at least 1");
+  if (per_host == 0) per_host = gpus;
+  ZT_CHECK_T(per_host >= 1 && per_host <= gpus, ConfigError, "estimate: --gpus-per-host must be between 1 and --gpus (",
+             gpus, ")");
   estimate::Job job;
   job.model = models::named_gpt2(model);
   if (layers) job.model.n_layer = layers;
@@ -71,6 +80,8 @@ int cmd_estimate(int argc, char** argv) {
   job.cuda_kernels = kernels::kernels_available();  // a build with its CUDA kernels runs them on GPUs
   const auto r = estimate::estimate_memory(job, cfg);
   const double gib = 1024.0 * 1024.0 * 1024.0;
+  const double host_need = r.host * static_cast<double>(per_host) / gib;  // GiB, the ranks of one host
+  const bool gpu_fits = gpu_mem <= 0 || r.peak / gib <= gpu_mem, host_fits = host_mem <= 0 || host_need <= host_mem;
   if (json_out) {
     nlohmann::json o = {{"model", model}, {"num_params", r.num_params}, {"gpus", gpus},
                         {"stage", cfg.zero_optimization.stage}, {"dtype", c10::toString(cfg.compute_dtype())},
@@ -80,9 +91,13 @@ int cmd_estimate(int argc, char** argv) {
                                  {"activations", r.activations / gib}, {"loss", r.loss / gib},
                                  {"forward_peak", r.forward_peak / gib}, {"backward_peak", r.backward_peak / gib},
                                  {"step_peak", r.step_peak / gib}, {"peak", r.peak / gib}, {"host", r.host / gib}, {"nvme", r.nvme / gib}}}};
-    if (gpu_mem > 0) o["fits"] = r.peak / gib <= gpu_mem;
+    if (gpu_mem > 0) o["fits"] = gpu_fits;
+    if (host_mem > 0) {
+      o["host_per_host_gib"] = host_need;
+      o["host_fits"] = host_fits;
+    }
     std::printf("%s\n", o.dump().c_str());
-    return gpu_mem > 0 && r.peak / gib > gpu_mem ? 1 : 0;
+    return gpu_fits && host_fits ? 0 : 1;
   }
   std::printf("zerotrain estimate: %s (%.2fM parameters), %lld GPU(s), ZeRO stage %lld, %s, micro-batch %lld x seq %lld, "
               "activation checkpointing %s\n",
@@ -100,12 +115,15 @@ int cmd_estimate(int argc, char** argv) {
   if (r.host > 0) std::printf("  host memory per rank (offload): %.2f GiB\n", r.host / gib);
   if (r.nvme > 0) std::printf("  NVMe swap files per rank: %.2f GiB\n", r.nvme / gib);
   if (gpu_mem > 0) {
-    const bool fits = r.peak / gib <= gpu_mem;
-    std::printf("  %s a %.1f GiB GPU (%.1f GiB %s)\n", fits ? "fits" : "does NOT fit", gpu_mem,
-                fits ? gpu_mem - r.peak / gib : r.peak / gib - gpu_mem, fits ? "to spare" : "short");
-    return fits ? 0 : 1;
+    std::printf("  %s a %.1f GiB GPU (%.1f GiB %s)\n", gpu_fits ? "fits" : "does NOT fit", gpu_mem,
+                gpu_fits ? gpu_mem - r.peak / gib : r.peak / gib - gpu_mem, gpu_fits ? "to spare" : "short");
   }
-  return 0;
+  if (host_mem > 0) {
+    std::printf("  host memory of %lld rank(s) on one host: %.2f GiB: %s a %.1f GiB host (%.1f GiB %s)\n",
+                static_cast<long long>(per_host), host_need, host_fits ? "fits" : "does NOT fit", host_mem,
+                host_fits ? host_mem - host_need : host_need - host_mem, host_fits ? "to spare" : "short");
+  }
+  return gpu_fits && host_fits ? 0 : 1;
 }
 
 }  // namespace zt::cli
