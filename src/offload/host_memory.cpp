@@ -26,7 +26,7 @@ namespace {
 constexpr size_t kHugePage = size_t{2} << 20;
 
 #ifdef ZT_WITH_CUDA
-// Maps `bytes` (rounded up to a huge page) of anonymous memory and faults it in from every
+// Maps `bytes` (a multiple of a huge page) of anonymous memory and faults it in from every
 // OpenMP thread: a single-threaded first touch (what cudaHostRegister would do) runs at a
 // fraction of the host's memory bandwidth, which at hundreds of GiB is minutes.
 void* map_touched(size_t bytes) {
@@ -58,7 +58,11 @@ int64_t host_memory_available(std::string* source) {
   };
   if (const char* e = std::getenv("ZT_HOST_MEMORY_AVAILABLE")) {
     say("ZT_HOST_MEMORY_AVAILABLE");
-    return std::stoll(e);
+    char* end = nullptr;
+    const long long v = std::strtoll(e, &end, 10);
+    ZT_CHECK_T(end != e && *end == '\0' && v >= 0, ConfigError, "ZT_HOST_MEMORY_AVAILABLE='", e,
+               "' is not a byte count: set it to a whole number of bytes, or unset it");
+    return v;
   }
   int64_t avail = -1;
   {
