@@ -1,4 +1,5 @@
 // `zerotrain estimate`: memory per GPU by kind for a GPT-2 job, before running it.
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -114,14 +115,18 @@ int cmd_estimate(int argc, char** argv) {
               r.step_peak / gib);
   if (r.host > 0) std::printf("  host memory per rank (offload): %.2f GiB\n", r.host / gib);
   if (r.nvme > 0) std::printf("  NVMe swap files per rank: %.2f GiB\n", r.nvme / gib);
+  // "fits a 80.0 GiB GPU (3.2 GiB to spare)" / "does NOT fit ... (1.0 GiB short)"
+  auto fit = [](double need, double have, const char* what) {
+    std::printf("%s a %.1f GiB %s (%.1f GiB %s)\n", need <= have ? "fits" : "does NOT fit", have, what,
+                std::abs(have - need), need <= have ? "to spare" : "short");
+  };
   if (gpu_mem > 0) {
-    std::printf("  %s a %.1f GiB GPU (%.1f GiB %s)\n", gpu_fits ? "fits" : "does NOT fit", gpu_mem,
-                gpu_fits ? gpu_mem - r.peak / gib : r.peak / gib - gpu_mem, gpu_fits ? "to spare" : "short");
+    std::printf("  ");
+    fit(r.peak / gib, gpu_mem, "GPU");
   }
   if (host_mem > 0) {
-    std::printf("  host memory of %lld rank(s) on one host: %.2f GiB: %s a %.1f GiB host (%.1f GiB %s)\n",
-                static_cast<long long>(per_host), host_need, host_fits ? "fits" : "does NOT fit", host_mem,
-                host_fits ? host_mem - host_need : host_need - host_mem, host_fits ? "to spare" : "short");
+    std::printf("  host memory of %lld rank(s) on one host: %.2f GiB: ", static_cast<long long>(per_host), host_need);
+    fit(host_need, host_mem, "host");
   }
   return gpu_fits && host_fits ? 0 : 1;
 }

@@ -47,14 +47,7 @@ Memory estimate_memory(const Job& job, const Config& cfg) {
       r.params += d * psi / N;
     }
   }
-  if (off && !nvme && param_nvme) {
-    // The shard in its swap file; the host keeps buffer_count slots of the largest unit's
-    // shard (the root: token and position tables) and the step's scratch of that size.
-    const double root = (static_cast<double>(m.vocab_size) + static_cast<double>(m.n_positions)) *
-                        static_cast<double>(m.n_embd);
-    r.nvme += d * psi / N;
-    r.host += static_cast<double>(z.offload_param.buffer_count + 1) * d * root / N;
-  } else if (nvme) {
+  if (nvme) {
     // Master + optimizer in the swap file; the host keeps the gradient buffer and
     // min(buffer_count, sub-groups) staging buffers of one sub-group's master + m + v (12
     // bytes per element) plus its compute-dtype copy for the upload (not with offload_param,
@@ -67,14 +60,15 @@ Memory estimate_memory(const Job& job, const Config& cfg) {
     const double scratch = d == 4.0 || (off_param && !param_nvme) ? 0.0 : d;
     r.host = d * owned + buffers * sub * (12.0 + scratch) + (off_param && !param_nvme ? d * owned : 0.0);
     r.master = r.optimizer = 0.0;
-    if (param_nvme) {
-      // The compute-dtype shard in its own swap file; the host keeps buffer_count slots of
-      // the largest unit's shard (the root: token and position tables).
-      const double root = (static_cast<double>(m.vocab_size) + static_cast<double>(m.n_positions)) *
-                          static_cast<double>(m.n_embd);
-      r.nvme += d * owned;
-      r.host += static_cast<double>(z.offload_param.buffer_count) * d * root / N;
-    }
+  }
+  if (off && param_nvme) {
+    // The compute-dtype shard in its own swap file; the host keeps buffer_count slots of the
+    // largest unit's shard (the root: token and position tables), and with the CPU optimizer
+    // the step's scratch of that size (the NVMe step writes from its staging buffers).
+    const double root = (static_cast<double>(m.vocab_size) + static_cast<double>(m.n_positions)) *
+                        static_cast<double>(m.n_embd);
+    r.nvme += d * psi / N;
+    r.host += static_cast<double>(z.offload_param.buffer_count + (nvme ? 0 : 1)) * d * root / N;
   }
   // Stage 3: the root unit (embeddings) for the whole step, plus the running unit and the
   // prefetch window (bounded by max_live).

@@ -31,8 +31,8 @@
 #include <utility>
 
 #include "offload/host_memory.h"
-#include "zero/agree.h"
 #include "optim/cpu_adam.h"
+#include "zero/agree.h"
 #include "zero/offload_streams.h"
 #include "zero/zero_optimizer.h"
 #include "zerotrain/comm.h"
@@ -47,12 +47,10 @@ void ZeroOptimizer::init_offload() {
   // offload_param nvme it writes one bucket at a time into a scratch buffer and from there
   // into the parameter file. NVMe optimizer: the step writes its compute-dtype copy into
   // the staging buffers (zero_offload_nvme.cpp), so there is no separate upload buffer.
-  if (opt_.param_nvme && !opt_.nvme) {
-    host_param_ = host_buffer(max_owned_numel());
-  } else if (opt_.stage == 3 && opt_.offload_param) {
+  if (opt_.stage == 3 && opt_.offload_param && !opt_.param_nvme) {
     host_param_ = param_shard_;
-  } else if (!opt_.nvme) {
-    host_param_ = host_buffer(owned);
+  } else if (const int64_t n = upload_buffer_numel()) {
+    host_param_ = host_buffer(n);
   }
   streamed_.assign(layout_.buckets.size(), false);
 #ifdef ZT_WITH_CUDA
@@ -154,17 +152,19 @@ int64_t ZeroOptimizer::host_bytes_planned() const {
   if (!opt_.offload_optimizer) return 0;
   const int64_t d = static_cast<int64_t>(c10::elementSize(opt_.dtype));
   const int64_t owned = owns_all_ ? layout_.total_numel : layout_.shard_numel;
-  const bool param_shard_on_host = opt_.stage == 3 && opt_.offload_param && !opt_.param_nvme;
-  int64_t b = d * owned;                                  // host_grad_
-  if (!opt_.nvme) b += 12 * owned;                        // master_, exp_avg_, exp_avg_sq_ (Adam only)
-  if (opt_.delayed_update) b += d * owned;                // host_grad_spare_
-  if (param_shard_on_host) b += d * layout_.shard_numel;  // param_shard_, which is also host_param_
-  if (opt_.param_nvme && !opt_.nvme) {
-    b += d * max_owned_numel();  // host_param_: one bucket's scratch
-  } else if (!param_shard_on_host && !opt_.nvme) {
-    b += d * owned;  // host_param_
+  int64_t b = d * owned;                    // host_grad_
+  if (!opt_.nvme) b += 12 * owned;          // master_, exp_avg_, exp_avg_sq_ (Adam only)
+  if (opt_.delayed_update) b += d * owned;  // host_grad_spare_
+  if (opt_.stage == 3 && opt_.offload_param && !opt_.param_nvme) {
+    b += d * layout_.shard_numel;  // param_shard_, which is also host_param_
   }
-  return b;
+  return b + d * upload_buffer_numel();  // host_param_ when it is a buffer of its own
+}
+
+int64_t ZeroOptimizer::upload_buffer_numel() const {
+  if (opt_.param_nvme) return opt_.nvme ? 0 : max_owned_numel();  // one bucket's scratch for the file
+  if (opt_.stage == 3 && opt_.offload_param) return 0;              // the step writes the host shard
+  return opt_.nvme ? 0 : (owns_all_ ? layout_.total_numel : layout_.shard_numel);
 }
 
 void ZeroOptimizer::check_host_memory() const {

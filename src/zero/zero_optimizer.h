@@ -234,6 +234,10 @@ class ZeroOptimizer {
   // state, the gradient buffers, the upload buffer, the stage-3 host parameter shard; not
   // the NVMe staging buffers). Needs layout_. Equals state_bytes().host with CPU offload.
   int64_t host_bytes_planned() const;
+  // Elements of host_param_ when it is a buffer of its own (init_offload): the whole owned
+  // part, or one bucket's scratch with offload_param nvme; 0 when the CPU step writes the
+  // host-resident shard (offload_param cpu) or the NVMe staging buffers instead.
+  int64_t upload_buffer_numel() const;
   // A ConfigError on every rank, before any of it is allocated, when the ranks of this host
   // together need more than the host has available (offload/host_memory.h).
   void check_host_memory() const;
