@@ -13,6 +13,10 @@ Modes (see README.md for the ZeRO mapping):
   fsdp2          fully_shard per block + root, reshard_after_forward=False    (~ ZeRO-2)
   fsdp2_reshard  reshard_after_forward=True                                   (~ ZeRO-3)
   fsdp2_offload  reshard_after_forward=True + CPUOffloadPolicy(pin_memory)    (~ ZeRO-3 + offload)
+  compile        torch.compile(model) (DDP around it at world > 1), autocast bf16, fused AdamW
+  deepspeed      DeepSpeed's engine (deepspeed.initialize), bf16, ZeRO stage --ds-stage, optimizer
+                 AdamW (DeepSpeed's FusedAdam; DeepSpeedCPUAdam with --ds-offload), as DeepSpeed
+                 users run it; needs the deepspeed package
 FSDP2 modes use MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) instead of autocast.
 
 Shape overrides (like zerotrain's CLI): --layers/--embd/--heads replace those of the named --model
@@ -48,8 +52,8 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt2 import GPT2, CONFIGS, GPTConfig, cross_entropy_loss, flops_per_token, get_config, num_params  # noqa: E402
 
-MODES = ("single", "hf", "ddp", "zero1", "fsdp2", "fsdp2_reshard", "fsdp2_offload")
-DIST_MODES = ("ddp", "zero1", "fsdp2", "fsdp2_reshard", "fsdp2_offload")
+MODES = ("single", "hf", "ddp", "zero1", "fsdp2", "fsdp2_reshard", "fsdp2_offload", "compile", "deepspeed")
+DIST_MODES = ("ddp", "zero1", "fsdp2", "fsdp2_reshard", "fsdp2_offload", "compile", "deepspeed")
 ZERO_EQUIV = {
     "single": "single GPU (no sharding)",
     "hf": "single GPU (no sharding), HF transformers model",
@@ -58,6 +62,8 @@ ZERO_EQUIV = {
     "fsdp2": "~ZeRO-2 (FSDP2 reshard_after_forward=False)",
     "fsdp2_reshard": "~ZeRO-3 (FSDP2 reshard_after_forward=True)",
     "fsdp2_offload": "~ZeRO-3 + offload (FSDP2 + CPUOffloadPolicy, torch AdamW on CPU)",
+    "compile": "ZeRO-0 (torch.compile'd model; DDP at world > 1)",
+    "deepspeed": "DeepSpeed ZeRO (stage and offload as given)",
 }
 PHASES = ("forward", "backward", "step")
 GIB = float(1 << 30)
@@ -105,6 +111,12 @@ def parse_args(argv=None):
     p.add_argument("--no-phase-sync", action="store_true",
                    help="do not synchronize between phases (only at the end of each iteration); "
                         "phase times then come from CUDA events only")
+    p.add_argument("--ds-stage", type=int, default=0, choices=(0, 1, 2, 3), help="deepspeed: ZeRO stage")
+    p.add_argument("--ds-offload", default="none", choices=("none", "optimizer", "all"),
+                   help="deepspeed: offload_optimizer cpu (optimizer), + offload_param cpu (all, stage 3)")
+    p.add_argument("--ds-optimizer", default="fused", choices=("fused", "torch"),
+                   help="deepspeed: its own FusedAdam/DeepSpeedCPUAdam (fused, DeepSpeed's default) or "
+                        "torch.optim.AdamW (torch_adam: true)")
     p.add_argument("--simulate-oom", default=None, metavar="PHASE[:RANK[:ITER]]",
                    help="testing: raise torch.OutOfMemoryError in PHASE (setup|forward|backward|step) "
                         "on RANK (default all) at iteration ITER (default 0)")
@@ -483,6 +495,19 @@ def build(args, cfg, device, world, local_rank, where=None):
             notes["activation_checkpointing"] = "torch.utils.checkpoint(use_reentrant=False) per block"
 
     bf16 = args.dtype == "bf16"
+    if mode == "compile":
+        model = torch.compile(model)
+        notes["compile"] = "torch.compile(model) (default mode, inductor)"
+        if world > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
+                        bucket_cap_mb=args.bucket_cap_mb)
+            notes["ddp_bucket_cap_mb"] = args.bucket_cap_mb
+        opt, notes["optimizer"] = make_adamw(model.parameters(), args, device.type)
+        notes["precision"] = ("fp32 params + torch.autocast(bf16)" if bf16 else "fp32")
+        return model, opt, bf16, notes
+    if mode == "deepspeed":
+        return build_deepspeed(args, model, device, world, notes)
     if mode in ("single", "hf"):
         opt, notes["optimizer"] = make_adamw(model.parameters(), args, device.type)
         notes["precision"] = ("fp32 params + torch.autocast(bf16)" if bf16 else "fp32")
@@ -543,6 +568,56 @@ def build(args, cfg, device, world, local_rank, where=None):
                       "wrap": "fully_shard(each block), then fully_shard(root)"}
     # FSDP2 casts parameters itself: no autocast
     return model, opt, False, notes
+
+
+def deepspeed_config(args, world):
+    """The DeepSpeed config of the run: bf16 (or fp32), the ZeRO stage and offload of the row, AdamW
+    with the anchors' hyperparameters, no clipping, no accumulation."""
+    zero = {"stage": args.ds_stage}
+    if args.ds_offload != "none":
+        if args.ds_stage == 0:
+            raise SystemExit("--ds-offload needs --ds-stage >= 1")
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if args.ds_offload == "all":
+        if args.ds_stage != 3:
+            raise SystemExit("--ds-offload all needs --ds-stage 3")
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    params = {"lr": args.lr, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
+    if args.ds_optimizer == "torch":
+        params.update(torch_adam=True, adam_w_mode=True)
+    return {
+        "train_micro_batch_size_per_gpu": args.micro_batch,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": args.micro_batch * world,
+        "bf16": {"enabled": args.dtype == "bf16"},
+        "zero_optimization": zero,
+        "optimizer": {"type": "AdamW", "params": params},
+        "gradient_clipping": 0.0,
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+def build_deepspeed(args, model, device, world, notes):
+    # DeepSpeed's op builder parses TORCH_CUDA_ARCH_LIST as numbers and fails on an arch suffix
+    # ("9.0a"); its JIT ops (FusedAdam, CPUAdam) are built for this device's capability instead.
+    arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if device.type == "cuda" and arch is not None and any(c.isalpha() for c in arch.replace("PTX", "")):
+        cap = torch.cuda.get_device_capability(device)
+        os.environ["TORCH_CUDA_ARCH_LIST"] = f"{cap[0]}.{cap[1]}"
+        notes["torch_cuda_arch_list"] = f"{arch} -> {os.environ['TORCH_CUDA_ARCH_LIST']} (for DeepSpeed's op builder)"
+    try:
+        import deepspeed
+    except ImportError as e:
+        raise SystemExit(f"--mode deepspeed needs the deepspeed package: {e}")
+    ds_cfg = deepspeed_config(args, world)
+    engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_cfg)
+    notes["deepspeed"] = {"version": deepspeed.__version__, "config": ds_cfg,
+                          "optimizer_class": type(engine.optimizer).__name__,
+                          "basic_optimizer": type(getattr(engine, "basic_optimizer", None)).__name__}
+    notes["optimizer"] = f"DeepSpeed {ds_cfg['optimizer']['type']} ({args.ds_optimizer})"
+    notes["precision"] = "DeepSpeed bf16 (bf16 params, fp32 master)" if args.dtype == "bf16" else "fp32"
+    return engine, opt, False, notes
 
 
 # ----------------------------------------------------------------------------------------------
@@ -640,7 +715,7 @@ def main(argv=None):
     else:
         device = torch.device("cpu")
 
-    if args.cpu_threads or args.mode == "fsdp2_offload":
+    if args.cpu_threads or args.mode == "fsdp2_offload" or (args.mode == "deepspeed" and args.ds_offload != "none"):
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         torch.set_num_threads(args.cpu_threads or max(1, len(os.sched_getaffinity(0)) // local_world))
 
@@ -667,7 +742,9 @@ def main(argv=None):
         backend = None
 
     base = {
-        "framework": "pytorch", "mode": args.mode, "zero_equiv": ZERO_EQUIV[args.mode], "model": cfg.name,
+        "framework": "deepspeed" if args.mode == "deepspeed" else "pytorch", "mode": args.mode, "zero_equiv": (ZERO_EQUIV[args.mode] if args.mode != "deepspeed" else
+                       f"DeepSpeed ZeRO-{args.ds_stage}" + {"none": "", "optimizer": " + offload_optimizer cpu",
+                                                            "all": " + offload_optimizer/param cpu"}[args.ds_offload]), "model": cfg.name,
         "world": world, "micro_batch": args.micro_batch, "seq": seq, "dtype": args.dtype,
         "steps": args.steps, "warmup": args.warmup, "device": device_name(device),
         "backend": backend, "torch": torch.__version__,
@@ -677,6 +754,8 @@ def main(argv=None):
         "meta_init": args.meta_init, "flops_n": args.flops_n,
         "flops_per_token": flops_per_token(cfg, seq, exclude_wpe=args.flops_n == "non_embedding"),
         "peak_tflops": args.peak_tflops,
+        "ds_stage": args.ds_stage if args.mode == "deepspeed" else None,
+        "ds_offload": args.ds_offload if args.mode == "deepspeed" else None,
         "phase_sync": not args.no_phase_sync,
         "cpu_threads": torch.get_num_threads(),
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -713,6 +792,7 @@ def run(args, cfg, seq, device, world, rank, local_rank, distributed, base, repo
     autocast = (lambda: torch.autocast(device_type=dev_type, dtype=torch.bfloat16)) if use_autocast \
         else contextlib.nullcontext
     hf = args.mode == "hf"
+    ds = args.mode == "deepspeed"
 
     if dev_type == "cuda":
         torch.cuda.synchronize()
@@ -739,12 +819,18 @@ def run(args, cfg, seq, device, world, rank, local_rank, distributed, base, repo
         clock.end_phase(0, "forward")
         where["phase"] = "backward"
         sim.maybe("backward", it)
-        loss.backward()
+        if ds:
+            model.backward(loss)
+        else:
+            loss.backward()
         clock.end_phase(1, "backward")
         where["phase"] = "step"
         sim.maybe("step", it)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        if ds:
+            model.step()  # DeepSpeed's step zeroes the gradients itself
+        else:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         clock.end_phase(2, "step")
         losses.append(loss.detach())
         ms, wall, mem = clock.result()

@@ -20,6 +20,22 @@ struct SweepConfig {
   bool delayed_update = false;  // offload_optimizer.delayed_param_update
 };
 
+// The DeepSpeed anchor run a configuration is compared with: "deepspeed-z<stage>" plus
+// "-offopt" (offload_optimizer cpu) or "-offall" (+ offload_param cpu); "" for the fp16
+// rows (the anchors train in bf16). The delayed update has no DeepSpeed counterpart: its
+// row is compared with DeepSpeed's plain optimizer offload.
+std::string deepspeed_anchor(const SweepConfig& c);
+// The torch.compile'd model, compared with the ZeRO-0 rows.
+inline constexpr const char* kCompileAnchor = "torch-compile";
+
+// Ratios of each zerotrain row against its anchors (the anchors' time over the row's:
+// > 1 means zerotrain is faster; the row's peak over the anchor's): keys
+// anchor_ms_per_iter / speedup_vs_anchor / peak_vs_anchor for the PyTorch counterpart,
+// ds_ms_per_iter / speedup_vs_deepspeed / peak_vs_deepspeed for DeepSpeed, and
+// compile_ms_per_iter / speedup_vs_compile for the compiled model (stage 0 rows). Each ok
+// anchor gets "vs" (the first ok row compared with it) and "speedup" (the same ratio).
+void add_anchor_ratios(nlohmann::json& rows, nlohmann::json& anchors);
+
 // results.json's object: {"meta": {...}, "rows": [...], "anchors": [...]}. Writes
 // OUT/results.md, OUT/memory.png and OUT/time.png.
 void write_sweep_report(const nlohmann::json& results, const std::string& out_dir);

@@ -76,8 +76,8 @@ std::string md_table(const json& results) {
   s += "| config | stage | dtype | offload | status | ms/iter | fwd / bwd / step ms | exposed comm ms | tokens/s | "
        "TFLOP/s per GPU | MFU | "
        "peak GiB fwd / bwd / step | estimate GiB (error) | model states GiB | vs PyTorch: anchor, its ms/iter, "
-       "speed-up, peak ratio |\n";
-  s += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+       "speed-up, peak ratio | vs DeepSpeed: its ms/iter, speed-up, peak ratio |\n";
+  s += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : results["rows"]) {
     const bool ok = r["status"] == "ok";
     const bool states = r.value("estimate_basis", std::string("peak")) == "model states";
@@ -89,6 +89,12 @@ std::string md_table(const json& results) {
     } else if (!results["anchors"].empty()) {
       anchor += ", -";
     }
+    std::string ds = "-";
+    if (r.contains("speedup_vs_deepspeed")) {
+      ds = r.value("ds_anchor", std::string("")) + ", " + fmt("%.1f", num(r, "ds_ms_per_iter")) + ", **" +
+           fmt("%.2fx", num(r, "speedup_vs_deepspeed")) + "**" +
+           (r.contains("peak_vs_deepspeed") ? ", " + fmt("%.2f", num(r, "peak_vs_deepspeed")) : "");
+    }
     s += "| " + r["name"].get<std::string>() + " | " + std::to_string(r["stage"].get<int>()) + " | " +
          r["dtype"].get<std::string>() + " | " + r["offload"].get<std::string>() + " | " + status_cell(r) + " | " +
          (ok ? fmt("%.1f", num(r, "ms_per_iter")) : "-") + " | " + (ok ? per_phase(r, "phase_ms", nullptr, "%.1f") : "-") +
@@ -98,19 +104,23 @@ std::string md_table(const json& results) {
          (ok && num(r, "mfu") > 0 ? fmt("%.1f%%", 100 * num(r, "mfu")) : "-") + " | " +
          (ok ? per_phase(r, "phase_mem_gib", "peak", nullptr) : "-") + " | " + gib_fmt(est) + (states ? " states" : "") +
          (ok ? " (" + fmt("%+.1f%%", 100 * num(r, "estimate_error")) + ")" : "") + " | " +
-         (ok ? gib_fmt(num(r, "model_state_gib")) : "-") + " | " + anchor + " |\n";
+         (ok ? gib_fmt(num(r, "model_state_gib")) : "-") + " | " + anchor + " | " + ds + " |\n";
   }
   if (!results["anchors"].empty()) {
-    s += "\nPyTorch anchors (bench/anchors/train_anchor.py, same devices, same call; bf16):\n\n";
-    s += "| anchor | ~ZeRO | status | ms/iter | fwd / bwd / step ms | tokens/s | MFU | peak GiB fwd / bwd / step |\n";
-    s += "|---|---|---|---|---|---|---|---|\n";
+    s += "\nAnchors: PyTorch, torch.compile and DeepSpeed (bench/anchors/train_anchor.py, same devices, same call; "
+         "bf16). Speed-up = the anchor's ms/iter over the zerotrain row's (> 1: zerotrain is faster):\n\n";
+    s += "| anchor | ~ZeRO | status | ms/iter | fwd / bwd / step ms | tokens/s | MFU | peak GiB fwd / bwd / step | "
+         "vs zerotrain row: speed-up |\n";
+    s += "|---|---|---|---|---|---|---|---|---|\n";
     for (const auto& r : results["anchors"]) {
       const bool ok = r["status"] == "ok";
-      s += "| " + r["mode"].get<std::string>() + " | " + r.value("zero_equiv", std::string("")) + " | " + status_cell(r) +
+      const std::string vs = r.contains("speedup") ? r["vs"].get<std::string>() + ", **" + fmt("%.2fx", num(r, "speedup")) + "**"
+                                                    : std::string("-");
+      s += "| " + r.value("name", r["mode"].get<std::string>()) + " | " + r.value("zero_equiv", std::string("")) + " | " + status_cell(r) +
            " | " + (ok ? fmt("%.1f", num(r, "ms_per_iter")) : "-") + " | " +
            (ok ? per_phase(r, "phase_ms", nullptr, "%.1f") : "-") + " | " + (ok ? fmt("%.0f", num(r, "tokens_per_s")) : "-") +
            " | " + (ok && num(r, "mfu") > 0 ? fmt("%.1f%%", 100 * num(r, "mfu")) : "-") + " | " +
-           (ok ? per_phase(r, "phase_mem_gib", "peak", nullptr) : "-") + " |\n";
+           (ok ? per_phase(r, "phase_mem_gib", "peak", nullptr) : "-") + " | " + vs + " |\n";
     }
   }
   bool failed = false;
@@ -155,7 +165,8 @@ void build_charts(const json& results, report::BarChart& mem, report::BarChart& 
   for (const auto& part : {"rows", "anchors"}) {
     for (const auto& r : results[part]) {
       const bool ok = r["status"] == "ok";
-      const std::string label = r["framework"] == "pytorch" ? r["mode"].get<std::string>() : r["name"].get<std::string>();
+      const std::string label = r["framework"] == "pytorch" && r["mode"] != "compile" ? r["mode"].get<std::string>()
+                                                                                    : r["name"].get<std::string>();
       mem.categories.push_back(label);
       time.categories.push_back(label);
       const std::string note = ok ? "" : (r["status"] == "oom" ? "OOM in " + r.value("phase", std::string("?"))
@@ -213,6 +224,49 @@ nlohmann::json classify_failure(const std::string& text, int exit_code, bool tim
   row["error"] = timed_out ? std::string("ended after the run's --timeout") : first;
   row["exit_code"] = exit_code;
   return row;
+}
+
+std::string deepspeed_anchor(const SweepConfig& c) {
+  if (std::string(c.dtype) != "bf16") return "";
+  return "deepspeed-z" + std::to_string(c.stage) + (c.offload_param ? "-offall" : c.offload_optimizer ? "-offopt" : "");
+}
+
+void add_anchor_ratios(nlohmann::json& rows, nlohmann::json& anchors) {
+  auto find = [&](const std::string& name) -> json* {
+    for (auto& an : anchors) {
+      if (an.value("name", std::string("")) == name && an.value("status", std::string("")) == "ok") return &an;
+    }
+    return nullptr;
+  };
+  for (auto& row : rows) {
+    if (row.value("status", std::string("")) != "ok") continue;
+    const double ms = row["ms_per_iter"].get<double>();
+    const bool has_peak = row.contains("peak_gib") && row["peak_gib"].is_number();
+    struct Link {
+      std::string anchor;
+      const char *ms_key, *speed_key, *peak_key;
+    };
+    std::vector<Link> links = {{"torch-" + row.value("anchor", std::string("")), "anchor_ms_per_iter",
+                                "speedup_vs_anchor", "peak_vs_anchor"},
+                               {row.value("ds_anchor", std::string("")), "ds_ms_per_iter", "speedup_vs_deepspeed",
+                                "peak_vs_deepspeed"}};
+    if (row.value("stage", -1) == 0) links.push_back({kCompileAnchor, "compile_ms_per_iter", "speedup_vs_compile", nullptr});
+    for (const Link& l : links) {
+      json* an = l.anchor.empty() ? nullptr : find(l.anchor);
+      if (an == nullptr) continue;
+      const double ams = (*an)["ms_per_iter"].get<double>();
+      row[l.ms_key] = ams;
+      row[l.speed_key] = ams / ms;
+      if (l.peak_key && has_peak && (*an)["peak_gib"].is_number() && (*an)["peak_gib"].get<double>() > 0) {
+        if (std::string(l.peak_key) == "peak_vs_anchor") row["anchor_peak_gib"] = (*an)["peak_gib"];
+        row[l.peak_key] = row["peak_gib"].get<double>() / (*an)["peak_gib"].get<double>();
+      }
+      if (!an->contains("speedup")) {
+        (*an)["vs"] = row["name"];
+        (*an)["speedup"] = ams / ms;
+      }
+    }
+  }
 }
 
 void write_sweep_report(const nlohmann::json& results, const std::string& out_dir) {

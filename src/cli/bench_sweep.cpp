@@ -68,7 +68,49 @@ const SweepConfig kSweep[] = {
     {"z3-offopt", 3, "bf16", true, false, "fsdp2_offload"},
     {"z3-offall", 3, "bf16", true, true, "fsdp2_offload"},
 };
-const char* kAnchorModes[] = {"ddp", "zero1", "fsdp2", "fsdp2_reshard", "fsdp2_offload"};
+
+// One anchor run of --with-anchors: a mode of bench/anchors/train_anchor.py and its flags.
+struct AnchorRun {
+  std::string name, mode, framework;
+  std::vector<std::string> extra;
+};
+
+// The anchors the chosen configurations are compared with, each once, in sweep order: the
+// PyTorch counterpart of each row (SweepConfig::anchor), DeepSpeed at the same stage and
+// offload for the bf16 rows (bench::deepspeed_anchor), and the torch.compile'd model
+// beside ZeRO-0.
+std::vector<AnchorRun> anchor_runs(const std::vector<const SweepConfig*>& chosen, const std::string& set) {
+  bool pytorch = false, compile = false, deepspeed = false;
+  std::istringstream in(set);
+  std::string kind;
+  while (std::getline(in, kind, ',')) {
+    if (kind == "pytorch") pytorch = true;
+    else if (kind == "compile") compile = true;
+    else if (kind == "deepspeed") deepspeed = true;
+    else throw ConfigError("bench: --anchor-set names an unknown anchor kind '" + kind +
+                           "' (known: pytorch, compile, deepspeed)");
+  }
+  std::vector<AnchorRun> runs;
+  auto add = [&](AnchorRun r) {
+    for (const auto& x : runs) {
+      if (x.name == r.name) return;
+    }
+    runs.push_back(std::move(r));
+  };
+  for (const SweepConfig* c : chosen) {
+    if (pytorch) add({std::string("torch-") + c->anchor, c->anchor, "pytorch", {}});
+  }
+  for (const SweepConfig* c : chosen) {
+    if (compile && c->stage == 0) add({bench::kCompileAnchor, "compile", "pytorch", {}});
+  }
+  for (const SweepConfig* c : chosen) {
+    const std::string ds = bench::deepspeed_anchor(*c);
+    if (!deepspeed || ds.empty()) continue;
+    const char* off = c->offload_param ? "all" : c->offload_optimizer ? "optimizer" : "none";
+    add({ds, "deepspeed", "deepspeed", {"--ds-stage", std::to_string(c->stage), "--ds-offload", off}});
+  }
+  return runs;
+}
 
 const char* kUsage =
     "usage: zerotrain bench --model NAME [options]      the ZeRO cost sweep\n"
@@ -90,7 +132,10 @@ const char* kUsage =
     "  --only A,B,...      run only these configurations (names as in the table)\n"
     "  --with-anchors      also run bench/anchors/train_anchor.py (DDP, ZeroRedundancyOptimizer,\n"
     "                      FSDP2, FSDP2 reshard, FSDP2 + CPUOffloadPolicy: the counterparts of\n"
-    "                      the configurations that run) and add ratios\n"
+    "                      the configurations that run; a torch.compile'd model beside ZeRO-0;\n"
+    "                      DeepSpeed at the stage and offload of each bf16 row, which needs the\n"
+    "                      deepspeed package in --python) and add ratios\n"
+    "  --anchor-set LIST   which anchors: any of pytorch,compile,deepspeed (default all three)\n"
     "  --python PY         python with torch for the anchors (default: the build's, " ZT_DEFAULT_PYTHON ")\n"
     "  --anchors DIR       the anchor scripts (default " ZT_DEFAULT_ANCHORS ")\n"
     "  --timeout S         seconds one run may take before it is ended (default 600)\n"
@@ -105,6 +150,7 @@ struct Args {
   int64_t gpus = -1, ranks = 2, steps = 20, warmup = 2, micro = 0, seq = 0, timeout = 600;
   int64_t layers = 0, embd = 0, heads = 0, vocab = 0;
   bool with_anchors = false;
+  std::string anchor_set = "pytorch,compile,deepspeed";  // which anchors --with-anchors runs
 };
 
 struct ProcResult {
@@ -263,6 +309,7 @@ Args parse(int argc, char** argv, bool& help) {
     else if (f == "--out") a.out = need();
     else if (f == "--only") a.only = need();
     else if (f == "--with-anchors") a.with_anchors = true;
+    else if (f == "--anchor-set") a.anchor_set = need();
     else if (f == "--python") a.python = need();
     else if (f == "--anchors") a.anchors = need();
     else if (f == "--timeout") a.timeout = num();
@@ -333,6 +380,7 @@ int cmd_bench_sweep(int argc, char** argv) {
     }
   }
 
+  if (a.with_anchors) anchor_runs(chosen, a.anchor_set);  // a bad --anchor-set fails before any run
   const std::string out = a.out;
   for (const char* sub : {"", "/configs", "/logs", "/runs"}) ckpt::make_dirs(out + sub);
   const std::string exe = self_exe();
@@ -395,6 +443,7 @@ int cmd_bench_sweep(int argc, char** argv) {
 
     json row = {{"name", name},        {"framework", "zerotrain"}, {"stage", c->stage},
                 {"dtype", c->dtype},   {"offload", offload_label(*c)}, {"anchor", c->anchor},
+                {"ds_anchor", bench::deepspeed_anchor(*c)},
                 {"config", "configs/" + name + ".json"}, {"log", "logs/" + name + ".log"}};
     // The prediction, before running.
     const Config cfg = Config::from_json(cj, static_cast<int>(ranks), cfg_path);
@@ -455,27 +504,25 @@ int cmd_bench_sweep(int argc, char** argv) {
     const std::string script = a.anchors + "/train_anchor.py";
     ZT_CHECK_T(access(script.c_str(), R_OK) == 0, ConfigError, "bench: --with-anchors needs ", script,
                " (give the directory with --anchors DIR)");
-    for (const char* mode : kAnchorModes) {
-      // Only the counterparts of the configurations that run (all of them without --only).
-      if (std::none_of(chosen.begin(), chosen.end(), [&](const SweepConfig* c) { return std::string(c->anchor) == mode; }))
-        continue;
-      const std::string name = std::string("torch-") + mode;
+    for (const AnchorRun& an : anchor_runs(chosen, a.anchor_set)) {
+      const std::string& name = an.name;
       const std::string res = out + "/runs/" + name + ".json";
       const std::string log = out + "/logs/" + name + ".log";
       std::remove(res.c_str());
       std::vector<std::string> cmd = {a.python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                                      std::to_string(ranks), script, "--mode", mode, "--model", a.model,
+                                      std::to_string(ranks), script, "--mode", an.mode, "--model", a.model,
                                       "--micro-batch", std::to_string(micro), "--seq", std::to_string(seq),
                                       "--steps", std::to_string(a.steps), "--warmup", std::to_string(a.warmup),
                                       "--dtype", "bf16", "--json", res, "--device", cpu ? "cpu" : "cuda"};
+      cmd.insert(cmd.end(), an.extra.begin(), an.extra.end());
       const ProcResult pr = run_logged(cmd, log, a.timeout, env);
-      json row = {{"name", name}, {"framework", "pytorch"}, {"mode", mode}, {"log", "logs/" + name + ".log"},
+      json row = {{"name", name}, {"framework", an.framework}, {"mode", an.mode}, {"log", "logs/" + name + ".log"},
                   {"wall_s", pr.seconds}};
       const auto aj = last_json_line(res);
       if (pr.exit_code == 0 && aj && aj->value("status", "") == "ok") {
         row["status"] = "ok";
         for (const char* k : {"zero_equiv", "ms_per_iter", "tokens_per_s", "tflops_per_gpu", "mfu", "phase_ms",
-                              "phase_mem_gib", "peak_gib", "host_peak_rss_gib"}) {
+                              "phase_mem_gib", "peak_gib", "host_peak_rss_gib", "optimizer", "deepspeed"}) {
           if (aj->contains(k)) row[k] = (*aj)[k];
         }
         std::printf("[bench] %-20s ok      %8.1f ms/iter  peak %7.3f GiB  (%.0f s)\n", name.c_str(),
@@ -493,19 +540,7 @@ int cmd_bench_sweep(int argc, char** argv) {
       std::fflush(stdout);
       anchors.push_back(row);
     }
-    // Ratios: PyTorch's time over ours (> 1: zerotrain is faster), our peak over theirs.
-    for (auto& row : rows) {
-      if (row["status"] != "ok") continue;
-      for (const auto& an : anchors) {
-        if (an["mode"] != row["anchor"] || an["status"] != "ok") continue;
-        row["anchor_ms_per_iter"] = an["ms_per_iter"];
-        row["speedup_vs_anchor"] = an["ms_per_iter"].get<double>() / row["ms_per_iter"].get<double>();
-        if (an["peak_gib"].is_number() && an["peak_gib"].get<double>() > 0) {
-          row["anchor_peak_gib"] = an["peak_gib"];
-          row["peak_vs_anchor"] = row["peak_gib"].get<double>() / an["peak_gib"].get<double>();
-        }
-      }
-    }
+    bench::add_anchor_ratios(rows, anchors);
   }
 
   const json results = {{"meta", meta}, {"rows", rows}, {"anchors", anchors}};

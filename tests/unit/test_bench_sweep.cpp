@@ -139,3 +139,42 @@ TEST(BenchSweep, OutOfMemoryIsAResultWithItsPhase) {
 }
 
 }  // namespace
+
+// The anchors each row is compared with and the ratios: PyTorch's counterpart by mode,
+// DeepSpeed at the row's stage and offload (bf16 rows only), the compiled model beside
+// stage 0; failed anchors give no ratio; each anchor names the first row compared with it.
+TEST(BenchSweep, AnchorRatiosPairEachRowWithItsAnchors) {
+  using zt::bench::SweepConfig;
+  EXPECT_EQ(zt::bench::deepspeed_anchor(SweepConfig{"z2-bf16", 2, "bf16", false, false, "fsdp2"}), "deepspeed-z2");
+  EXPECT_EQ(zt::bench::deepspeed_anchor(SweepConfig{"z2-offopt", 2, "bf16", true, false, "fsdp2_offload"}),
+            "deepspeed-z2-offopt");
+  EXPECT_EQ(zt::bench::deepspeed_anchor(SweepConfig{"z3-offall", 3, "bf16", true, true, "fsdp2_offload"}),
+            "deepspeed-z3-offall");
+  EXPECT_EQ(zt::bench::deepspeed_anchor(SweepConfig{"z2-fp16", 2, "fp16", false, false, "fsdp2"}), "");
+
+  nlohmann::json rows = nlohmann::json::parse(R"([
+    {"name": "z0-bf16", "status": "ok", "stage": 0, "ms_per_iter": 100.0, "peak_gib": 20.0, "anchor": "ddp",
+     "ds_anchor": "deepspeed-z0"},
+    {"name": "z2-bf16", "status": "ok", "stage": 2, "ms_per_iter": 50.0, "peak_gib": 10.0, "anchor": "fsdp2",
+     "ds_anchor": "deepspeed-z2"},
+    {"name": "z2-fp16", "status": "failed", "stage": 2, "anchor": "fsdp2", "ds_anchor": ""}])");
+  nlohmann::json anchors = nlohmann::json::parse(R"([
+    {"name": "torch-ddp", "mode": "ddp", "status": "ok", "ms_per_iter": 150.0, "peak_gib": 25.0},
+    {"name": "torch-compile", "mode": "compile", "status": "ok", "ms_per_iter": 120.0, "peak_gib": 24.0},
+    {"name": "deepspeed-z0", "mode": "deepspeed", "status": "failed"},
+    {"name": "deepspeed-z2", "mode": "deepspeed", "status": "ok", "ms_per_iter": 200.0, "peak_gib": 8.0}])");
+  zt::bench::add_anchor_ratios(rows, anchors);
+  EXPECT_DOUBLE_EQ(rows[0]["speedup_vs_anchor"].get<double>(), 1.5);
+  EXPECT_DOUBLE_EQ(rows[0]["peak_vs_anchor"].get<double>(), 0.8);
+  EXPECT_DOUBLE_EQ(rows[0]["speedup_vs_compile"].get<double>(), 1.2);
+  EXPECT_FALSE(rows[0].contains("speedup_vs_deepspeed"));  // its DeepSpeed run failed
+  EXPECT_DOUBLE_EQ(rows[1]["speedup_vs_deepspeed"].get<double>(), 4.0);
+  EXPECT_DOUBLE_EQ(rows[1]["peak_vs_deepspeed"].get<double>(), 1.25);
+  EXPECT_FALSE(rows[1].contains("speedup_vs_anchor"));  // no torch-fsdp2 run
+  EXPECT_FALSE(rows[1].contains("speedup_vs_compile"));  // stage 2
+  EXPECT_FALSE(rows[2].contains("speedup_vs_anchor"));
+  EXPECT_EQ(anchors[0]["vs"], "z0-bf16");
+  EXPECT_EQ(anchors[1]["vs"], "z0-bf16");
+  EXPECT_DOUBLE_EQ(anchors[3]["speedup"].get<double>(), 4.0);
+  EXPECT_FALSE(anchors[2].contains("speedup"));
+}
