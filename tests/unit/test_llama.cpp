@@ -229,7 +229,7 @@ TEST(LlamaHf, ShardedSaveRoundTripsAndIsStreamedShardByShard) {
   // About 100 KB of fp32 weights in 30 KB shards: several shards and an index.
   const auto files = zt::models::save_hf_llama(*f.model, dir, at::kFloat, 30000);
   ASSERT_GE(files.size(), 4u);
-  EXPECT_EQ(fs::path(files.back()).filename(), "model.safetensors.index.json");
+  EXPECT_EQ(fs::path(files.back()).filename().string(), "model.safetensors.index.json");
   EXPECT_FALSE(fs::exists(dir + "/model.safetensors"));
   auto idx = nlohmann::json::parse(std::ifstream(files.back()));
   int64_t total = 0;
