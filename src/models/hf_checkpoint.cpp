@@ -1,6 +1,11 @@
 #include "models/hf_checkpoint.h"
 
+#include <dirent.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -123,8 +128,15 @@ std::vector<std::string> save_hf_checkpoint(const std::string& dir, const std::v
   ZT_CHECK(!ec, "cannot create directory '", dir, "': ", ec.message());
   // Stale weights of an earlier save (transformers prefers model.safetensors to an index).
   static const std::regex kShard(R"(model(-\d+-of-\d+)?\.safetensors(\.index\.json)?)");
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.is_regular_file() && std::regex_match(e.path().filename().string(), kShard)) fs::remove(e.path());
+  // POSIX: std::filesystem's directory iteration and removal are unreliable in
+  // LibTorch-linked binaries (see ckpt/fs.h).
+  if (DIR* d = ::opendir(dir.c_str())) {
+    std::vector<std::string> stale;
+    while (const dirent* e = ::readdir(d))
+      if (std::regex_match(e->d_name, kShard)) stale.push_back((fs::path(dir) / e->d_name).string());
+    ::closedir(d);
+    for (const auto& f : stale)
+      ZT_CHECK(::unlink(f.c_str()) == 0 || errno == ENOENT, "cannot remove stale '", f, "': ", std::strerror(errno));
   }
 
   // Plan the shards from the shapes alone.

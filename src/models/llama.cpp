@@ -23,6 +23,13 @@ torch::nn::Linear make_linear(const LlamaConfig& c, int64_t in, int64_t out, boo
                          : torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
 }
 
+// y = x W^T (+ b). With a bias: GPT-2's linear() (one addmm; its backward accumulates
+// into an existing W.grad). Without: at::linear (a custom autograd Function cannot take
+// the undefined bias tensor as an input).
+torch::Tensor proj(const torch::nn::Linear& l, const torch::Tensor& x) {
+  return l->bias.defined() ? linear(l, x) : F::linear(x, l->weight);
+}
+
 // HF's rotate_half: (x1, x2) -> (-x2, x1) over the two halves of the last dimension.
 torch::Tensor rotate_half(const torch::Tensor& x) {
   const int64_t h = x.size(-1) / 2;
@@ -64,9 +71,9 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t layer)
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   const int64_t B = x.size(0), T = x.size(1);
   auto heads = [&](const torch::Tensor& t, int64_t n) { return t.view({B, T, n, head_dim}).transpose(1, 2); };
-  auto q = heads(linear(q_proj, x), n_head);     // (B, H, T, hd)
-  auto k = heads(linear(k_proj, x), n_kv_head);  // (B, KV, T, hd)
-  auto v = heads(linear(v_proj, x), n_kv_head);  // (B, KV, T, hd)
+  auto q = heads(proj(q_proj, x), n_head);     // (B, H, T, hd)
+  auto k = heads(proj(k_proj, x), n_kv_head);  // (B, KV, T, hd)
+  auto v = heads(proj(v_proj, x), n_kv_head);  // (B, KV, T, hd)
   q = q * cos + rotate_half(q) * sin;            // cos/sin (T, hd) broadcast over B, heads
   k = k * cos + rotate_half(k) * sin;
   const bool gqa = n_kv_head != n_head;
@@ -81,7 +88,7 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
     y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, 0.0, /*is_causal=*/true, std::nullopt, gqa);
   }
   y = y.transpose(1, 2).contiguous().view({B, T, n_head * head_dim});
-  return linear(o_proj, y);
+  return proj(o_proj, y);
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) {
@@ -91,7 +98,7 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) {
 }
 
 torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
-  return linear(down_proj, F::silu(linear(gate_proj, x)) * linear(up_proj, x));  // (B, T, I) inside
+  return proj(down_proj, F::silu(proj(gate_proj, x)) * proj(up_proj, x));  // (B, T, I) inside
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer) {

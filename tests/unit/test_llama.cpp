@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "ckpt/fs.h"
 #include "models/hf_checkpoint.h"
 #include "models/hf_llama.h"
 #include "models/llama.h"
@@ -50,8 +51,8 @@ torch::Tensor shift_labels(const torch::Tensor& labels) {
 
 std::string tmp_dir(const std::string& name) {
   const auto d = fs::path(ZT_BINARY_DIR) / ("llama_test_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
+  zt::ckpt::remove_tree(d.string());  // not fs::remove_all: see ckpt/fs.h
+  zt::ckpt::make_dirs(d.string());
   return d.string();
 }
 
@@ -284,7 +285,10 @@ TEST(LlamaHf, LoadErrorsNameTheTensor) {
   }
   // An index naming a shard that does not hold the tensor.
   const auto dir = tmp_dir("bad_index");
-  fs::copy_file(kFixtures / "llama" / "model.safetensors", dir + "/model-00001-of-00001.safetensors");
+  {
+    std::ifstream in((kFixtures / "llama" / "model.safetensors").string(), std::ios::binary);
+    std::ofstream(dir + "/model-00001-of-00001.safetensors", std::ios::binary) << in.rdbuf();
+  }
   write_text(dir + "/model.safetensors.index.json",
              R"({"weight_map": {"model.norm.weight": "model-00001-of-00001.safetensors",
                                 "model.extra.weight": "model-00001-of-00001.safetensors"}})");
