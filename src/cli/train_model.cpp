@@ -57,7 +57,7 @@ TrainModel build_gpt2(const TrainModelOptions& o, const Config& cfg) {
   TrainModel t;
   t.family = "gpt2";
   t.module = model.ptr();
-  t.loss = [model](const torch::Tensor& x, const torch::Tensor& y) { return model->loss(x, y); };
+  t.loss = [m = model.ptr()](const torch::Tensor& x, const torch::Tensor& y) { return m->loss(x, y); };
   t.vocab_size = mc.vocab_size;
   t.max_seq = mc.n_positions;
   t.n_layer = mc.n_layer;
@@ -120,7 +120,7 @@ TrainModel build_llama(const TrainModelOptions& o, const Config& cfg) {
   TrainModel t;
   t.family = "llama";
   t.module = model.ptr();
-  t.loss = [model](const torch::Tensor& x, const torch::Tensor& y) { return model->loss(x, y); };
+  t.loss = [m = model.ptr()](const torch::Tensor& x, const torch::Tensor& y) { return m->loss(x, y); };
   t.vocab_size = mc.vocab_size;
   t.max_seq = mc.max_position_embeddings;
   t.n_layer = mc.num_hidden_layers;
@@ -140,8 +140,8 @@ TrainModel build_llama(const TrainModelOptions& o, const Config& cfg) {
                   model->config().architecture.c_str());
     }
   };
-  t.attach = [model](Engine& e) { models::attach_llama_engine(*model, e); };
-  t.detach = [model] { model->set_layer_runner({}); };
+  t.attach = [m = model.ptr()](Engine& e) { models::attach_llama_engine(*m, e); };
+  t.detach = [m = model.ptr()] { m->set_layer_runner({}); };
   return t;
 }
 

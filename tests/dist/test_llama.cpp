@@ -1,7 +1,7 @@
 // llama-tiny through the engine on real ranks: ZeRO stages 0-3 (decoder layers as stage-3
 // units through Engine::run_unit, with and without activation checkpointing) follow
 // stage 0 step for step, and a Hugging Face checkpoint initialises a partitioned
-// (deferred_init) model at stages 2 and 3 to the same weights. Run at world 1, 2 and 4.
+// (deferred_init) model at stages 2 and 3 to the same weights. TrainRun at world 1, 2 and 4.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -24,7 +24,7 @@ zt::models::LlamaConfig tiny() {
   return c;
 }
 
-struct Run {
+struct TrainRun {
   std::vector<torch::Tensor> params;  // fp32 master, full, after kSteps
   std::vector<double> losses;         // this rank's loss per step
   int64_t prefetched = 0;             // stage 3: prefetched gathers in the last step
@@ -32,7 +32,7 @@ struct Run {
 
 // init_from empty: weights from torch::manual_seed(5) (eager build); else a deferred_init
 // model filled from the HF checkpoint as the engine materialises it.
-Run train(int stage, bool checkpointing, const std::string& init_from = "") {
+TrainRun train(int stage, bool checkpointing, const std::string& init_from = "") {
   auto group = zt::comm::world_group();
   const int world = group->size(), rank = group->rank();
   auto c = tiny();
@@ -61,9 +61,9 @@ Run train(int stage, bool checkpointing, const std::string& init_from = "") {
   zt::models::llama_engine_options(m, o, ckpt);
   auto engine = zt::initialize(m.ptr(), cfg, o);
   zt::models::attach_llama_engine(*m, *engine);
-  Run r;
+  TrainRun r;
   for (int s = 0; s < kSteps; ++s) {
-    auto g = at::make_generator<at::CPUGeneratorImpl>(99 + s);
+    auto g = at::make_generator<at::CPUGeneratorImpl>(99);  // one batch, so the loss must fall
     auto idx = at::randint(0, c.vocab_size, {kMicro * world, kSeq + 1}, g);
     auto x = idx.narrow(0, rank * kMicro, kMicro).narrow(1, 0, kSeq).contiguous();
     auto y = idx.narrow(0, rank * kMicro, kMicro).narrow(1, 1, kSeq).contiguous();
@@ -79,7 +79,7 @@ Run train(int stage, bool checkpointing, const std::string& init_from = "") {
   return r;
 }
 
-void expect_same(const Run& a, const Run& b, const std::string& what) {
+void expect_same(const TrainRun& a, const TrainRun& b, const std::string& what) {
   ASSERT_EQ(a.params.size(), b.params.size()) << what;
   // fp32 on CPU ranks: the stages differ only in the order gradients are summed
   // (all-reduce vs reduce-scatter buckets), ~1e-7 relative per step over 3 SGD steps.
@@ -91,13 +91,15 @@ void expect_same(const Run& a, const Run& b, const std::string& what) {
 }  // namespace
 
 TEST(LlamaStages, EveryStageFollowsStage0) {
-  const Run r0 = train(0, false);
+  const TrainRun r0 = train(0, false);
   EXPECT_LT(r0.losses.back(), r0.losses.front());  // it trains
   expect_same(r0, train(1, false), "stage 1");
   expect_same(r0, train(2, false), "stage 2");
-  const Run r3 = train(3, false);
+  const TrainRun r3 = train(3, false);
   expect_same(r0, r3, "stage 3");
-  if (zt::comm::world_group()->size() > 1) EXPECT_GT(r3.prefetched, 0);  // layers are units, on the trace
+  if (zt::comm::world_group()->size() > 1) {
+    EXPECT_GT(r3.prefetched, 0);  // the layers are units, on the recorded trace
+  }
   expect_same(r0, train(3, true), "stage 3 + activation checkpointing");
 }
 
@@ -111,7 +113,7 @@ TEST(LlamaStages, HfCheckpointInitialisesAPartitionedModel) {
     zt::models::save_hf_llama(*m, dir.path, at::kFloat, 200000);
   }
   group->barrier();
-  const Run r0 = train(0, false);
+  const TrainRun r0 = train(0, false);
   expect_same(r0, train(2, false, dir.path), "stage 2 from the HF checkpoint");
   expect_same(r0, train(3, true, dir.path), "stage 3 + checkpointing from the HF checkpoint");
 }
