@@ -262,7 +262,7 @@ int cmd_train(int argc, char** argv) {
   if (rank == 0) {
     std::printf("[zerotrain] %s: %.1fM parameters (%lld layers, %lld embd, %lld heads, vocab %lld), seq %lld | "
                 "ZeRO stage %lld, %s, %d rank(s) on %s | batch %lld = micro %lld x accum %lld x %d ranks | data %s\n",
-                a.model.c_str(), model.num_params / 1e6, static_cast<long long>(model.n_layer),
+                model.name.c_str(), model.num_params / 1e6, static_cast<long long>(model.n_layer),
                 static_cast<long long>(model.width), static_cast<long long>(model.n_head),
                 static_cast<long long>(model.vocab_size), static_cast<long long>(seq),
                 static_cast<long long>(cfg.zero_optimization.stage), c10::toString(engine->compute_dtype()), world,
@@ -408,7 +408,7 @@ int cmd_train(int argc, char** argv) {
     if (!a.summary.empty()) {
       nlohmann::json sj = {
           {"framework", "zerotrain"},
-          {"model", a.model},
+          {"model", model.name},
           {"n_params", model.num_params},
           {"world", world},
           {"stage", cfg.zero_optimization.stage},

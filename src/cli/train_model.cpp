@@ -56,6 +56,7 @@ TrainModel build_gpt2(const TrainModelOptions& o, const Config& cfg) {
   }
   TrainModel t;
   t.family = "gpt2";
+  t.name = o.model;
   t.module = model.ptr();
   t.loss = [m = model.ptr()](const torch::Tensor& x, const torch::Tensor& y) { return m->loss(x, y); };
   t.vocab_size = mc.vocab_size;
@@ -119,6 +120,7 @@ TrainModel build_llama(const TrainModelOptions& o, const Config& cfg) {
   }
   TrainModel t;
   t.family = "llama";
+  t.name = models::is_llama_name(o.model) || is_file_or_dir(o.model) ? o.model : o.init_from;
   t.module = model.ptr();
   t.loss = [m = model.ptr()](const torch::Tensor& x, const torch::Tensor& y) { return m->loss(x, y); };
   t.vocab_size = mc.vocab_size;
@@ -130,7 +132,7 @@ TrainModel build_llama(const TrainModelOptions& o, const Config& cfg) {
   t.activation_checkpointing = model->activation_checkpointing();
   t.flops_per_token = [model](int64_t seq) { return model->flops_per_token(seq); };
   t.flops_formula = "6(N+Vd)+12LdT FLOPs per token";
-  t.model_json = {{"name", o.model}, {"llama", nlohmann::json::parse(models::llama_config_to_hf_json(mc))}};
+  t.model_json = {{"name", t.name}, {"llama", nlohmann::json::parse(models::llama_config_to_hf_json(mc))}};
   const int rank = o.rank;
   const std::string from = o.init_from;
   t.engine_options = [model, ckpt, rank, from](EngineOptions& eo) {

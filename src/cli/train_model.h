@@ -24,6 +24,7 @@ struct TrainModelOptions {
 
 struct TrainModel {
   std::string family;                         // "gpt2" | "llama"
+  std::string name;                           // for the log: --model, or --init-from's directory
   std::shared_ptr<torch::nn::Module> module;  // what initialize() gets
   std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> loss;  // (x, y) -> scalar
   int64_t vocab_size = 0, max_seq = 0, n_layer = 0, width = 0, n_head = 0, num_params = 0;
