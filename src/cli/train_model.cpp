@@ -1,5 +1,6 @@
 #include "cli/train_model.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -20,7 +21,10 @@ bool wants_llama(const TrainModelOptions& o) {
   if (models::is_llama_name(o.model)) return true;
   // A config.json (or a directory with one): build_llama reads it and names an
   // architecture it does not support.
-  if (is_file_or_dir(o.model)) return true;
+  if (is_file_or_dir(o.model) && (o.model.ends_with(".json") ||
+                                  std::filesystem::exists(std::filesystem::path(o.model) / "config.json"))) {
+    return true;
+  }
   return !o.init_from.empty() && std::filesystem::is_directory(o.init_from) && models::is_llama_hf_config(o.init_from);
 }
 
@@ -147,7 +151,17 @@ TrainModel build_llama(const TrainModelOptions& o, const Config& cfg) {
 }  // namespace
 
 TrainModel build_train_model(const TrainModelOptions& o, const Config& cfg) {
-  return wants_llama(o) ? build_llama(o, cfg) : build_gpt2(o, cfg);
+  if (wants_llama(o)) return build_llama(o, cfg);
+  const auto gpt2 = models::gpt2_names();
+  if (std::find(gpt2.begin(), gpt2.end(), o.model) == gpt2.end()) {
+    std::string known;
+    for (const auto& n : gpt2) known += n + ", ";
+    for (const auto& n : models::llama_names()) known += n + ", ";
+    throw ConfigError(detail::cat("train: unknown --model '", o.model, "': known models are ", known,
+                                  "or a Hugging Face config.json of LlamaForCausalLM, MistralForCausalLM or "
+                                  "Qwen2ForCausalLM"));
+  }
+  return build_gpt2(o, cfg);
 }
 
 }  // namespace zt::cli
