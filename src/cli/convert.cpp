@@ -2,6 +2,7 @@
 // checkpoint of any world size and stage (the analogue of DeepSpeed's zero_to_fp32.py).
 // Parameters are assembled one at a time from the per-rank fragments, every file verified.
 #include <cstdio>
+#include <set>
 #include <string>
 
 #include "ckpt/engine_checkpoint.h"
@@ -9,6 +10,8 @@
 #include "cli/commands.h"
 #include "models/gpt2.h"
 #include "models/hf_gpt2.h"
+#include "models/hf_llama.h"
+#include "models/llama.h"
 #include "models/safetensors.h"
 #include "zerotrain/error.h"
 
@@ -16,12 +19,17 @@ namespace zt::cli {
 namespace {
 
 const char* kConvertUsage =
-    "usage: zerotrain convert CKPT_DIR OUT.safetensors [--dtype fp32|bf16|fp16] [--tag TAG] [--raw]\n\n"
+    "usage: zerotrain convert CKPT_DIR OUT.safetensors [--dtype fp32|bf16|fp16] [--tag TAG] [--raw]\n"
+    "       zerotrain convert CKPT_DIR OUT_DIR [--dtype ...] [--max-shard-gb G]   (Llama family)\n\n"
     "  Consolidates the fp32 master weights of checkpoint CKPT_DIR/TAG (default: the tag in\n"
     "  CKPT_DIR/latest), saved by any number of ranks at any ZeRO stage, into one file.\n"
     "  Checkpoints of `zerotrain train` (GPT-2) are written with Hugging Face GPT-2 names and\n"
     "  layouts, plus config.json next to OUT, so transformers' GPT2LMHeadModel loads the\n"
-    "  directory. Other checkpoints (or --raw) keep the module's own parameter names.\n";
+    "  directory. Llama-family checkpoints are written as a Hugging Face directory (OUT, or\n"
+    "  OUT's directory when OUT ends in .safetensors): config.json and model.safetensors, or\n"
+    "  shards of at most --max-shard-gb GB (default 5) with model.safetensors.index.json,\n"
+    "  one parameter assembled at a time. Other checkpoints (or --raw) keep the module's own\n"
+    "  parameter names.\n";
 
 at::ScalarType parse_dtype(const std::string& s) {
   if (s == "fp32" || s == "float32") return at::kFloat;
@@ -44,7 +52,7 @@ models::GPT2Config gpt2_from_json(const nlohmann::json& j) {
 
 int cmd_convert(int argc, char** argv) {
   std::vector<std::string> pos;
-  std::string tag, dtype_s = "fp32";
+  std::string tag, dtype_s = "fp32", shard_gb = "5";
   bool raw = false;
   for (int i = 1; i < argc; ++i) {
     std::string f = argv[i];
@@ -52,9 +60,9 @@ int cmd_convert(int argc, char** argv) {
       std::fputs(kConvertUsage, stdout);
       return 0;
     }
-    if (f == "--tag" || f == "--dtype") {
+    if (f == "--tag" || f == "--dtype" || f == "--max-shard-gb") {
       ZT_CHECK_T(i + 1 < argc, ConfigError, "convert: ", f, " needs a value");
-      (f == "--tag" ? tag : dtype_s) = argv[++i];
+      (f == "--tag" ? tag : f == "--dtype" ? dtype_s : shard_gb) = argv[++i];
     } else if (f == "--raw") {
       raw = true;
     } else if (!f.empty() && f[0] == '-') {
@@ -75,8 +83,41 @@ int cmd_convert(int argc, char** argv) {
   const auto& m = reader.manifest();
   const auto client = m.value("client_state", nlohmann::json::object());
   const bool gpt2 = !raw && client.is_object() && client.contains("model") && client["model"].contains("gpt2");
-  ckpt::make_dirs(ckpt::parent_dir(out));
+  const bool llama = !raw && client.is_object() && client.contains("model") && client["model"].contains("llama");
   int64_t numel = 0;
+  if (llama) {
+    const auto mc = models::llama_config_from_hf_json_text(client["model"]["llama"].dump(), ckpt_dir + " (manifest)");
+    double gb = 0;
+    try {
+      gb = std::stod(shard_gb);
+    } catch (const std::exception&) {
+    }
+    ZT_CHECK_T(gb > 0, ConfigError, "convert: --max-shard-gb must be a positive number, got '", shard_gb, "'");
+    const std::string dir = out.size() > 12 && out.ends_with(".safetensors") ? ckpt::parent_dir(out) : out;
+    const auto names = reader.param_names(), extras = reader.extra_names();
+    const std::set<std::string> managed(names.begin(), names.end()), extra(extras.begin(), extras.end());
+    std::set<std::string> want;
+    for (const auto& [n, shape] : models::llama_param_shapes(mc)) want.insert(n);
+    for (const auto& n : names)
+      ZT_CHECK_T(want.count(n), CheckpointError, "convert: checkpoint parameter '", n, "' is not a parameter of ",
+                 mc.architecture, " (", mc.num_hidden_layers, " layers)");
+    const auto files = models::save_hf_llama(
+        mc,
+        [&](const std::string& n) {
+          ZT_CHECK_T(managed.count(n) || extra.count(n), CheckpointError, "convert: the checkpoint lacks '", n, "'");
+          auto v = managed.count(n) ? reader.param(n) : reader.extra(n);
+          numel += v.numel();
+          return v;
+        },
+        dir, dtype, static_cast<int64_t>(gb * 1e9));
+    std::printf("[zerotrain] converted checkpoint '%s' (%d ranks, stage %d, step %lld): %.2fM parameters -> %s "
+                "(%s, Hugging Face %s, %zu weight file(s) and config.json)\n",
+                m.value("tag", "").c_str(), m.at("world_size").get<int>(), m.value("zero_stage", 0),
+                static_cast<long long>(m.at("counters").value("global_steps", 0)), numel / 1e6, dir.c_str(),
+                dtype_s.c_str(), mc.architecture.c_str(), files.size());
+    return 0;
+  }
+  ckpt::make_dirs(ckpt::parent_dir(out));
   if (gpt2) {
     const auto mc = gpt2_from_json(client["model"]["gpt2"]);
     models::GPT2 model(mc);

@@ -1,4 +1,5 @@
-// `zerotrain train`: GPT-2 on a text file or random tokens, through the engine.
+// `zerotrain train`: GPT-2 or a Llama-family model on a text file or random tokens,
+// through the engine.
 #include <torch/torch.h>
 #ifdef ZT_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -15,11 +16,10 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/profile.h"
+#include "cli/train_model.h"
 #include "data/loader.h"
 #include "data/sampler.h"
 #include "data/token_dataset.h"
-#include "models/gpt2.h"
-#include "models/hf_gpt2.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
@@ -30,7 +30,9 @@ namespace {
 
 const char* kTrainUsage =
     "usage: zerotrain train --config CONFIG.json --model NAME [options]\n\n"
-    "  --model NAME        gpt2-tiny | gpt2 | gpt2-medium | gpt2-large | gpt2-xl\n"
+    "  --model NAME        gpt2-tiny | gpt2 | gpt2-medium | gpt2-large | gpt2-xl |\n"
+    "                      llama-tiny | llama3.2-1b | llama3-8b | path/to/config.json (Hugging Face\n"
+    "                      LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM)\n"
     "  --layers/--embd/--heads/--vocab N   override the named size\n"
     "  --data PATH|random  a text file (byte tokens) or random tokens (default: random)\n"
     "  --steps N           optimizer steps (default 20)\n"
@@ -57,8 +59,10 @@ const char* kTrainUsage =
     "                      stalls only for the snapshot; `latest` moves once every rank's file is done)\n"
     "  --load DIR          resume from DIR/latest: weights, optimizer, step, data position, RNG\n"
     "                      (--steps stays the total, so the run continues to step N)\n"
-    "  --init-from PATH    start from Hugging Face GPT-2 weights (a model.safetensors file or a\n"
-    "                      directory with one; a directory's config.json sets the model size)\n"
+    "  --init-from PATH    start from Hugging Face weights: GPT-2 (a model.safetensors file or a\n"
+    "                      directory with one) or a Llama-family directory (config.json plus\n"
+    "                      model.safetensors or a sharded model.safetensors.index.json); a\n"
+    "                      directory's config.json sets the model and its size\n"
     "Run N ranks with: zerotrain launch -n N -- zerotrain train ...\n";
 
 struct Args {
@@ -175,65 +179,40 @@ int cmd_train(int argc, char** argv) {
   fill_batch_auto(j, a.micro, a.accum, a.clip);
   Config cfg = Config::from_json(j, world, a.config);
 
-  models::GPT2Config mc = models::named_gpt2(a.model);
-  if (a.layers) mc.n_layer = a.layers;
-  if (a.embd) mc.n_embd = a.embd;
-  if (a.heads) mc.n_head = a.heads;
-  if (a.vocab) mc.vocab_size = a.vocab;
-  if (!a.init_from.empty() && std::ifstream(a.init_from + "/config.json").good()) {
-    mc = models::gpt2_config_from_hf_json(a.init_from + "/config.json");
-  }
-  const int64_t seq = a.seq > 0 ? a.seq : std::min<int64_t>(1024, mc.n_positions);
-  ZT_CHECK_T(seq <= mc.n_positions, ConfigError, "train: --seq ", seq, " exceeds the model's ", mc.n_positions,
+  torch::manual_seed(static_cast<uint64_t>(a.seed));
+  TrainModel model = build_train_model({a.model, a.init_from, a.layers, a.embd, a.heads, a.vocab, a.checkpoint, rank}, cfg);
+  const int64_t seq = a.seq > 0 ? a.seq : std::min<int64_t>(1024, model.max_seq);
+  ZT_CHECK_T(seq <= model.max_seq, ConfigError, "train: --seq ", seq, " exceeds the model's ", model.max_seq,
              " positions");
   const bool text = a.data != "random";
-  ZT_CHECK_T(!text || mc.vocab_size >= 256, ConfigError, "train: a text file needs a vocabulary of at least 256 "
-             "(byte tokens); --vocab ", mc.vocab_size, " is too small");
-
-  torch::manual_seed(static_cast<uint64_t>(a.seed));
-  // ZeRO-3 builds the model partitioned: placeholders now, each unit materialised on the
-  // device (and sharded) by initialize(), so no rank ever holds the whole model.
-  mc.deferred_init = cfg.zero_optimization.stage == 3;
-  models::GPT2 model(mc);
-  if (!a.init_from.empty()) {
-    // Every rank reads the file; the engine then starts all ranks from rank 0's copy.
-    models::load_hf_gpt2(*model, a.init_from);
-    if (rank == 0) std::printf("[zerotrain] initialized from Hugging Face GPT-2 weights in %s\n", a.init_from.c_str());
-  }
-  if (a.checkpoint || cfg.activation_checkpointing.number_checkpoints || cfg.activation_checkpointing.cpu_checkpointing) {
-    model->set_activation_checkpointing(true, cfg.activation_checkpointing.number_checkpoints,
-                                        cfg.activation_checkpointing.cpu_checkpointing);
-  }
-  const double flops_per_token = model->flops_per_token(seq);
+  ZT_CHECK_T(!text || model.vocab_size >= 256, ConfigError, "train: a text file needs a vocabulary of at least 256 "
+             "(byte tokens); --vocab ", model.vocab_size, " is too small");
+  const double flops_per_token = model.flops_per_token(seq);
 
   EngineOptions eo;
   eo.metrics_path = a.metrics;
-  if (a.no_decay_1d) eo.param_groups = no_decay_groups(*model, cfg.optimizer.params.weight_decay);
+  model.engine_options(eo);
+  if (a.no_decay_1d) eo.param_groups = no_decay_groups(*model.module, cfg.optimizer.params.weight_decay);
   eo.flops_per_sample = flops_per_token * static_cast<double>(seq);
   if (a.device == "cpu") eo.device = torch::Device(torch::kCPU);
   if (a.device == "cuda") {
     ZT_CHECK_T(torch::cuda::is_available(), ConfigError, "train: --device cuda but CUDA is not available here");
     eo.device = default_device();
   }
-  auto engine = initialize(model.ptr(), cfg, eo);
+  auto engine = initialize(model.module, cfg, eo);
+  model.attach(*engine);
   const torch::Device device = engine->device();
   const double peak = a.peak_tflops >= 0 ? a.peak_tflops : detect_peak_tflops(device);
 
   std::shared_ptr<const data::Dataset> ds;
   if (text) ds = std::make_shared<data::TokenDataset>(a.data, seq);
-  else ds = std::make_shared<data::RandomTokenDataset>(mc.vocab_size, seq, static_cast<uint64_t>(a.seed));
+  else ds = std::make_shared<data::RandomTokenDataset>(model.vocab_size, seq, static_cast<uint64_t>(a.seed));
   data::DistributedSampler sampler(ds->size(), rank, world, /*shuffle=*/true, static_cast<uint64_t>(a.seed));
   data::Loader loader(ds, sampler, cfg.train_micro_batch_size_per_gpu, device);
 
   // Checkpoints: the data position and the model's shape travel as client state (the
-  // latter lets `zerotrain convert` write Hugging Face GPT-2 files).
-  const nlohmann::json model_json = {{"name", a.model},
-                                     {"gpt2",
-                                      {{"n_layer", mc.n_layer},
-                                       {"n_head", mc.n_head},
-                                       {"n_embd", mc.n_embd},
-                                       {"vocab_size", mc.vocab_size},
-                                       {"n_positions", mc.n_positions}}}};
+  // latter lets `zerotrain convert` write Hugging Face GPT-2 / Llama files).
+  const nlohmann::json& model_json = model.model_json;
   // Every published save (the engine prints each; async ones are published a few steps
   // after the call, when every rank's writer is done), for --summary.
   nlohmann::json saves = nlohmann::json::array();
@@ -283,9 +262,9 @@ int cmd_train(int argc, char** argv) {
   if (rank == 0) {
     std::printf("[zerotrain] %s: %.1fM parameters (%lld layers, %lld embd, %lld heads, vocab %lld), seq %lld | "
                 "ZeRO stage %lld, %s, %d rank(s) on %s | batch %lld = micro %lld x accum %lld x %d ranks | data %s\n",
-                a.model.c_str(), model->num_params() / 1e6, static_cast<long long>(mc.n_layer),
-                static_cast<long long>(mc.n_embd), static_cast<long long>(mc.n_head),
-                static_cast<long long>(mc.vocab_size), static_cast<long long>(seq),
+                model.name.c_str(), model.num_params / 1e6, static_cast<long long>(model.n_layer),
+                static_cast<long long>(model.width), static_cast<long long>(model.n_head),
+                static_cast<long long>(model.vocab_size), static_cast<long long>(seq),
                 static_cast<long long>(cfg.zero_optimization.stage), c10::toString(engine->compute_dtype()), world,
                 device.str().c_str(), static_cast<long long>(cfg.train_batch_size),
                 static_cast<long long>(cfg.train_micro_batch_size_per_gpu),
@@ -352,7 +331,7 @@ int cmd_train(int argc, char** argv) {
     auto t0 = std::chrono::steady_clock::now();
     for (int64_t k = 0; k < cfg.gradient_accumulation_steps; ++k) {
       auto [x, y] = loader.next();
-      auto loss = engine->forward([&] { return model->loss(x, y); });
+      auto loss = engine->forward([&] { return model.loss(x, y); });
       engine->backward(loss);
       engine->step();
     }
@@ -421,7 +400,7 @@ int cmd_train(int argc, char** argv) {
     }
     if (device.is_cuda() && timed_steps > 0) {
       std::printf(", %.1f TFLOP/s per GPU", tflops);
-      if (peak > 0) std::printf(", MFU %.1f%% (of %.0f TFLOP/s; 6N+12LCT FLOPs per token)", 100 * tflops / peak, peak);
+      if (peak > 0) std::printf(", MFU %.1f%% (of %.0f TFLOP/s; %s)", 100 * tflops / peak, peak, model.flops_formula);
     }
     const double drop = first_loss > 0 ? 100 * (1 - last_loss / first_loss) : 0.0;
     std::printf("\n  loss %.4f -> %.4f (%.1f%% %s)\n", first_loss, last_loss, std::abs(drop), drop >= 0 ? "lower" : "higher");
@@ -429,8 +408,8 @@ int cmd_train(int argc, char** argv) {
     if (!a.summary.empty()) {
       nlohmann::json sj = {
           {"framework", "zerotrain"},
-          {"model", a.model},
-          {"n_params", model->num_params()},
+          {"model", model.name},
+          {"n_params", model.num_params},
           {"world", world},
           {"stage", cfg.zero_optimization.stage},
           {"dtype", c10::toString(engine->compute_dtype())},
@@ -448,7 +427,7 @@ int cmd_train(int argc, char** argv) {
           {"tokens_per_s", tokens_per_s},
           {"tflops_per_gpu", tflops},
           {"mfu", peak > 0 ? tflops / peak : 0.0},
-          {"activation_checkpointing", model->activation_checkpointing()},
+          {"activation_checkpointing", model.activation_checkpointing},
           {"phase_ms",
            {{"forward", timed_steps ? phase_ms_sum["forward"] / timed_steps : 0},
             {"backward", timed_steps ? phase_ms_sum["backward"] / timed_steps : 0},
@@ -469,6 +448,7 @@ int cmd_train(int argc, char** argv) {
       f << sj.dump() << "\n";
     }
   }
+  model.detach();  // the layers' runner points at the engine
   engine.reset();
   comm::finalize();
   return 0;

@@ -1,0 +1,177 @@
+#include "cli/train_model.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "models/gpt2.h"
+#include "models/hf_gpt2.h"
+#include "models/hf_llama.h"
+#include "models/llama.h"
+#include "models/llama_engine.h"
+#include "zerotrain/error.h"
+
+namespace zt::cli {
+namespace {
+
+bool is_file_or_dir(const std::string& p) { return !p.empty() && std::filesystem::exists(p); }
+
+bool wants_llama(const TrainModelOptions& o) {
+  if (models::is_llama_name(o.model)) return true;
+  // A config.json (or a directory with one): build_llama reads it and names an
+  // architecture it does not support.
+  if (is_file_or_dir(o.model) && (o.model.ends_with(".json") ||
+                                  std::filesystem::exists(std::filesystem::path(o.model) / "config.json"))) {
+    return true;
+  }
+  return !o.init_from.empty() && std::filesystem::is_directory(o.init_from) && models::is_llama_hf_config(o.init_from);
+}
+
+bool checkpointing(const TrainModelOptions& o, const Config& cfg) {
+  return o.checkpoint_activations || cfg.activation_checkpointing.number_checkpoints ||
+         cfg.activation_checkpointing.cpu_checkpointing;
+}
+
+TrainModel build_gpt2(const TrainModelOptions& o, const Config& cfg) {
+  models::GPT2Config mc = models::named_gpt2(o.model);
+  if (o.layers) mc.n_layer = o.layers;
+  if (o.embd) mc.n_embd = o.embd;
+  if (o.heads) mc.n_head = o.heads;
+  if (o.vocab) mc.vocab_size = o.vocab;
+  if (!o.init_from.empty() && std::ifstream(o.init_from + "/config.json").good()) {
+    mc = models::gpt2_config_from_hf_json(o.init_from + "/config.json");
+  }
+  // ZeRO-3 builds the model partitioned: placeholders now, each unit materialised on the
+  // device (and sharded) by initialize(), so no rank ever holds the whole model.
+  mc.deferred_init = cfg.zero_optimization.stage == 3;
+  models::GPT2 model(mc);
+  if (!o.init_from.empty()) {
+    // Every rank reads the file; the engine then starts all ranks from rank 0's copy.
+    models::load_hf_gpt2(*model, o.init_from);
+    if (o.rank == 0) std::printf("[zerotrain] initialized from Hugging Face GPT-2 weights in %s\n", o.init_from.c_str());
+  }
+  if (checkpointing(o, cfg)) {
+    model->set_activation_checkpointing(true, cfg.activation_checkpointing.number_checkpoints,
+                                        cfg.activation_checkpointing.cpu_checkpointing);
+  }
+  TrainModel t;
+  t.family = "gpt2";
+  t.name = o.model;
+  t.module = model.ptr();
+  t.loss = [m = model.ptr()](const torch::Tensor& x, const torch::Tensor& y) { return m->loss(x, y); };
+  t.vocab_size = mc.vocab_size;
+  t.max_seq = mc.n_positions;
+  t.n_layer = mc.n_layer;
+  t.width = mc.n_embd;
+  t.n_head = mc.n_head;
+  t.num_params = model->num_params();
+  t.activation_checkpointing = model->activation_checkpointing();
+  t.flops_per_token = [model](int64_t seq) { return model->flops_per_token(seq); };
+  t.flops_formula = "6N+12LCT FLOPs per token";
+  t.model_json = {{"name", o.model},
+                  {"gpt2",
+                   {{"n_layer", mc.n_layer},
+                    {"n_head", mc.n_head},
+                    {"n_embd", mc.n_embd},
+                    {"vocab_size", mc.vocab_size},
+                    {"n_positions", mc.n_positions}}}};
+  // The engine drives GPT-2's block hooks itself; a partitioned model loaded from HF
+  // weights gets its placeholders from the file as the engine materialises them.
+  if (mc.deferred_init && !o.init_from.empty()) {
+    auto init = models::hf_gpt2_param_init(o.init_from);
+    t.engine_options = [model, init](EngineOptions& eo) {
+      eo.param_shape = [m = model.ptr()](const std::string& n) { return m->param_shape(n); };
+      eo.param_init = init;
+    };
+  } else {
+    t.engine_options = [](EngineOptions&) {};
+  }
+  t.attach = [](Engine&) {};
+  t.detach = [] {};
+  return t;
+}
+
+TrainModel build_llama(const TrainModelOptions& o, const Config& cfg) {
+  models::LlamaConfig mc;
+  if (!o.init_from.empty() && std::filesystem::is_directory(o.init_from) &&
+      std::filesystem::exists(std::filesystem::path(o.init_from) / "config.json")) {
+    mc = models::llama_config_from_hf_json(o.init_from);  // the weights' own shape
+  } else if (models::is_llama_name(o.model)) {
+    mc = models::named_llama(o.model);
+  } else {
+    mc = models::llama_config_from_hf_json(o.model);
+  }
+  const bool resized = o.layers || o.embd || o.heads || o.vocab;
+  ZT_CHECK_T(!resized || o.init_from.empty(), ConfigError,
+             "train: --layers/--embd/--heads/--vocab resize the model, which --init-from weights fix; drop one");
+  if (o.layers) mc.num_hidden_layers = o.layers;
+  if (o.vocab) mc.vocab_size = o.vocab;
+  if (o.heads) {
+    ZT_CHECK_T(o.heads % mc.num_key_value_heads == 0, ConfigError, "train: --heads ", o.heads,
+               " must be a multiple of the model's num_key_value_heads (", mc.num_key_value_heads, ")");
+    mc.num_attention_heads = o.heads;
+  }
+  if (o.embd) mc.hidden_size = o.embd;
+  if (o.heads || o.embd) {
+    ZT_CHECK_T(mc.hidden_size % mc.num_attention_heads == 0, ConfigError, "train: hidden size ", mc.hidden_size,
+               " must be a multiple of the number of heads ", mc.num_attention_heads);
+    mc.head_dim = mc.hidden_size / mc.num_attention_heads;
+  }
+  mc.layer_sliding.resize(static_cast<size_t>(mc.num_hidden_layers), mc.sliding_window > 0);
+  std::shared_ptr<const models::HfCheckpointReader> ckpt;
+  if (!o.init_from.empty()) ckpt = std::make_shared<models::HfCheckpointReader>(o.init_from);
+  // Partitioned construction at ZeRO-3 (never whole on a rank) and whenever the weights
+  // come from a checkpoint (each tensor read straight into its place: never twice).
+  mc.deferred_init = cfg.zero_optimization.stage == 3 || ckpt != nullptr;
+  models::LlamaForCausalLM model(mc);
+  if (checkpointing(o, cfg)) {
+    model->set_activation_checkpointing(true, cfg.activation_checkpointing.number_checkpoints,
+                                        cfg.activation_checkpointing.cpu_checkpointing);
+  }
+  TrainModel t;
+  t.family = "llama";
+  t.name = models::is_llama_name(o.model) || is_file_or_dir(o.model) ? o.model : o.init_from;
+  t.module = model.ptr();
+  t.loss = [m = model.ptr()](const torch::Tensor& x, const torch::Tensor& y) { return m->loss(x, y); };
+  t.vocab_size = mc.vocab_size;
+  t.max_seq = mc.max_position_embeddings;
+  t.n_layer = mc.num_hidden_layers;
+  t.width = mc.hidden_size;
+  t.n_head = mc.num_attention_heads;
+  t.num_params = model->num_params();
+  t.activation_checkpointing = model->activation_checkpointing();
+  t.flops_per_token = [model](int64_t seq) { return model->flops_per_token(seq); };
+  t.flops_formula = "6(N+Vd)+12LdT FLOPs per token";
+  t.model_json = {{"name", t.name}, {"llama", nlohmann::json::parse(models::llama_config_to_hf_json(mc))}};
+  const int rank = o.rank;
+  const std::string from = o.init_from;
+  t.engine_options = [model, ckpt, rank, from](EngineOptions& eo) {
+    models::llama_engine_options(model, eo, ckpt);
+    if (ckpt && rank == 0) {
+      std::printf("[zerotrain] initializing from Hugging Face weights in %s (%s), tensor by tensor\n", from.c_str(),
+                  model->config().architecture.c_str());
+    }
+  };
+  t.attach = [m = model.ptr()](Engine& e) { models::attach_llama_engine(*m, e); };
+  t.detach = [m = model.ptr()] { m->set_layer_runner({}); };
+  return t;
+}
+
+}  // namespace
+
+TrainModel build_train_model(const TrainModelOptions& o, const Config& cfg) {
+  if (wants_llama(o)) return build_llama(o, cfg);
+  const auto gpt2 = models::gpt2_names();
+  if (std::find(gpt2.begin(), gpt2.end(), o.model) == gpt2.end()) {
+    std::string known;
+    for (const auto& n : gpt2) known += n + ", ";
+    for (const auto& n : models::llama_names()) known += n + ", ";
+    throw ConfigError(detail::cat("train: unknown --model '", o.model, "': known models are ", known,
+                                  "or a Hugging Face config.json of LlamaForCausalLM, MistralForCausalLM or "
+                                  "Qwen2ForCausalLM"));
+  }
+  return build_gpt2(o, cfg);
+}
+
+}  // namespace zt::cli

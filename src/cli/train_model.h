@@ -1,0 +1,50 @@
+// The model `zerotrain train` builds: GPT-2 or the Llama family, chosen by --model /
+// --init-from, behind the few things the training loop asks of it.
+#pragma once
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "zerotrain/config.h"
+#include "zerotrain/engine.h"
+
+namespace zt::cli {
+
+struct TrainModelOptions {
+  std::string model;                          // --model: a name or a HF config.json (file or dir)
+  std::string init_from;                      // --init-from: HF weights (dir or file)
+  int64_t layers = 0, embd = 0, heads = 0, vocab = 0;  // --layers/--embd/--heads/--vocab overrides
+  bool checkpoint_activations = false;        // --checkpoint-activations
+  int rank = 0;
+};
+
+struct TrainModel {
+  std::string family;                         // "gpt2" | "llama"
+  std::string name;                           // for the log: --model, or --init-from's directory
+  std::shared_ptr<torch::nn::Module> module;  // what initialize() gets
+  std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> loss;  // (x, y) -> scalar
+  int64_t vocab_size = 0, max_seq = 0, n_layer = 0, width = 0, n_head = 0, num_params = 0;
+  bool activation_checkpointing = false;
+  std::function<double(int64_t seq)> flops_per_token;
+  const char* flops_formula = "";             // for the MFU line
+  nlohmann::json model_json;                  // checkpoint client state: {"name", "gpt2"|"llama": {...}}
+  // Fills the engine options the model needs (units, partitioned construction,
+  // initialisation from --init-from); then attach after initialize(), detach before the
+  // engine goes.
+  std::function<void(EngineOptions&)> engine_options;
+  std::function<void(Engine&)> attach;
+  std::function<void()> detach;
+};
+
+// Builds the model for `cfg` (ZeRO-3: partitioned construction; activation
+// checkpointing per the config's section or the flag). A Llama model is chosen by a
+// Llama name (llama-tiny, llama3.2-1b, llama3-8b), a --model config.json naming
+// LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM, or an --init-from directory
+// whose config.json does; anything else is GPT-2 as before.
+TrainModel build_train_model(const TrainModelOptions& o, const Config& cfg);
+
+}  // namespace zt::cli

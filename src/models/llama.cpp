@@ -1,0 +1,250 @@
+// The Llama family's modules and model (see llama.h for the layout).
+#include "models/llama.h"
+
+#include <limits>
+
+#include "models/gpt2.h"  // linear(): addmm whose backward accumulates into W.grad
+#include "models/lm_head_loss.h"
+#include "zerotrain/error.h"
+
+namespace zt::models {
+namespace F = torch::nn::functional;
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// A Linear (in -> out), or a 1x1 placeholder (with a bias placeholder when it has one)
+// when the model is built deferred.
+torch::nn::Linear make_linear(const LlamaConfig& c, int64_t in, int64_t out, bool bias) {
+  return c.deferred_init ? torch::nn::Linear(torch::nn::LinearOptions(1, 1).bias(bias))
+                         : torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+}
+
+// y = x W^T (+ b). With a bias: GPT-2's linear() (one addmm; its backward accumulates
+// into an existing W.grad). Without: at::linear (a custom autograd Function cannot take
+// the undefined bias tensor as an input).
+torch::Tensor proj(const torch::nn::Linear& l, const torch::Tensor& x) {
+  return l->bias.defined() ? linear(l, x) : F::linear(x, l->weight);
+}
+
+// HF's rotate_half: (x1, x2) -> (-x2, x1) over the two halves of the last dimension.
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  const int64_t h = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1);
+}
+
+// Rows of the chunked LM-head loss: about 512 MiB of fp32 logits, at least 64.
+int64_t loss_chunk_rows(const LlamaConfig& c) {
+  const int64_t m = std::max<int64_t>(1, c.lm_head_pad_multiple);
+  const int64_t vp = (c.vocab_size + m - 1) / m * m;
+  return std::max<int64_t>(64, (int64_t{512} << 20) / (4 * vp));
+}
+
+}  // namespace
+
+// ---- modules ------------------------------------------------------------------------
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
+  weight = register_parameter("weight", torch::ones({dim}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  const auto xf = x.to(torch::kFloat);
+  const auto y = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * y.to(x.scalar_type());
+}
+
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t layer)
+    : n_head(c.num_attention_heads),
+      n_kv_head(c.num_key_value_heads),
+      head_dim(c.head_dim),
+      window(!c.layer_sliding.empty() && c.layer_sliding[static_cast<size_t>(layer)] ? c.sliding_window : 0) {
+  q_proj = register_module("q_proj", make_linear(c, c.hidden_size, c.q_dim(), c.qkv_bias));
+  k_proj = register_module("k_proj", make_linear(c, c.hidden_size, c.kv_dim(), c.qkv_bias));
+  v_proj = register_module("v_proj", make_linear(c, c.hidden_size, c.kv_dim(), c.qkv_bias));
+  o_proj = register_module("o_proj", make_linear(c, c.q_dim(), c.hidden_size, c.o_bias));
+}
+
+torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t B = x.size(0), T = x.size(1);
+  auto heads = [&](const torch::Tensor& t, int64_t n) { return t.view({B, T, n, head_dim}).transpose(1, 2); };
+  auto q = heads(proj(q_proj, x), n_head);     // (B, H, T, hd)
+  auto k = heads(proj(k_proj, x), n_kv_head);  // (B, KV, T, hd)
+  auto v = heads(proj(v_proj, x), n_kv_head);  // (B, KV, T, hd)
+  q = q * cos + rotate_half(q) * sin;            // cos/sin (T, hd) broadcast over B, heads
+  k = k * cos + rotate_half(k) * sin;
+  const bool gqa = n_kv_head != n_head;
+  torch::Tensor y;
+  if (window > 0 && T > window) {
+    // Sliding window: query i sees keys j with i - window < j <= i (transformers' rule).
+    auto i = torch::arange(T, torch::TensorOptions().device(x.device()).dtype(torch::kLong)).unsqueeze(1);
+    auto j = torch::arange(T, torch::TensorOptions().device(x.device()).dtype(torch::kLong)).unsqueeze(0);
+    auto mask = (j <= i).logical_and(j > i - window);  // (T, T) bool, true = attend
+    y = at::scaled_dot_product_attention(q, k, v, mask, 0.0, /*is_causal=*/false, std::nullopt, gqa);
+  } else {
+    y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, 0.0, /*is_causal=*/true, std::nullopt, gqa);
+  }
+  y = y.transpose(1, 2).contiguous().view({B, T, n_head * head_dim});
+  return proj(o_proj, y);
+}
+
+LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) {
+  gate_proj = register_module("gate_proj", make_linear(c, c.hidden_size, c.intermediate_size, c.mlp_bias));
+  up_proj = register_module("up_proj", make_linear(c, c.hidden_size, c.intermediate_size, c.mlp_bias));
+  down_proj = register_module("down_proj", make_linear(c, c.intermediate_size, c.hidden_size, c.mlp_bias));
+}
+
+torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
+  return proj(down_proj, F::silu(proj(gate_proj, x)) * proj(up_proj, x));  // (B, T, I) inside
+}
+
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer) {
+  // Registration order = HF's: self_attn, mlp, input_layernorm, post_attention_layernorm.
+  self_attn = register_module("self_attn", LlamaAttention(c, layer));
+  mlp = register_module("mlp", LlamaMLP(c));
+  input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                             const torch::Tensor& sin) {
+  auto h = x + self_attn(input_layernorm(x), cos, sin);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) {
+  const bool d = c.deferred_init;
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(d ? 1 : c.vocab_size, d ? 1 : c.hidden_size));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(c, i));
+  norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+// ---- the model ----------------------------------------------------------------------
+
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& cfg) : cfg_(cfg) {
+  model = register_module("model", LlamaModel(cfg));
+  for (size_t i = 0; i < model->layers->size(); ++i)
+    layers_.push_back(LlamaDecoderLayer(model->layers->ptr<LlamaDecoderLayerImpl>(i)));
+  if (!cfg.tie_word_embeddings) {
+    lm_head = register_module("lm_head", make_linear(cfg, cfg.hidden_size, cfg.vocab_size, /*bias=*/false));
+  }
+  inv_freq_ = llama_rope_inv_freq(cfg);
+  reset_parameters();
+}
+
+void LlamaForCausalLMImpl::reset_parameters() {
+  if (cfg_.deferred_init) return;  // placeholders: init_parameter runs at materialisation
+  torch::NoGradGuard no_grad;
+  for (auto& kv : named_parameters()) init_parameter(kv.key(), kv.value());
+}
+
+std::vector<int64_t> LlamaForCausalLMImpl::param_shape(const std::string& name) const {
+  // Layers are alike: look the name up with its layer index mapped to layer 0.
+  std::string key = name;
+  const std::string pre = "model.layers.";
+  if (key.rfind(pre, 0) == 0) {
+    const auto dot = key.find('.', pre.size());
+    if (dot != std::string::npos) key = pre + "0" + key.substr(dot);
+  }
+  LlamaConfig one = cfg_;
+  one.num_hidden_layers = 1;
+  one.layer_sliding.clear();
+  for (const auto& [n, shape] : llama_param_shapes(one))
+    if (n == key) return shape;
+  throw InternalError("Llama: no parameter named '" + name + "'");
+}
+
+void LlamaForCausalLMImpl::init_parameter(const std::string& name, torch::Tensor& t) const {
+  torch::NoGradGuard no_grad;
+  const auto shape = param_shape(name);
+  ZT_CHECK_T(t.sizes().vec() == shape, InternalError, "Llama: ", name, " has shape ", t.sizes(), ", expected ",
+             c10::IntArrayRef(shape));
+  if (ends_with(name, "norm.weight")) {
+    t.fill_(1.0);
+  } else if (name == "model.embed_tokens.weight" && cfg_.pad_token_id >= 0) {
+    t.normal_(0.0, cfg_.initializer_range);
+    t[cfg_.pad_token_id].zero_();  // as transformers' _init_weights
+  } else if (ends_with(name, ".bias")) {
+    t.zero_();
+  } else {
+    t.normal_(0.0, cfg_.initializer_range);
+  }
+}
+
+std::pair<torch::Tensor, torch::Tensor> LlamaForCausalLMImpl::rope(int64_t T, const torch::Tensor& like) const {
+  // transformers: freqs = pos * inv_freq in fp32, emb = cat(freqs, freqs), cos/sin cast
+  // to the activations' dtype.
+  const auto inv = inv_freq_.to(like.device());
+  const auto pos = torch::arange(T, torch::TensorOptions().device(like.device()).dtype(torch::kFloat));
+  const auto freqs = pos.unsqueeze(1) * inv.unsqueeze(0);  // (T, hd/2)
+  const auto emb = torch::cat({freqs, freqs}, -1);          // (T, hd)
+  return {emb.cos().to(like.scalar_type()), emb.sin().to(like.scalar_type())};
+}
+
+torch::Tensor LlamaForCausalLMImpl::hidden(const torch::Tensor& idx) {
+  ZT_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong, "Llama: idx must be (B, T) int64, got ", idx.sizes(),
+           " ", idx.scalar_type());
+  const int64_t T = idx.size(1);
+  ZT_CHECK(T <= cfg_.max_position_embeddings, "Llama: sequence length ", T, " exceeds max_position_embeddings ",
+           cfg_.max_position_embeddings);
+  // padding_idx as HF's nn.Embedding: no gradient into the pad row.
+  auto x = torch::embedding(model->embed_tokens->weight, idx, cfg_.pad_token_id);  // (B, T, d)
+  const auto [cos, sin] = rope(T, x);
+  for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
+    // Captures by value: a checkpointed body lives in the autograd graph until backward.
+    CheckpointFn body = [layer = layers_[static_cast<size_t>(i)].ptr(), cos, sin](const torch::Tensor& t) {
+      return layer->forward(t, cos, sin);
+    };
+    CheckpointFn fn = body;
+    if (ckpt_enabled_ && i < ckpt_count_ && torch::GradMode::is_enabled()) {
+      fn = [body, cpu = ckpt_cpu_](const torch::Tensor& t) { return checkpoint(body, t, cpu); };
+    }
+    x = runner_ ? runner_(i, fn, x) : fn(x);
+  }
+  return model->norm(x);
+}
+
+torch::Tensor LlamaForCausalLMImpl::lm_head_weight() const {
+  return cfg_.tie_word_embeddings ? model->embed_tokens->weight : lm_head->weight;
+}
+
+torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& idx) {
+  return F::linear(hidden(idx), lm_head_weight());  // (B, T, V)
+}
+
+torch::Tensor LlamaForCausalLMImpl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
+  ZT_CHECK(targets.sizes() == idx.sizes() && targets.scalar_type() == torch::kLong, "Llama::loss: targets ",
+           targets.sizes(), " ", targets.scalar_type(), " must be int64 of idx's shape ", idx.sizes());
+  // lm_head_cross_entropy ignores -1; HF's ignore_index is -100.
+  const auto t = targets.masked_fill(targets.eq(-100), -1).reshape({-1});
+  const auto h = hidden(idx);  // (B, T, d)
+  const auto w = lm_head_weight();
+  if (h.scalar_type() != torch::kHalf) {
+    return lm_head_cross_entropy(h.reshape({-1, h.size(-1)}), w, t, cfg_.lm_head_pad_multiple, loss_chunk_rows(cfg_));
+  }
+  // fp16: unfused (see lm_head_loss.h), the softmax in fp32.
+  const auto logits = F::linear(h, w).to(torch::kFloat).view({-1, cfg_.vocab_size});
+  return F::cross_entropy(logits, t, F::CrossEntropyFuncOptions().ignore_index(-1));
+}
+
+void LlamaForCausalLMImpl::set_activation_checkpointing(bool enabled, std::optional<int64_t> number_checkpoints,
+                                                        bool cpu_checkpointing) {
+  const int64_t n = number_checkpoints.value_or(cfg_.num_hidden_layers);
+  ZT_CHECK_T(n >= 0 && n <= cfg_.num_hidden_layers, ConfigError, "activation_checkpointing.number_checkpoints = ", n,
+             " must be in [0, num_hidden_layers = ", cfg_.num_hidden_layers, "]");
+  ckpt_enabled_ = enabled;
+  ckpt_count_ = enabled ? n : 0;
+  ckpt_cpu_ = enabled && cpu_checkpointing;
+}
+
+std::vector<std::shared_ptr<torch::nn::Module>> LlamaForCausalLMImpl::decoder_layers() const {
+  std::vector<std::shared_ptr<torch::nn::Module>> out;
+  for (const auto& l : layers_) out.push_back(l.ptr());
+  return out;
+}
+
+}  // namespace zt::models

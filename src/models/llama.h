@@ -1,0 +1,217 @@
+// The Llama family (Llama 2/3, Mistral, Qwen2) on torch::nn, laid out so that
+// named_parameters() are Hugging Face's LlamaForCausalLM names
+// ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", ...,
+// "model.norm.weight", "lm_head.weight" when untied), so HF safetensors load by name
+// with no transposes (HF's nn.Linear is (out, in), as torch::nn::Linear).
+//
+// One decoder layer, pre-norm:
+//   h = x + o_proj(attn(rope(q_proj(n1)), rope(k_proj(n1)), v_proj(n1)))   n1 = RMSNorm(x)
+//   y = h + down_proj(silu(gate_proj(n2)) * up_proj(n2))                    n2 = RMSNorm(h)
+// Attention is at::scaled_dot_product_attention (is_causal, enable_gqa for grouped-query
+// attention), so CUDA runs flash attention; a sliding window (Mistral, Qwen2) longer than
+// the sequence needs no mask, a shorter one becomes a boolean mask (math kernel).
+// There is no dropout (attention_dropout must be 0): forward is deterministic, which
+// activation checkpointing relies on when it recomputes a layer.
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "checkpoint.h"  // sibling-relative, as gpt2.h's users expect
+
+namespace zt::models {
+
+// Hugging Face rope_scaling / rope_parameters["rope_type"].
+enum class RopeType { kDefault, kLinear, kLlama3 };
+
+struct LlamaConfig {
+  // The HF class this config builds: "LlamaForCausalLM", "MistralForCausalLM" or
+  // "Qwen2ForCausalLM" (written back to config.json's architectures / model_type).
+  std::string architecture = "LlamaForCausalLM";
+  int64_t vocab_size = 32000;               // V
+  int64_t hidden_size = 4096;               // d
+  int64_t intermediate_size = 11008;        // SwiGLU width
+  int64_t num_hidden_layers = 32;           // L
+  int64_t num_attention_heads = 32;         // query heads H
+  int64_t num_key_value_heads = 32;         // key/value heads; H % this == 0 (GQA when <)
+  int64_t head_dim = 128;                   // per head (HF: hidden_size / H unless set)
+  int64_t max_position_embeddings = 2048;   // longest sequence forward accepts
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeType rope_type = RopeType::kDefault;
+  double rope_factor = 1.0;                 // linear and llama3
+  double rope_low_freq_factor = 1.0;        // llama3
+  double rope_high_freq_factor = 4.0;       // llama3
+  int64_t rope_original_max_position_embeddings = 8192;  // llama3
+  // Biases: q/k/v (Qwen2 always; Llama's attention_bias also sets o), o, and the MLP's.
+  bool qkv_bias = false;
+  bool o_bias = false;
+  bool mlp_bias = false;
+  bool tie_word_embeddings = false;         // LM head = embed_tokens (no lm_head.weight)
+  // Sliding-window attention: a layer with layer_sliding[i] attends to the last
+  // sliding_window positions (itself included). 0 = no window anywhere.
+  int64_t sliding_window = 0;
+  std::vector<bool> layer_sliding;          // empty = no layer slides
+  double initializer_range = 0.02;          // N(0, this) for matrices
+  // HF's nn.Embedding padding_idx: this row of embed_tokens starts at 0 and gets no
+  // gradient. -1 = none.
+  int64_t pad_token_id = -1;
+  // config.json fields that do not change the math (token ids, torch_dtype, ...), kept
+  // as JSON text so that writing the config back preserves them.
+  std::string hf_extra_json = "{}";
+  // Partitioned construction, as GPT2Config::deferred_init: Linear and Embedding weights
+  // are 1x1 placeholders, filled later through param_shape()/init_parameter() (or an HF
+  // checkpoint, see hf_llama.h) one ZeRO-3 unit at a time. RMSNorm weights are real.
+  bool deferred_init = false;
+  // Pads the LM head to a multiple of this (see GPT2Config::lm_head_pad_multiple).
+  int64_t lm_head_pad_multiple = 64;
+
+  int64_t q_dim() const { return num_attention_heads * head_dim; }
+  int64_t kv_dim() const { return num_key_value_heads * head_dim; }
+};
+
+// "llama-tiny" (2 layers, d 128, 4 heads / 2 kv heads, V 256 for the byte tokenizer:
+// trains on a laptop CPU), "llama3.2-1b" and "llama3-8b" (Meta's HF hyperparameters:
+// V 128256, rope_theta 5e5; 3.2-1B with llama3 rope scaling and tied embeddings).
+// Throws ConfigError listing the known names for anything else.
+LlamaConfig named_llama(const std::string& name);
+std::vector<std::string> llama_names();
+bool is_llama_name(const std::string& name);
+
+// Reads an HF config.json (a file, or a directory holding one). architectures (or
+// model_type) must be Llama, Mistral or Qwen2; any other is a ConfigError naming it.
+// Fields that change the math and are not implemented (hidden_act other than silu,
+// attention_dropout, other rope types, partial rotary) are ConfigErrors too. Both the
+// transformers 4 keys (rope_theta, rope_scaling {"type"|"rope_type"}) and 5
+// (rope_parameters) are read.
+LlamaConfig llama_config_from_hf_json(const std::string& path);
+LlamaConfig llama_config_from_hf_json_text(const std::string& text, const std::string& where);
+// The HF config.json for `cfg` (architectures, model_type, every field above).
+std::string llama_config_to_hf_json(const LlamaConfig& cfg);
+// True when `path` (a config.json or a directory with one) names a Llama-family class.
+bool is_llama_hf_config(const std::string& path);
+
+// Parameter names and full shapes in registration order (HF's order).
+std::vector<std::pair<std::string, std::vector<int64_t>>> llama_param_shapes(const LlamaConfig& cfg);
+int64_t llama_num_params(const LlamaConfig& cfg);  // the tied head counted once
+// Training FLOPs per token at sequence length T, PaLM-style:
+//   6 * (N_layers + V * d) + 12 * L * (H * head_dim) * T
+// N_layers = every parameter but the embedding table and the LM head (the embedding is a
+// lookup; the LM head's matmul is the V*d term, tied or not); the last term is attention's
+// QK^T and AV (full T x T, as nanoGPT and the MFU figure count it).
+double llama_flops_per_token(const LlamaConfig& cfg, int64_t seq);
+
+// The rotary inverse frequencies (head_dim / 2, fp32) exactly as transformers computes
+// them for the config's rope type.
+torch::Tensor llama_rope_inv_freq(const LlamaConfig& cfg);
+
+struct RMSNormImpl : torch::nn::Module {
+  RMSNormImpl(int64_t dim, double eps);
+  // HF's LlamaRMSNorm: normalise in fp32, cast back to x's dtype, times weight.
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;  // (d), init 1
+  double eps;
+};
+TORCH_MODULE(RMSNorm);
+
+struct LlamaAttentionImpl : torch::nn::Module {
+  LlamaAttentionImpl(const LlamaConfig& cfg, int64_t layer);
+  // x (B, T, d), cos/sin (T, head_dim) in x's dtype -> (B, T, d).
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+  int64_t n_head, n_kv_head, head_dim, window;  // window 0 = full causal
+  torch::nn::Linear q_proj{nullptr};  // (H*hd, d)
+  torch::nn::Linear k_proj{nullptr};  // (KV*hd, d)
+  torch::nn::Linear v_proj{nullptr};  // (KV*hd, d)
+  torch::nn::Linear o_proj{nullptr};  // (d, H*hd)
+};
+TORCH_MODULE(LlamaAttention);
+
+struct LlamaMLPImpl : torch::nn::Module {
+  explicit LlamaMLPImpl(const LlamaConfig& cfg);
+  torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) * up(x))
+  torch::nn::Linear gate_proj{nullptr};  // (I, d)
+  torch::nn::Linear up_proj{nullptr};    // (I, d)
+  torch::nn::Linear down_proj{nullptr};  // (d, I)
+};
+TORCH_MODULE(LlamaMLP);
+
+struct LlamaDecoderLayerImpl : torch::nn::Module {
+  LlamaDecoderLayerImpl(const LlamaConfig& cfg, int64_t layer);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  LlamaAttention self_attn{nullptr};
+  LlamaMLP mlp{nullptr};
+  RMSNorm input_layernorm{nullptr};
+  RMSNorm post_attention_layernorm{nullptr};
+};
+TORCH_MODULE(LlamaDecoderLayer);
+
+// HF's LlamaModel: the trunk, registered as "model" so names carry the "model." prefix.
+struct LlamaModelImpl : torch::nn::Module {
+  explicit LlamaModelImpl(const LlamaConfig& cfg);
+  torch::nn::Embedding embed_tokens{nullptr};  // (V, d)
+  torch::nn::ModuleList layers{nullptr};
+  RMSNorm norm{nullptr};
+};
+TORCH_MODULE(LlamaModel);
+
+// How a decoder layer is run: fn(x) is the layer (checkpointed when enabled). A ZeRO-3
+// engine passes Engine::run_unit here (gather before, release after, gather again before
+// its backward); the default runs fn(x). See llama_engine_units in hf_llama.h.
+using LayerRunner = std::function<torch::Tensor(int64_t layer, const CheckpointFn& fn, const torch::Tensor& x)>;
+
+struct LlamaForCausalLMImpl : torch::nn::Module {
+  // Parameters on the CPU in fp32, N(0, initializer_range) from the global generator.
+  explicit LlamaForCausalLMImpl(const LlamaConfig& cfg);
+
+  // idx (B, T) int64, T <= max_position_embeddings -> logits (B, T, V).
+  torch::Tensor forward(const torch::Tensor& idx);
+  // Mean next-token cross entropy in fp32; targets (B, T) int64 are the labels already
+  // shifted (targets[t] is the token after idx[t]); entries equal to -100 (HF's
+  // ignore_index, for masked fine-tuning) are ignored. The mean is over the counted
+  // targets: transformers' loss for labels L equals loss(idx, L shifted left by one with
+  // -100 appended).
+  torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
+  torch::Tensor hidden(const torch::Tensor& idx);  // (B, T, d) after the final norm
+
+  void reset_parameters();
+  std::vector<int64_t> param_shape(const std::string& name) const;  // full shape by HF name
+  // Llama's init: RMSNorm weights 1, biases 0, matrices N(0, initializer_range).
+  void init_parameter(const std::string& name, torch::Tensor& t) const;
+
+  // As GPT2Impl::set_activation_checkpointing: layers [0, n) recompute in backward.
+  void set_activation_checkpointing(bool enabled, std::optional<int64_t> number_checkpoints = std::nullopt,
+                                    bool cpu_checkpointing = false);
+  bool activation_checkpointing() const { return ckpt_enabled_; }
+  void set_layer_runner(LayerRunner runner) { runner_ = std::move(runner); }
+
+  // The decoder layers in order (one ZeRO-3 gather unit each).
+  std::vector<std::shared_ptr<torch::nn::Module>> decoder_layers() const;
+  const LlamaConfig& config() const { return cfg_; }
+  int64_t num_params() const { return llama_num_params(cfg_); }
+  double flops_per_token(int64_t seq) const { return llama_flops_per_token(cfg_, seq); }
+  torch::Tensor lm_head_weight() const;  // (V, d): lm_head, or embed_tokens when tied
+
+  LlamaModel model{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // null when tie_word_embeddings
+
+ private:
+  std::pair<torch::Tensor, torch::Tensor> rope(int64_t T, const torch::Tensor& like) const;
+
+  LlamaConfig cfg_;
+  std::vector<LlamaDecoderLayer> layers_;
+  torch::Tensor inv_freq_;  // (head_dim / 2) fp32, CPU; moved to the device per forward
+  bool ckpt_enabled_ = false;
+  int64_t ckpt_count_ = 0;
+  bool ckpt_cpu_ = false;
+  LayerRunner runner_;
+};
+TORCH_MODULE(LlamaForCausalLM);
+
+}  // namespace zt::models
