@@ -26,6 +26,7 @@
 #include "monitor/monitor.h"
 #include "monitor/tfevents.h"
 #include "zerotrain/config.h"
+#include "zerotrain/error.h"
 
 namespace {
 
