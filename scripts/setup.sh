@@ -28,19 +28,32 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 
+# tensorboard, for the test that reads zerotrain's event files with TensorBoard's own
+# reader (tests/unit/test_monitor.cpp; it skips, saying why, without it). Installed
+# into zerotrain's virtualenv only (step 2 below); another python gets a note.
+tensorboard_ok() { "$1" -c "import tensorboard" >/dev/null 2>&1; }
+note_tensorboard() {
+  tensorboard_ok "$1" || log "note: $1 has no tensorboard; the TensorBoard reader test will skip (pip install tensorboard)"
+}
+
 # 2. torch 2.11 (LibTorch headers and libraries come with the wheel).
 torch_ok() { "$1" -c "import torch,sys; sys.exit(0 if torch.__version__.startswith('${TORCH_VERSION%.*}') else 1)" >/dev/null 2>&1; }
 if [ -n "${ZT_PYTHON:-}" ]; then
   torch_ok "$ZT_PYTHON" || { log "ZT_PYTHON=$ZT_PYTHON does not import torch $TORCH_VERSION"; exit 1; }
+  note_tensorboard "$ZT_PYTHON"
   echo "$ZT_PYTHON"; exit 0
 fi
 for py in python3 python; do
-  if have_cmd "$py" && torch_ok "$py"; then echo "$(command -v $py)"; exit 0; fi
+  if have_cmd "$py" && torch_ok "$py"; then note_tensorboard "$py"; echo "$(command -v $py)"; exit 0; fi
 done
 VENV="${ZT_VENV:-$HOME/.cache/zerotrain/venv}"
 if ! torch_ok "$VENV/bin/python"; then
   log "installing torch==$TORCH_VERSION into $VENV (first time only; a few minutes)"
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV" >&2
   "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" numpy >&2
+fi
+if ! tensorboard_ok "$VENV/bin/python"; then
+  log "installing tensorboard into $VENV (the test that reads zerotrain's event files with it)"
+  "$VENV/bin/pip" install -q tensorboard >&2 || log "warning: could not install tensorboard; the TensorBoard reader test will skip"
 fi
 echo "$VENV/bin/python"

@@ -230,6 +230,28 @@ struct AioConfig {
   bool use_gds = false;
 };
 
+// "tensorboard" and "csv_monitor": DeepSpeed's monitors that write files, on rank 0 only
+// (src/monitor, docs/monitoring.md). DeepSpeed: deepspeed/monitor/config.py.
+struct MonitorOutputConfig {
+  /// Write this monitor's files. false.
+  bool enabled = false;
+  /// The files go to output_path/job_name/ ("" = the working directory). "".
+  std::string output_path;
+  /// Directory inside output_path for this job. "DeepSpeedJobName".
+  std::string job_name = "DeepSpeedJobName";
+};
+
+// "wandb". zerotrain writes no wandb run: enabled = true prints a warning naming what to
+// do instead (enable "tensorboard" and `wandb sync` its directory; docs/monitoring.md).
+struct WandbConfig {
+  /// false.
+  bool enabled = false;
+  /// wandb team (entity) and group. DeepSpeed: null (empty here).
+  std::string team, group;
+  /// wandb project. "deepspeed".
+  std::string project = "deepspeed";
+};
+
 // An "auto" value found in a config (see Config::auto_keys).
 struct AutoKey {
   /// Full key path, e.g. "train_batch_size" or "zero_optimization.reduce_bucket_size".
@@ -273,6 +295,9 @@ struct Config {
   ZeroConfig zero_optimization;                      ///< "zero_optimization"
   ActivationCheckpointingConfig activation_checkpointing;  ///< "activation_checkpointing"
   AioConfig aio;                                     ///< "aio"
+  MonitorOutputConfig tensorboard;                   ///< "tensorboard"
+  MonitorOutputConfig csv_monitor;                   ///< "csv_monitor"
+  WandbConfig wandb;                                 ///< "wandb"
 
   /// Not a DeepSpeed key: the data-parallel world size the batch sizes were resolved for.
   int dp_world_size = 1;

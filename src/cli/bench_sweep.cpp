@@ -142,7 +142,8 @@ const char* kUsage =
     "  --commit SHA        recorded in the results (default: git rev-parse in the source tree)\n"
     "  --report DIR        only re-render DIR/results.md and the charts from DIR/results.json\n"
     "MFU = (6N + 12·L·C·T) · tokens/s per GPU / peak, N = parameters without the position\n"
-    "table (nanoGPT's convention), peak 989 TFLOP/s on H100/H200 (dense bf16).\n";
+    "table (nanoGPT's convention), peak = the GPU's dense bf16 TFLOP/s from the table in\n"
+    "docs/monitoring.md (an unknown GPU reports no MFU).\n";
 
 struct Args {
   std::string model = "gpt2-large", out = "zerotrain-bench", python = ZT_DEFAULT_PYTHON,
@@ -412,8 +413,8 @@ int cmd_bench_sweep(int argc, char** argv) {
                {"seq", seq},
                {"steps", a.steps},
                {"warmup", a.warmup},
-               {"mfu_formula", "(6N + 12*L*C*T) * tokens/s per GPU / peak; N = parameters without wpe; peak 989 TFLOP/s "
-                               "(H100/H200 dense bf16)"},
+               {"mfu_formula", "(6N + 12*L*C*T) * tokens/s per GPU / peak; N = parameters without wpe; peak = the GPU's dense "
+                               "bf16 TFLOP/s from the device table (docs/monitoring.md)"},
                {"memory_source", cpu ? "CPU ranks: the engine's accounting of model states (no allocator)"
                                      : "CUDA caching allocator: allocated after / peak during each phase, max over "
                                        "ranks and iterations"}};
@@ -504,6 +505,10 @@ int cmd_bench_sweep(int argc, char** argv) {
     const std::string script = a.anchors + "/train_anchor.py";
     ZT_CHECK_T(access(script.c_str(), R_OK) == 0, ConfigError, "bench: --with-anchors needs ", script,
                " (give the directory with --anchors DIR)");
+    // The anchors' MFU uses the peak the zerotrain runs found in the device table.
+    double peak = 0;
+    for (const auto& r : rows)
+      if (r.contains("peak_tflops") && r["peak_tflops"].is_number()) peak = std::max(peak, r["peak_tflops"].get<double>());
     for (const AnchorRun& an : anchor_runs(chosen, a.anchor_set)) {
       const std::string& name = an.name;
       const std::string res = out + "/runs/" + name + ".json";
@@ -515,6 +520,7 @@ int cmd_bench_sweep(int argc, char** argv) {
                                       "--steps", std::to_string(a.steps), "--warmup", std::to_string(a.warmup),
                                       "--dtype", "bf16", "--json", res, "--device", cpu ? "cpu" : "cuda"};
       cmd.insert(cmd.end(), an.extra.begin(), an.extra.end());
+      if (peak > 0) cmd.insert(cmd.end(), {"--peak-tflops", std::to_string(peak)});
       const ProcResult pr = run_logged(cmd, log, a.timeout, env);
       json row = {{"name", name}, {"framework", an.framework}, {"mode", an.mode}, {"log", "logs/" + name + ".log"},
                   {"wall_s", pr.seconds}};

@@ -20,6 +20,7 @@
 #include "data/loader.h"
 #include "data/sampler.h"
 #include "data/token_dataset.h"
+#include "monitor/device_peak.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
@@ -47,7 +48,8 @@ const char* kTrainUsage =
     "  --summary PATH      one JSON object with the run's totals (rank 0)\n"
     "  --print-every N     print 'Epoch E, Step S, Loss: L' every N steps (default: steps_per_print)\n"
     "  --warmup N          steps left out of the throughput figures (default 2)\n"
-    "  --peak-tflops X     per-device peak for MFU (default: 989 on H100/H200, else none)\n"
+    "  --peak-tflops X     per-device peak for MFU (default: the dense bf16 peak of the GPU from\n"
+    "                      the table in docs/monitoring.md; an unknown GPU reports no MFU)\n"
     "  --seed N            model init and data order (default 1234)\n"
     "  --device cpu|cuda   where the ranks run (default: cuda:LOCAL_RANK when CUDA is available)\n"
     "  --profile STEP      profile that step (0-based) with Kineto: writes PATH.rank<R>.json (Chrome\n"
@@ -132,13 +134,18 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
-double detect_peak_tflops(const torch::Device& d) {
-#ifdef ZT_WITH_CUDA
-  if (d.is_cuda()) {
-    // H100/H200 SXM dense bf16 (and fp16) tensor-core peak.
-    return 989.0;
+std::string device_name(const torch::Device& d);
+
+// Dense bf16 peak of this device from the table (monitor/device_peak.h); 0 = unknown,
+// said in one line (rank 0), and MFU is then left out.
+double detect_peak_tflops(const torch::Device& d, int rank) {
+  if (!d.is_cuda()) return 0;
+  const std::string name = device_name(d);
+  if (auto p = monitor::dense_bf16_peak(name)) return p->tflops;
+  if (rank == 0) {
+    std::printf("[zerotrain] MFU left out: no peak TFLOP/s known for '%s' (docs/monitoring.md lists the table); "
+                "pass --peak-tflops X to report it\n", name.c_str());
   }
-#endif
   return 0;
 }
 
@@ -202,7 +209,7 @@ int cmd_train(int argc, char** argv) {
   auto engine = initialize(model.module, cfg, eo);
   model.attach(*engine);
   const torch::Device device = engine->device();
-  const double peak = a.peak_tflops >= 0 ? a.peak_tflops : detect_peak_tflops(device);
+  const double peak = a.peak_tflops >= 0 ? a.peak_tflops : detect_peak_tflops(device, rank);
 
   std::shared_ptr<const data::Dataset> ds;
   if (text) ds = std::make_shared<data::TokenDataset>(a.data, seq);

@@ -145,6 +145,9 @@ void parse_top_level(Section& top, Config& c, std::vector<std::string>& not_supp
   c.zero_optimization = parse_zero(top, not_supported);
   c.activation_checkpointing = parse_activation_checkpointing(top.sub("activation_checkpointing"));
   c.aio = parse_aio(top.sub("aio"), not_supported);
+  c.tensorboard = parse_monitor_output(top.sub("tensorboard"));
+  c.csv_monitor = parse_monitor_output(top.sub("csv_monitor"));
+  c.wandb = parse_wandb(top.sub("wandb"));
   read_known_keys(top, not_supported);
 }
 
@@ -312,6 +315,9 @@ nlohmann::json Config::to_json() const {
         {"overlap_events", aio.overlap_events},
         {"use_gds", aio.use_gds}}},
   };
+  j["tensorboard"] = config::monitor_output_to_json(tensorboard);
+  j["csv_monitor"] = config::monitor_output_to_json(csv_monitor);
+  j["wandb"] = config::wandb_to_json(wandb);
   if (!optimizer.type.empty()) j["optimizer"] = config::optimizer_to_json(optimizer);
   if (!scheduler.type.empty()) j["scheduler"] = json{{"type", scheduler.type}, {"params", scheduler.params}};
   return j;

@@ -20,6 +20,11 @@ Bf16Config parse_bf16(Section s);
 ZeroConfig parse_zero(Section& top, std::vector<std::string>& not_supported);
 ActivationCheckpointingConfig parse_activation_checkpointing(Section s);
 AioConfig parse_aio(Section s, std::vector<std::string>& not_supported);
+// monitor.cpp: "tensorboard" / "csv_monitor" (s is the section) and "wandb".
+MonitorOutputConfig parse_monitor_output(Section s);
+WandbConfig parse_wandb(Section s);
+json monitor_output_to_json(const MonitorOutputConfig& m);
+json wandb_to_json(const WandbConfig& w);
 // Errors between keys of different sections (fp16 + bf16, offload without its stage).
 void check_cross_section(Context& ctx, const Config& c);
 

@@ -146,10 +146,7 @@ struct KnownKey {
 };
 
 const KnownKey kKnownKeys[] = {
-    // monitors and profilers
-    {"", "tensorboard", Known::enabled_section},
-    {"", "wandb", Known::enabled_section},
-    {"", "csv_monitor", Known::enabled_section},
+    // monitors and profilers (tensorboard, csv_monitor and wandb: config/monitor.cpp)
     {"", "comet", Known::enabled_section},
     {"", "trackio", Known::enabled_section},
     {"", "flops_profiler", Known::enabled_section},

@@ -19,6 +19,7 @@
 #endif
 #include "models/gpt2.h"
 #include "models/safetensors.h"
+#include "monitor/monitor.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "zero/zero_optimizer.h"
@@ -239,6 +240,7 @@ class EngineImpl : public Engine {
       metrics_.open(opts_.metrics_path, std::ios::out | std::ios::trunc);
       ZT_CHECK_T(metrics_.good(), Error, "cannot write metrics to ", opts_.metrics_path);
     }
+    if (group_->rank() == 0) monitor_ = monitor::Monitor::create(cfg_);  // tensorboard, csv_monitor
   }
 
   ~EngineImpl() override {
@@ -489,6 +491,7 @@ class EngineImpl : public Engine {
       metrics_ << r.to_json().dump() << "\n";
       metrics_.flush();
     }
+    if (monitor_) monitor_->write(r);
     if (!opts_.print || cfg_.steps_per_print <= 0 || r.step % cfg_.steps_per_print != 0) return;
     const double gib = 1024.0 * 1024.0 * 1024.0;
     std::printf("[zerotrain] step %lld loss %.4f lr %.3g scale %g%s | ms fwd %.1f bwd %.1f step %.1f | "
@@ -692,6 +695,7 @@ class EngineImpl : public Engine {
   std::unique_ptr<optim::LrSchedule> schedule_;
   std::unique_ptr<PhaseTimer> timer_;
   std::ofstream metrics_;
+  std::unique_ptr<monitor::Monitor> monitor_;  // rank 0, when the config enables a monitor
   ckpt::AsyncSaver saver_;  // declared after the state it snapshots; joined in ~EngineImpl
   int64_t micro_ = 0, window_micro_ = 0, global_steps_ = 0, applied_steps_ = 0;
   bool skipped_ = false;

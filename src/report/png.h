@@ -1,7 +1,6 @@
-// A small RGB raster for the report charts (src/report) and its PNG encoder, with no
-// external libraries: 8-bit RGB PNG whose IDAT is a zlib stream compressed by an own
-// deflate (LZ77 + Huffman codes), or of stored (uncompressed) blocks on request. Also
-// draws text with the bitmap font of font.h. Torch-free.
+// A small RGB raster for the report charts (src/report), drawn with lines, rectangles and
+// the bitmap font of font.h, and written as an 8-bit RGB PNG by stb_image_write
+// (third_party/stb). Torch-free.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -50,28 +49,12 @@ void draw_text_vertical(Image& img, int x, int y, std::string_view s, Rgb c, int
 int text_width(std::string_view s, int scale = 1);  // 0 for an empty string
 int text_height(int scale = 1);                      // descenders included
 
-// Standard CRC-32 (ISO-HDLC, as in PNG and zlib); pass a previous result as `crc` to
-// continue over more bytes.
-uint32_t crc32(const uint8_t* data, size_t n, uint32_t crc = 0);
-// Adler-32 (zlib); pass a previous result as `adler` to continue over more bytes.
-uint32_t adler32(const uint8_t* data, size_t n, uint32_t adler = 1);
-
-// How the image data is compressed. deflate (the default): each row gets the PNG filter
-// (None, Sub, Up, Average, Paeth) whose output has the smallest sum of absolute values,
-// then LZ77 over a 32 KiB window with, per block, dynamic or fixed Huffman codes (or
-// stored, whichever is smallest); a 1400x700 chart takes about 10 KB. stored: filter None
-// and stored deflate blocks, about width * height * 3 bytes, readable without inflating.
-enum class PngCompression { stored, deflate };
-
-// A zlib stream (RFC 1950: header, deflate data per RFC 1951, Adler-32) of `n` bytes,
-// as encode_png writes it into IDAT. `data` may be null when n is 0.
-std::vector<uint8_t> zlib_compress(const uint8_t* data, size_t n, PngCompression mode = PngCompression::deflate);
-
-// The whole PNG file. Throws std::invalid_argument for an empty image or one whose
-// pixel buffer does not hold width * height * 3 bytes.
-std::vector<uint8_t> encode_png(const Image& img, PngCompression mode = PngCompression::deflate);
-// Writes encode_png(img, mode) to `path`; throws std::runtime_error naming the path when
-// the file cannot be written.
-void write_png(const std::string& path, const Image& img, PngCompression mode = PngCompression::deflate);
+// The whole PNG file (stb_image_write: per-row filters, deflate at its level 8). Throws
+// std::invalid_argument for an empty image or one whose pixel buffer does not hold
+// width * height * 3 bytes.
+std::vector<uint8_t> encode_png(const Image& img);
+// Writes encode_png(img) to `path`; throws std::runtime_error naming the path when the
+// file cannot be written.
+void write_png(const std::string& path, const Image& img);
 
 }  // namespace zt::report

@@ -25,9 +25,8 @@ std::string read_all(const std::string& path) {
   return ss.str();
 }
 
-// A PNG decodes with the independent reader of tests/support/png_reader.h (chunk CRCs,
-// inflate, Adler-32, un-filtering), is chart-sized, compressed (the charts are mostly flat
-// colour) and not blank.
+// A PNG decodes with stb_image (tests/support/png_reader.h) as 8-bit RGB, is chart-sized,
+// compressed (the charts are mostly flat colour) and not blank.
 void expect_png(const std::string& path) {
   const std::string s = read_all(path);
   ASSERT_GT(s.size(), 8u + 25u + 12u) << path;
@@ -37,12 +36,11 @@ void expect_png(const std::string& path) {
   } catch (const std::exception& e) {
     FAIL() << path << ": " << e.what();
   }
-  EXPECT_EQ(d.chunk_types.front(), "IHDR") << path;
-  EXPECT_EQ(d.chunk_types.back(), "IEND") << path;
+  EXPECT_EQ(d.channels, 3) << path;
   EXPECT_GE(d.img.width, 400) << path;
   EXPECT_GE(d.img.height, 200) << path;
   const size_t pixels = static_cast<size_t>(d.img.width) * static_cast<size_t>(d.img.height);
-  EXPECT_LT(d.idat_bytes, pixels * 3 / 10) << path << ": not compressed";
+  EXPECT_LT(s.size(), pixels * 3 / 10) << path << ": not compressed";
   size_t inked = 0;
   for (size_t i = 0; i < pixels; ++i) {
     inked += d.img.rgb[3 * i] != 255 || d.img.rgb[3 * i + 1] != 255 || d.img.rgb[3 * i + 2] != 255 ? 1 : 0;

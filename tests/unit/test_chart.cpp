@@ -1,7 +1,6 @@
-// report/png and report/chart: checksums against known values, the deflate encoder and
-// PNG round trips through the independent reader of tests/support/png_reader.h (itself
-// checked on streams from zlib), text drawing, nice ticks, and chart geometry read back
-// from the rendered pixels.
+// report/png and report/chart: PNG round trips (stb_image_write's files read back by
+// stb_image, tests/support/png_reader.h), text drawing, nice ticks, and chart geometry
+// read back from the rendered pixels.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -36,19 +35,8 @@ namespace fs = std::filesystem;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr Rgb kWhite{255, 255, 255};
 
-using zt::test::bitwise_crc32;
 using zt::test::decode_png;
 using zt::test::DecodedPng;
-using zt::test::slow_adler32;
-using zt::report::PngCompression;
-
-std::vector<uint8_t> from_hex(const std::string& hex) {
-  std::vector<uint8_t> v;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
-    v.push_back(static_cast<uint8_t>(std::stoi(hex.substr(i, 2), nullptr, 16)));
-  }
-  return v;
-}
 
 // Deterministic bytes with no structure (a 64-bit LCG's high bits).
 std::vector<uint8_t> noise_bytes(size_t n, uint64_t seed) {
@@ -107,173 +95,33 @@ BarChart grouped_chart() {
 
 // ---- PNG ------------------------------------------------------------------------------
 
-TEST(Png, Crc32AndAdler32KnownValues) {
-  const std::string check = "123456789";
-  const auto* p = reinterpret_cast<const uint8_t*>(check.data());
-  EXPECT_EQ(zt::report::crc32(p, check.size()), 0xCBF43926u);
-  EXPECT_EQ(zt::report::crc32(p + 4, check.size() - 4, zt::report::crc32(p, 4)), 0xCBF43926u) << "chunked";
-  EXPECT_EQ(zt::report::crc32(nullptr, 0), 0u);
-  const std::string wiki = "Wikipedia";
-  const auto* q = reinterpret_cast<const uint8_t*>(wiki.data());
-  EXPECT_EQ(zt::report::adler32(q, wiki.size()), 0x11E60398u);
-  EXPECT_EQ(zt::report::adler32(q + 3, wiki.size() - 3, zt::report::adler32(q, 3)), 0x11E60398u) << "chunked";
-  EXPECT_EQ(zt::report::adler32(nullptr, 0), 1u);
-  // Long input: the modulo reduction runs in blocks; compare with the byte-at-a-time form.
-  std::vector<uint8_t> big(200000);
-  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>(255 - i % 7);
-  EXPECT_EQ(zt::report::adler32(big.data(), big.size()), slow_adler32(big));
-  EXPECT_EQ(zt::report::crc32(big.data(), big.size()), bitwise_crc32(big.data(), big.size()));
-}
-
-TEST(Png, ReaderInflatesStreamsFromZlib) {
-  // Streams made by zlib 1.2.13 (Python's zlib.compress), so that the reader is checked
-  // against an encoder other than ours: level 9 gave a fixed-Huffman block for the short
-  // text and a dynamic one for the longer; level 0 a stored block; a full flush an empty
-  // stored block after a fixed one.
-  const auto text = [](const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); };
-  zt::test::InflateStats st;
-  EXPECT_EQ(text(zt::test::zlib_decompress(from_hex("78dacb48cdc9c9d751c840a2140af2d201628f083a"), &st)),
-            "hello, hello, hello png");
-  EXPECT_EQ(st.fixed_blocks, 1);
-  std::string table;
-  for (int i = 2; i < 6; ++i) {
-    for (int j = 2; j < 9; ++j) {
-      table += std::to_string(i) + "*" + std::to_string(j) + "=" + std::to_string(i * j) + "; ";
-    }
-  }
-  st = {};
-  EXPECT_EQ(text(zt::test::zlib_decompress(
-                from_hex("78da2d8ecb09c4500c035bd9734ef1f73904f5dfd65a22a7413003f2cb91efcfaf401389210a76930d73f2c0640"
-                         "d6cb5d848083c44ca0a56456e35e4811b39f0ad73ab21427a326bb2e037d99fb699bc41ac579bf14cb12b32e517"
-                         "3bed46681f84f62077ff01370b2a9b"),
-                &st)),
-            table);
-  EXPECT_EQ(st.dynamic_blocks, 1);
-  st = {};
-  EXPECT_EQ(text(zt::test::zlib_decompress(from_hex("7801010700f8ff73746f726564210bef02b3"), &st)), "stored!");
-  EXPECT_EQ(st.stored_blocks, 1);
-  // Raw deflate: zlib's non-final fixed block and empty stored block (a full flush), then
-  // a final fixed block holding only end-of-block, added by hand; cut short, it fails.
-  size_t used = 0;
-  st = {};
-  const std::vector<uint8_t> flushed = from_hex("4a4c4a4e842100000000ffff0300");
-  EXPECT_EQ(text(zt::test::inflate(flushed.data(), flushed.size(), used, &st)), "abcabcabcabc");
-  EXPECT_EQ(used, flushed.size());
-  EXPECT_EQ(st.fixed_blocks, 2);
-  EXPECT_EQ(st.stored_blocks, 1);
-  EXPECT_THROW(zt::test::inflate(flushed.data(), flushed.size() - 2, used), std::runtime_error);
-  // A wrong Adler-32, a bad header and a truncated stream are caught.
-  EXPECT_THROW(zt::test::zlib_decompress(from_hex("7801010700f8ff73746f726564210bef02b4")), std::runtime_error);
-  EXPECT_THROW(zt::test::zlib_decompress(from_hex("7802010700f8ff73746f726564210bef02b3")), std::runtime_error);
-  EXPECT_THROW(zt::test::zlib_decompress(from_hex("78dacb48cdc9c9d751c840a2140af2d201628f")), std::runtime_error);
-}
-
-TEST(Png, ZlibCompressRoundTripsAndCompresses) {
-  struct Case {
-    std::string name;
-    std::vector<uint8_t> data;
-    size_t max_size;  // the compressed stream is at most this long
-  };
-  std::vector<Case> cases;
-  cases.push_back({"empty", {}, 8});
-  cases.push_back({"one byte", {42}, 9});
-  cases.push_back({"three bytes", {7, 7, 7}, 11});
-  cases.push_back({"zeros", std::vector<uint8_t>(300000, 0), 1000});
-  // Repeats at exactly the largest distance, 32768, and at one more (out of reach).
-  for (size_t period : {size_t{32768}, size_t{32769}, size_t{259}, size_t{3}}) {
-    const std::vector<uint8_t> base = noise_bytes(period, period);
-    std::vector<uint8_t> v;
-    while (v.size() < 200000) v.insert(v.end(), base.begin(), base.end());
-    const size_t max_size = period == 32769 ? v.size() + v.size() / 500 + 64 : v.size() / 5;
-    cases.push_back({"period " + std::to_string(period), v, max_size});
-  }
-  // No structure: stored blocks inside the deflate stream keep it near the input size.
-  const std::vector<uint8_t> noise = noise_bytes(150000, 1);
-  cases.push_back({"noise", noise, noise.size() + noise.size() / 500 + 64});
-  // Four symbols at random (2 bits of entropy a byte): many blocks, with dynamic codes.
-  std::vector<uint8_t> four = noise_bytes(400000, 2);
-  for (uint8_t& b : four) b &= 3;
-  cases.push_back({"four symbols", four, four.size() * 3 / 8});
-  for (const Case& c : cases) {
-    zt::test::InflateStats st;
-    const std::vector<uint8_t> z = zt::report::zlib_compress(c.data.data(), c.data.size());
-    std::vector<uint8_t> back;
-    ASSERT_NO_THROW(back = zt::test::zlib_decompress(z, &st)) << c.name;
-    EXPECT_TRUE(back == c.data) << c.name;
-    EXPECT_LE(z.size(), c.max_size) << c.name;
-    ASSERT_GE(z.size(), 2u);
-    EXPECT_EQ(z[0], 0x78) << c.name;
-    if (c.name == "noise") {
-      EXPECT_GE(st.stored_blocks, 1);
-    }
-    if (c.name == "four symbols") {
-      EXPECT_GE(st.dynamic_blocks, 2);
-    }
-    // The stored mode gives the same bytes back too.
-    st = {};
-    ASSERT_NO_THROW(back = zt::test::zlib_decompress(
-                        zt::report::zlib_compress(c.data.data(), c.data.size(), PngCompression::stored), &st))
-        << c.name;
-    EXPECT_TRUE(back == c.data) << c.name;
-    EXPECT_EQ(st.fixed_blocks + st.dynamic_blocks, 0) << c.name;
-  }
-}
-
 TEST(Png, RoundTripThroughIndependentReader) {
   for (auto [w, h] : {std::pair{200, 150}, std::pair{1, 1}, std::pair{301, 7}, std::pair{2, 3}}) {
     const Image img = pattern_image(w, h);
     const std::vector<uint8_t> png = zt::report::encode_png(img);
     const DecodedPng d = decode_png(png);
-    EXPECT_EQ((std::vector<std::string>{"IHDR", "IDAT", "IEND"}), d.chunk_types);
+    EXPECT_EQ(d.channels, 3) << "8-bit RGB";
+    EXPECT_FALSE(d.sixteen_bit);
     ASSERT_EQ(d.img.width, w);
     ASSERT_EQ(d.img.height, h);
     EXPECT_TRUE(d.img.rgb == img.rgb) << "pixels differ after the round trip, " << w << "x" << h;
     EXPECT_EQ(png, zt::report::encode_png(img)) << "deterministic";
   }
-  // The pattern compresses: a tenth of the stored size.
-  const DecodedPng d = decode_png(zt::report::encode_png(pattern_image(200, 150)));
-  EXPECT_LT(d.idat_bytes, 200u * 150u * 3u / 10u);
-  EXPECT_EQ(d.blocks.stored_blocks, 0);
-  // Noise makes the encoder pick every filter type, so every un-filter is checked.
+  // The pattern compresses: a tenth of the raw size.
+  EXPECT_LT(zt::report::encode_png(pattern_image(200, 150)).size(), 200u * 150u * 3u / 10u);
+  // Noise (every filter type pays off somewhere) round-trips too.
   Image noisy(300, 120);
   noisy.rgb = noise_bytes(noisy.rgb.size(), 3);
   for (int y = 0; y < noisy.height; y += 3) {
     for (int x = 0; x < noisy.width; ++x) noisy.set(x, y, {static_cast<uint8_t>(x), static_cast<uint8_t>(y), 9});
   }
-  const DecodedPng dn = decode_png(zt::report::encode_png(noisy));
-  EXPECT_TRUE(dn.img.rgb == noisy.rgb);
-  for (size_t f = 0; f < 5; ++f) EXPECT_GT(dn.filter_rows[f], 0) << "no row with filter type " << f;
-
-  // The reader does fail: one flipped pixel byte breaks the IDAT CRC ...
+  EXPECT_TRUE(decode_png(zt::report::encode_png(noisy)).img.rgb == noisy.rgb);
+  // The reader does fail: a cut file, a broken signature.
   std::vector<uint8_t> png = zt::report::encode_png(pattern_image(20, 20));
-  png[png.size() / 2] ^= 0x01;
+  EXPECT_THROW(decode_png(std::vector<uint8_t>(png.begin(), png.begin() + static_cast<long>(png.size() / 2))),
+               std::runtime_error);
+  png[1] = 'X';
   EXPECT_THROW(decode_png(png), std::runtime_error);
-  // ... and with the CRC made right again, the deflate data or Adler-32 does not check out.
-  png[png.size() / 2] ^= 0x01;
-  const size_t idat_len = (size_t{png[33]} << 24) | (size_t{png[34]} << 16) | (size_t{png[35]} << 8) | png[36];
-  for (size_t at : {size_t{41} + 3, 41 + idat_len / 2, 41 + idat_len - 2}) {
-    std::vector<uint8_t> bad = png;
-    bad[at] ^= 0x10;
-    const uint32_t crc = bitwise_crc32(bad.data() + 37, idat_len + 4);
-    for (size_t i = 0; i < 4; ++i) bad[41 + idat_len + i] = static_cast<uint8_t>(crc >> (24 - 8 * i));
-    EXPECT_THROW(decode_png(bad), std::runtime_error) << "byte " << at << " of " << png.size();
-  }
-}
-
-TEST(Png, StoredModeRoundTrips) {
-  // 200x150: 90150 bytes of scanlines, so two stored blocks.
-  for (auto [w, h, blocks] : {std::tuple{200, 150, 2}, std::tuple{1, 1, 1}, std::tuple{301, 7, 1}}) {
-    const Image img = pattern_image(w, h);
-    const std::vector<uint8_t> png = zt::report::encode_png(img, PngCompression::stored);
-    const DecodedPng d = decode_png(png);
-    EXPECT_EQ(d.blocks.stored_blocks, blocks) << w << "x" << h;
-    EXPECT_EQ(d.blocks.fixed_blocks + d.blocks.dynamic_blocks, 0);
-    EXPECT_EQ(d.filter_rows[0], h) << "stored rows are unfiltered";
-    EXPECT_GE(d.idat_bytes, static_cast<size_t>(w * h * 3));
-    ASSERT_EQ(d.img.width, w);
-    ASSERT_EQ(d.img.height, h);
-    EXPECT_TRUE(d.img.rgb == img.rgb) << "pixels differ after the round trip, " << w << "x" << h;
-  }
 }
 
 TEST(Png, RejectsEmptyOrInconsistentImages) {

@@ -256,8 +256,14 @@ const BadCase kBadCases[] = {
      1, true, {"zero_optimization.offload_optimizer.ratio = 0.5"}},
     {"not_supported_lamb", R"({"train_batch_size": 8, "optimizer": {"type": "lamb", "params": {"lr": 1e-3}}})", 1,
      true, {"optimizer.type \"Lamb\" is not supported yet by zerotrain: use one of Adam, AdamW, SGD"}},
-    {"not_supported_monitor", R"({"train_batch_size": 8, "tensorboard": {"enabled": true, "output_path": "x"}})", 1,
-     true, {"tensorboard.enabled = true is not supported yet by zerotrain"}},
+    {"not_supported_monitor", R"({"train_batch_size": 8, "comet": {"enabled": true, "project": "x"}})", 1, true,
+     {"comet.enabled = true is not supported yet by zerotrain"}},
+    {"tensorboard_unknown_key", R"({"train_batch_size": 8, "tensorboard": {"enabled": true, "job": "x"}})", 1, false,
+     {"unknown key tensorboard.job: known keys here are enabled, job_name, output_path"}},
+    {"csv_monitor_empty_job_name", R"({"train_batch_size": 8, "csv_monitor": {"enabled": true, "job_name": ""}})", 1,
+     false, {"csv_monitor.job_name: empty"}},
+    {"wandb_bad_team", R"({"train_batch_size": 8, "wandb": {"enabled": true, "team": 3}})", 1, false,
+     {"wandb.team: expected a string, found integer 3"}},
     {"not_supported_partition_activations",
      R"({"train_batch_size": 8, "activation_checkpointing": {"partition_activations": true}})", 1, true,
      {"activation_checkpointing.partition_activations = true is not supported yet by zerotrain"}},
@@ -279,6 +285,40 @@ TEST(ConfigErrors, BadConfigsNameTheKeyAndTheFix) {
     std::string what = error_of(json::parse(c.config), c.world, c.full);
     for (const auto& e : c.expect) EXPECT_NE(what.find(e), std::string::npos) << "missing: " << e << "\nin: " << what;
   }
+}
+
+TEST(ConfigDefaults, Monitors) {
+  // DeepSpeed's defaults (deepspeed/monitor/config.py): off, output_path "", job
+  // "DeepSpeedJobName", wandb project "deepspeed", team and group null.
+  auto d = zt::Config::from_json(json::parse(R"({"train_batch_size": 8})"), 1);
+  for (const auto* m : {&d.tensorboard, &d.csv_monitor}) {
+    EXPECT_FALSE(m->enabled);
+    EXPECT_EQ(m->output_path, "");
+    EXPECT_EQ(m->job_name, "DeepSpeedJobName");
+  }
+  EXPECT_FALSE(d.wandb.enabled);
+  EXPECT_EQ(d.wandb.project, "deepspeed");
+  EXPECT_EQ(d.wandb.team, "");
+  // Enabled monitors are honoured (no "not supported yet"), every key read.
+  auto c = zt::Config::from_json(json::parse(R"({"train_batch_size": 8,
+      "tensorboard": {"enabled": true, "output_path": "out/ds_logs/", "job_name": "train_bert"},
+      "csv_monitor": {"enabled": true, "output_path": "csv/", "job_name": "job"},
+      "wandb": {"enabled": true, "team": "my_team", "group": "my_group", "project": "my_project"}})"),
+                                 1);
+  EXPECT_TRUE(c.not_supported_yet.empty());
+  EXPECT_TRUE(c.tensorboard.enabled);
+  EXPECT_EQ(c.tensorboard.output_path, "out/ds_logs/");
+  EXPECT_EQ(c.tensorboard.job_name, "train_bert");
+  EXPECT_TRUE(c.csv_monitor.enabled);
+  EXPECT_EQ(c.csv_monitor.output_path, "csv/");
+  EXPECT_EQ(c.csv_monitor.job_name, "job");
+  EXPECT_TRUE(c.wandb.enabled);
+  EXPECT_EQ(c.wandb.team, "my_team");
+  EXPECT_EQ(c.wandb.group, "my_group");
+  EXPECT_EQ(c.wandb.project, "my_project");
+  EXPECT_EQ(c.to_json()["wandb"]["team"], "my_team");
+  EXPECT_TRUE(d.to_json()["wandb"]["team"].is_null());
+  EXPECT_EQ(zt::Config::parse(c.to_json(), 1).to_json(), c.to_json());
 }
 
 TEST(ConfigDefaults, NvmeOffloadAndAio) {

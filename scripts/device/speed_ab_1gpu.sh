@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Device run SPEED_AB_1GPU (one GPU): the engine split's speed check. The baseline (the commit
+# before it, carried as .base/base.tar.gz: `git archive BASE | gzip > .base/base.tar.gz`) and
+# this tree are built in the same call, then GPT-2 Large, bf16, micro-batch 8, seq 1024, for
+# each configuration (ONLY, default stages 0-3 + CPU optimizer offload at stage 2) the baseline
+# and the change run alternately (ROUNDS times, default 2), each in fresh processes.
+# Prints a table: ms/iter of each, the ratio. Results: $OUT/speed_ab.tar.gz.
+set -uo pipefail
+mkdir -p /tmp/base && tar -xzf .base/base.tar.gz -C /tmp/base || exit 1
+( cd /tmp/base && cmake -S . -B build-gpu -G Ninja -DZT_PYTHON=python3 -DZT_WERROR=OFF > /tmp/base_cmake.log 2>&1 \
+  && ninja -C build-gpu zerotrain_cli > /tmp/base_build.log 2>&1; echo "baseline build rc=$?" ) &
+source scripts/device/common.sh speed_ab zerotrain_cli ${EXTRA_TARGETS:-}
+wait
+[ -x /tmp/base/build-gpu/zerotrain ] || { tail -20 /tmp/base_build.log; exit 1; }
+echo "both built: $(( $(date +%s) - T0 )) s"
+for r in $(seq 1 ${ROUNDS:-2}); do
+  for c in ${ONLY:-z0-bf16 z1-bf16 z2-bf16 z3-bf16 z2-offopt}; do
+    for v in base new; do
+      Zv=$Z; [ $v = base ] && Zv=/tmp/base/build-gpu/zerotrain
+      $Zv bench --model gpt2-large --gpus 1 --steps ${STEPS:-15} --warmup 3 --only $c --timeout 200 \
+        --out $R/$v-r$r-$c > $R/$v-r$r-$c.log 2>&1
+      grep "^\[bench\] $c" $R/$v-r$r-$c.log | cut -c1-120 | sed "s/^/$v r$r /"
+    done
+  done
+done
+python3 - "$R" <<'PY'
+import json, glob, os, sys, statistics
+R = sys.argv[1]; res = {}
+for f in glob.glob(f"{R}/*-r*-*/results.json"):
+    v, r, c = os.path.basename(os.path.dirname(f)).split("-", 2)
+    for row in json.load(open(f))["rows"]:
+        if row.get("status") == "ok":
+            res.setdefault(c, {}).setdefault(v, []).append(row["ms_per_iter"])
+print("| config | baseline ms/iter (runs) | change ms/iter (runs) | change / baseline |")
+print("|---|---|---|---|")
+out = {}
+for c in sorted(res):
+    b, n = res[c].get("base", []), res[c].get("new", [])
+    if b and n:
+        mb, mn = statistics.median(b), statistics.median(n)
+        out[c] = {"base": b, "new": n, "ratio": mn / mb}
+        print(f"| {c} | {mb:.1f} ({', '.join(f'{x:.1f}' for x in b)}) | {mn:.1f} ({', '.join(f'{x:.1f}' for x in n)}) | {mn/mb:.3f} |")
+json.dump(out, open(f"{R}/speed_ab.json", "w"), indent=1)
+PY
+tar -czf $OUT/speed_ab.tar.gz -C $OUT speed_ab
+echo "total: $(( $(date +%s) - T0 )) s"

@@ -1,0 +1,93 @@
+// DeepSpeed's monitors over zerotrain's step reports; see monitor.h.
+#include "monitor/monitor.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "monitor/csv_monitor.h"
+#include "monitor/tfevents.h"
+
+namespace zt::monitor {
+
+namespace {
+
+// os.path.join(output_path, job_name), as DeepSpeed builds the log directory.
+std::string join(const std::string& dir, const std::string& name) {
+  if (dir.empty()) return name;
+  if (!name.empty() && name.front() == '/') return name;
+  return dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+}  // namespace
+
+std::vector<Event> step_events(const StepReport& r, const Config& c) {
+  const int64_t after = r.step * c.train_batch_size;
+  const int64_t before = (r.step - 1) * c.train_batch_size;
+  std::vector<Event> e;
+  e.push_back({"Train/Samples/train_loss", r.loss, before});
+  e.push_back({"Train/Samples/lr", r.lr, after});
+  if (c.fp16.enabled) e.push_back({"Train/Samples/loss_scale", r.loss_scale, after});
+  // zerotrain's additions. The times carry the names DeepSpeed gives them under
+  // wall_clock_breakdown (this rank's forward, backward and step, summed over the step's
+  // micro-batches); zerotrain writes them always.
+  e.push_back({"Train/Samples/grad_norm", r.grad_norm, after});
+  e.push_back({"Train/Samples/skipped", r.skipped ? 1.0 : 0.0, after});
+  e.push_back({"Train/Samples/elapsed_time_ms_forward", r.forward.ms, after});
+  e.push_back({"Train/Samples/elapsed_time_ms_backward", r.backward.ms, after});
+  e.push_back({"Train/Samples/elapsed_time_ms_step", r.step_phase.ms, after});
+  e.push_back({"Train/Samples/exposed_comm_ms", r.exposed_comm_ms, after});
+  e.push_back({"Train/Samples/peak_memory_MiB_forward", r.forward.mem_peak / kMiB, after});
+  e.push_back({"Train/Samples/peak_memory_MiB_backward", r.backward.mem_peak / kMiB, after});
+  e.push_back({"Train/Samples/peak_memory_MiB_step", r.step_phase.mem_peak / kMiB, after});
+  e.push_back({"Train/Samples/model_states_MiB", r.model_state.total() / kMiB, after});
+  return e;
+}
+
+std::string wandb_warning(const Config& c) {
+  if (!c.wandb.enabled) return "";
+  std::string sync = "wandb sync -p " + c.wandb.project + (c.wandb.team.empty() ? "" : " -e " + c.wandb.team);
+  std::string where = c.tensorboard.enabled ? join(c.tensorboard.output_path, c.tensorboard.job_name)
+                                            : "TENSORBOARD_DIR";
+  return "wandb.enabled = true: zerotrain writes no wandb run (no wandb client in C++); " +
+         std::string(c.tensorboard.enabled ? "the same events go to the TensorBoard files in " + where
+                                           : "enable \"tensorboard\" to write the same events") +
+         " and upload them with `" + sync + " " + where + "` (docs/monitoring.md)" +
+         (c.wandb.group.empty() ? "" : "; wandb.group has no counterpart there");
+}
+
+Monitor::Monitor(const Config& c) : cfg_(c) {
+  if (c.tensorboard.enabled) tb_ = std::make_unique<EventFileWriter>(join(c.tensorboard.output_path, c.tensorboard.job_name));
+  if (c.csv_monitor.enabled) csv_ = std::make_unique<CsvMonitor>(join(c.csv_monitor.output_path, c.csv_monitor.job_name));
+}
+
+Monitor::~Monitor() = default;
+
+std::unique_ptr<Monitor> Monitor::create(const Config& c) {
+  const std::string warning = wandb_warning(c);
+  if (!warning.empty()) std::fprintf(stderr, "[zerotrain] warning: %s\n", warning.c_str());
+  if (!c.tensorboard.enabled && !c.csv_monitor.enabled) return nullptr;
+  std::unique_ptr<Monitor> m(new Monitor(c));
+  if (m->tb_) std::printf("[zerotrain] tensorboard: writing %s\n", m->tb_->path().c_str());
+  if (m->csv_) std::printf("[zerotrain] csv_monitor: writing %s/*.csv\n", m->csv_->dir().c_str());
+  std::fflush(stdout);
+  return m;
+}
+
+void Monitor::write(const StepReport& r) { write_events(step_events(r, cfg_)); }
+
+void Monitor::write_events(const std::vector<Event>& events) {
+  const double wall =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  for (const auto& e : events) {
+    if (tb_) tb_->add_scalar(e.name, e.value, e.samples, wall);
+    if (csv_) csv_->write(e.name, e.value, e.samples);
+  }
+  if (tb_) tb_->flush();
+}
+
+std::string Monitor::tensorboard_file() const { return tb_ ? tb_->path() : ""; }
+std::string Monitor::csv_dir() const { return csv_ ? csv_->dir() : ""; }
+
+}  // namespace zt::monitor

@@ -1,0 +1,61 @@
+// DeepSpeed's monitors for zerotrain's step reports: the TensorBoard and CSV outputs of
+// the config's "tensorboard" and "csv_monitor" sections, with DeepSpeed's directories
+// (output_path/job_name/) and event names. The engine makes one on rank 0 and hands it
+// every StepReport as it resolves (src/engine/engine.cpp, report()), so library users and
+// `zerotrain train` get the same files. docs/monitoring.md lists the events.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zerotrain/config.h"
+#include "zerotrain/engine.h"
+
+namespace zt::monitor {
+
+class CsvMonitor;
+class EventFileWriter;
+
+// One scalar: DeepSpeed's (log_name, value, step) tuple. `samples` is the x axis, the
+// samples trained so far as DeepSpeed counts them (global_samples = steps x train_batch_size).
+struct Event {
+  std::string name;
+  double value = 0;
+  int64_t samples = 0;
+};
+
+// The events of one step, in the order DeepSpeed writes them: Train/Samples/train_loss at
+// the samples before the step (DeepSpeed logs it in backward, before global_samples
+// grows), then at the samples after it Train/Samples/lr, Train/Samples/loss_scale (fp16
+// only) and zerotrain's additions (grad norm, phase times and memory).
+std::vector<Event> step_events(const StepReport& r, const Config& c);
+
+// What an enabled "wandb" section gets instead of a wandb run (empty when it is off).
+std::string wandb_warning(const Config& c);
+
+class Monitor {
+ public:
+  // nullptr when neither tensorboard nor csv_monitor is enabled. Creates the directories
+  // and the event file (throws zt::Error naming a path that cannot be written) and prints
+  // where they are, and wandb_warning(c) to stderr when wandb is enabled. Call on one rank
+  // only (the engine: rank 0).
+  static std::unique_ptr<Monitor> create(const Config& c);
+  ~Monitor();
+
+  // step_events(r) to every enabled output, then flushed (as DeepSpeed flushes each write).
+  void write(const StepReport& r);
+  void write_events(const std::vector<Event>& events);
+
+  // Where the outputs go (empty when that output is off).
+  std::string tensorboard_file() const;
+  std::string csv_dir() const;
+
+ private:
+  explicit Monitor(const Config& c);
+  Config cfg_;
+  std::unique_ptr<EventFileWriter> tb_;
+  std::unique_ptr<CsvMonitor> csv_;
+};
+
+}  // namespace zt::monitor
