@@ -19,6 +19,7 @@
 #include "cli/train_model.h"
 #include "data/loader.h"
 #include "data/sampler.h"
+#include "data/shards.h"
 #include "data/token_dataset.h"
 #include "monitor/device_peak.h"
 #include "zerotrain/comm.h"
@@ -35,7 +36,12 @@ const char* kTrainUsage =
     "                      llama-tiny | llama3.2-1b | llama3-8b | path/to/config.json (Hugging Face\n"
     "                      LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM)\n"
     "  --layers/--embd/--heads/--vocab N   override the named size\n"
-    "  --data PATH|random  a text file (byte tokens) or random tokens (default: random)\n"
+    "  --data PATH|random  token shards (a glob such as 'dir/train_*.bin', written by zerotrain tokenize;\n"
+    "                      memory-mapped, each rank reads its windows), a text file (byte tokens, for the\n"
+    "                      demo) or random tokens (default: random)\n"
+    "  --val-data GLOB     validation shards: loss and perplexity every --eval-every steps and at the end\n"
+    "  --eval-every N      steps between validation passes (default: only at the end)\n"
+    "  --eval-batches N    micro batches per rank per pass (default 20; 0 = all of the rank's windows)\n"
     "  --steps N           optimizer steps (default 20)\n"
     "  --seq N             sequence length (default: min(1024, model positions))\n"
     "  --micro-batch N     fills train_micro_batch_size_per_gpu when the config says \"auto\" or omits it\n"
@@ -68,9 +74,10 @@ const char* kTrainUsage =
     "Run N ranks with: zerotrain launch -n N -- zerotrain train ...\n";
 
 struct Args {
-  std::string config, model = "gpt2-tiny", data = "random", metrics, summary, save, load, init_from, device, profile_out = "zerotrain-profile";
+  std::string config, model = "gpt2-tiny", data = "random", val_data, metrics, summary, save, load, init_from, device, profile_out = "zerotrain-profile";
   int64_t save_every = 0;
   int64_t profile_step = -1;
+  int64_t eval_every = 0, eval_batches = 20;
   int64_t steps = 20, seq = 0, micro = 0, accum = 0, layers = 0, embd = 0, heads = 0, vocab = 0, print_every = 0,
           warmup = 2, seed = 1234;
   double clip = 1.0, peak_tflops = -1;
@@ -98,6 +105,9 @@ Args parse_args(int argc, char** argv) {
     } else if (f == "--config") a.config = need(i);
     else if (f == "--model") a.model = need(i);
     else if (f == "--data") a.data = need(i);
+    else if (f == "--val-data") a.val_data = need(i);
+    else if (f == "--eval-every") a.eval_every = num(i);
+    else if (f == "--eval-batches") a.eval_batches = num(i);
     else if (f == "--metrics") a.metrics = need(i);
     else if (f == "--summary") a.summary = need(i);
     else if (f == "--steps") a.steps = num(i);
@@ -129,6 +139,7 @@ Args parse_args(int argc, char** argv) {
   ZT_CHECK_T(a.steps >= 1, ConfigError, "train: --steps must be at least 1");
   ZT_CHECK_T(a.save_every == 0 || !a.save.empty(), ConfigError, "train: --save-every needs --save DIR");
   ZT_CHECK_T(!a.save_async || !a.save.empty(), ConfigError, "train: --save-async needs --save DIR");
+  ZT_CHECK_T(a.eval_every == 0 || !a.val_data.empty(), ConfigError, "train: --eval-every needs --val-data GLOB");
   ZT_CHECK_T(a.device.empty() || a.device == "cpu" || a.device == "cuda", ConfigError,
              "train: --device must be cpu or cuda, got '", a.device, "'");
   return a;
@@ -171,6 +182,38 @@ double device_total_bytes(const torch::Device& d) {
   return 0;
 }
 
+// Token shards for `flag`, checked against the model's vocabulary: the shards' declared
+// vocabulary (header[3], written by zerotrain tokenize) or, for files that do not record
+// it (llm.c's), the largest id in them. Ids beyond the model's vocabulary are an error
+// always; with --init-from the vocabularies must also agree, up to the padding rows some
+// checkpoints add to the embedding (Qwen2, llm.c's 50304): at most kVocabPadding.
+std::shared_ptr<data::ShardDataset> open_shards(const std::vector<std::string>& files, const char* flag, int64_t seq,
+                                                int64_t model_vocab, bool init_from, int rank) {
+  constexpr int64_t kVocabPadding = 512;
+  for (const auto& f : files) {
+    ZT_CHECK_T(data::looks_like_shard(f), ConfigError, "train: ", flag, " file '", f,
+               "' is not a token shard (write shards with zerotrain tokenize)");
+  }
+  auto ds = std::make_shared<data::ShardDataset>(files, seq, model_vocab);
+  const bool declared = ds->declared_vocab() > 0;
+  const int64_t data_vocab = declared ? ds->declared_vocab() : ds->max_token_id() + 1;
+  const char* what = declared ? "a tokenizer vocabulary of" : "token ids up to (max id + 1)";
+  ZT_CHECK_T(data_vocab <= model_vocab, ConfigError, "train: ", flag, " shards ('", files[0], "', ...) have ", what,
+             " ", data_vocab, " but the model's vocabulary is ", model_vocab,
+             ": the data was tokenized for another model (use the model's tokenizer, or a model with --vocab ",
+             data_vocab, ")");
+  ZT_CHECK_T(!init_from || model_vocab - data_vocab <= kVocabPadding, ConfigError, "train: ", flag, " shards ('",
+             files[0], "', ...) have ", what, " ", data_vocab, " but the --init-from weights have a vocabulary of ",
+             model_vocab, ": the data was not tokenized with the model's tokenizer (tokenize with the tokenizer.json "
+             "that comes with the weights)");
+  if (rank == 0) {
+    std::printf("[zerotrain] %s: %zu shard(s), %lld tokens, %lld windows of %lld, vocabulary %lld%s\n", flag,
+                files.size(), static_cast<long long>(ds->num_tokens()), static_cast<long long>(ds->size()),
+                static_cast<long long>(seq), static_cast<long long>(data_vocab), declared ? "" : " (from the max id)");
+  }
+  return ds;
+}
+
 }  // namespace
 
 int cmd_train(int argc, char** argv) {
@@ -191,9 +234,33 @@ int cmd_train(int argc, char** argv) {
   const int64_t seq = a.seq > 0 ? a.seq : std::min<int64_t>(1024, model.max_seq);
   ZT_CHECK_T(seq <= model.max_seq, ConfigError, "train: --seq ", seq, " exceeds the model's ", model.max_seq,
              " positions");
-  const bool text = a.data != "random";
-  ZT_CHECK_T(!text || model.vocab_size >= 256, ConfigError, "train: a text file needs a vocabulary of at least 256 "
-             "(byte tokens); --vocab ", model.vocab_size, " is too small");
+  // --data: token shards (a glob), a text file (byte tokens) or random tokens.
+  std::vector<std::string> data_files;
+  if (a.data != "random") data_files = expand_glob_or_self(a.data);
+  const bool shards = !data_files.empty() && data::looks_like_shard(data_files[0]);
+  const bool text = !data_files.empty() && !shards;
+  if (text) {
+    ZT_CHECK_T(data_files.size() == 1, ConfigError, "train: --data '", a.data, "' matches ", data_files.size(),
+               " files that are not token shards; byte-token training takes one text file (tokenize many with "
+               "zerotrain tokenize)");
+    ZT_CHECK_T(model.vocab_size >= 256, ConfigError, "train: a text file needs a vocabulary of at least 256 "
+               "(byte tokens); --vocab ", model.vocab_size, " is too small");
+    ZT_CHECK_T(a.init_from.empty(), ConfigError, "train: --data '", a.data, "' is a text file, fed as byte tokens, "
+               "but --init-from weights have a ", model.vocab_size, "-token vocabulary of their own tokenizer; "
+               "tokenize the text with that tokenizer first (zerotrain tokenize --tokenizer DIR/tokenizer.json "
+               "--out SHARDS FILE) and pass --data 'SHARDS/data_train_*.bin'");
+  }
+  // The data sets come before initialize(): a tokenizer that does not match the model (or
+  // the --init-from weights) is reported before the engine is built.
+  std::shared_ptr<const data::Dataset> ds;
+  if (shards) ds = open_shards(data_files, "--data", seq, model.vocab_size, !a.init_from.empty(), rank);
+  else if (text) ds = std::make_shared<data::TokenDataset>(data_files[0], seq);
+  else ds = std::make_shared<data::RandomTokenDataset>(model.vocab_size, seq, static_cast<uint64_t>(a.seed));
+  std::shared_ptr<const data::ShardDataset> val_ds;
+  if (!a.val_data.empty()) {
+    val_ds = open_shards(expand_glob_or_self(a.val_data), "--val-data", seq, model.vocab_size, !a.init_from.empty(), rank);
+  }
+
   const double flops_per_token = model.flops_per_token(seq);
 
   EngineOptions eo;
@@ -211,9 +278,6 @@ int cmd_train(int argc, char** argv) {
   const torch::Device device = engine->device();
   const double peak = a.peak_tflops >= 0 ? a.peak_tflops : detect_peak_tflops(device, rank);
 
-  std::shared_ptr<const data::Dataset> ds;
-  if (text) ds = std::make_shared<data::TokenDataset>(a.data, seq);
-  else ds = std::make_shared<data::RandomTokenDataset>(model.vocab_size, seq, static_cast<uint64_t>(a.seed));
   data::DistributedSampler sampler(ds->size(), rank, world, /*shuffle=*/true, static_cast<uint64_t>(a.seed));
   data::Loader loader(ds, sampler, cfg.train_micro_batch_size_per_gpu, device);
 
@@ -235,7 +299,9 @@ int cmd_train(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     const auto pos = loader.state();
     engine->save_checkpoint(a.save, "",
-                            {{"data", {{"epoch", pos.epoch}, {"batch", pos.batch}}}, {"model", model_json}, {"seq", seq}},
+                            {{"data", {{"epoch", pos.epoch}, {"batch", pos.batch}, {"samples", ds->size()}}},
+                             {"model", model_json},
+                             {"seq", seq}},
                             a.save_async);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     collect_saves();
@@ -257,8 +323,16 @@ int cmd_train(int argc, char** argv) {
       std::printf("[zerotrain] checkpoint load: %.1f ms\n",
                   std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
-    if (client.contains("data")) loader.set_state({client["data"].at("epoch").get<int64_t>(),
-                                                   client["data"].at("batch").get<int64_t>()});
+    if (client.contains("data")) {
+      const nlohmann::json& d = client["data"];
+      // The position counts windows of this data set: resuming on other data (or another
+      // --seq) would silently start somewhere else.
+      ZT_CHECK_T(!d.contains("samples") || d["samples"].get<int64_t>() == ds->size(), ConfigError, "train: the "
+                 "checkpoint in ", a.load, " was saved at a data position over ", d["samples"].get<int64_t>(),
+                 " windows of ", seq, " tokens, but --data '", a.data, "' gives ", ds->size(),
+                 " (resume with the same --data and --seq)");
+      loader.set_state({d.at("epoch").get<int64_t>(), d.at("batch").get<int64_t>()});
+    }
     start = engine->global_steps();
     if (rank == 0) {
       std::printf("[zerotrain] resuming at step %lld of %lld\n", static_cast<long long>(start),
@@ -278,6 +352,55 @@ int cmd_train(int argc, char** argv) {
                 static_cast<long long>(cfg.gradient_accumulation_steps), world, a.data.c_str());
     std::fflush(stdout);
   }
+
+  // Validation: loss over this rank's windows of --val-data (rank r takes r, r + world, ...,
+  // the same count on every rank), averaged over all ranks' tokens. Parameters are
+  // gathered for the pass (ZeRO-3) and the model runs without gradients.
+  nlohmann::json evals = nlohmann::json::array();
+  auto evaluate = [&](int64_t step) {
+    const int64_t per_rank = val_ds->size() / world;
+    ZT_CHECK_T(per_rank > 0, ConfigError, "train: --val-data '", a.val_data, "' has ", val_ds->size(),
+               " windows of ", seq, " tokens, fewer than the ", world, " ranks");
+    const int64_t micro = cfg.train_micro_batch_size_per_gpu;
+    int64_t batches = (per_rank + micro - 1) / micro;
+    if (a.eval_batches > 0) batches = std::min(batches, a.eval_batches);
+    const auto t0 = std::chrono::steady_clock::now();
+    double sum = 0, count = 0;
+    model.module->eval();
+    engine->gather_params();
+    {
+      torch::NoGradGuard no_grad;
+      for (int64_t b = 0; b < batches; ++b) {
+        std::vector<torch::Tensor> xs, ys;
+        for (int64_t k = b * micro; k < std::min(per_rank, (b + 1) * micro); ++k) {
+          auto ex = val_ds->get(rank + k * world);
+          xs.push_back(ex.x);
+          ys.push_back(ex.y);
+        }
+        auto x = torch::stack(xs).to(device), y = torch::stack(ys).to(device);
+        const double n = static_cast<double>(y.numel());
+        sum += model.loss(x, y).item<double>() * n;
+        count += n;
+      }
+    }
+    engine->release_params();
+    model.module->train();
+    auto t = torch::tensor({sum, count}, torch::kDouble);
+    group->all_reduce(t, comm::ReduceOp::kSum);
+    const double loss = t[0].item<double>() / t[1].item<double>();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    evals.push_back({{"step", step}, {"val_loss", loss}, {"val_ppl", std::exp(loss)},
+                     {"val_tokens", static_cast<int64_t>(t[1].item<double>())}, {"ms", ms}});
+    if (rank == 0) {
+      std::printf("[zerotrain] validation at step %lld: loss %.6f, perplexity %.3f (%lld tokens, %.0f ms)\n",
+                  static_cast<long long>(step), loss, std::exp(loss), static_cast<long long>(t[1].item<double>()), ms);
+      std::fflush(stdout);
+      if (!a.metrics.empty()) {
+        std::ofstream f(a.metrics, std::ios::app);
+        f << nlohmann::json({{"step", step}, {"val_loss", loss}, {"val_ppl", std::exp(loss)}}).dump() << "\n";
+      }
+    }
+  };
 
   const int64_t print_every = a.print_every > 0 ? a.print_every : std::max<int64_t>(1, cfg.steps_per_print);
   const double tokens_per_step = static_cast<double>(cfg.train_batch_size) * static_cast<double>(seq);
@@ -352,6 +475,13 @@ int cmd_train(int argc, char** argv) {
     if (s >= first_timed) ++timed_steps;
     for (const auto& r : engine->take_reports()) consume(r);
     collect_saves();  // an async save may have been published by this step
+    if (val_ds && a.eval_every > 0 && (s + 1) % a.eval_every == 0 && s + 1 < a.steps) {
+      const auto te = std::chrono::steady_clock::now();
+      for (const auto& r : engine->take_reports(true)) consume(r);
+      evaluate(s + 1);
+      // Iteration time excludes validation (it is reported on its own).
+      if (s >= first_timed) save_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - te).count();
+    }
     if (a.save_every > 0 && (s + 1) % a.save_every == 0 && s + 1 < a.steps) {
       const auto ts = std::chrono::steady_clock::now();
       save();
@@ -364,6 +494,7 @@ int cmd_train(int argc, char** argv) {
   if (timed_steps > 0) {
     timed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - timed_t0).count() - save_ms;
   }
+  if (val_ds) evaluate(a.steps);
   if (!a.save.empty()) {
     save();
     const auto t0 = std::chrono::steady_clock::now();
@@ -450,6 +581,11 @@ int cmd_train(int argc, char** argv) {
           {"last_step", engine->last_report().to_json()},  // exposed comm, ZeRO-3 gathers, ...
       };
       if (!saves.empty()) sj["checkpoint_saves"] = saves;
+      if (!evals.empty()) {
+        sj["validation"] = evals;
+        sj["val_loss"] = evals.back()["val_loss"];
+        sj["val_ppl"] = evals.back()["val_ppl"];
+      }
       std::ofstream f(a.summary, std::ios::app);
       ZT_CHECK(f.good(), "cannot write ", a.summary);
       f << sj.dump() << "\n";

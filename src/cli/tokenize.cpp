@@ -1,0 +1,267 @@
+// `zerotrain tokenize`: text files or JSONL -> token shards in llm.c's format (see
+// [Shard Format] in data/shards.h), with the end-of-text token before every document,
+// several encoding threads, a progress line and an optional validation split.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "data/bpe_tokenizer.h"
+#include "data/shards.h"
+#include "zerotrain/error.h"
+
+namespace zt::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* kTokenizeUsage =
+    "usage: zerotrain tokenize --tokenizer TOKENIZER.json --out DIR [options] INPUT...\n\n"
+    "  INPUT               text files (each file is one document) or JSONL files (.jsonl/.json: one\n"
+    "                      JSON object per line, its text field is a document); globs are expanded\n"
+    "  --tokenizer PATH    a Hugging Face tokenizer.json (byte-level BPE), or a directory holding one\n"
+    "  --out DIR           where the shards go: DIR/NAME_train_000000.bin, ... and DIR/NAME_val_000000.bin\n"
+    "  --name NAME         shard name prefix (default: data)\n"
+    "  --shard-tokens N    tokens per shard (default 1e8); documents continue into the next shard\n"
+    "  --val-fraction F    every (1/F)-th document goes to the validation shards (default 0: none)\n"
+    "  --threads N         encoding threads (default: all cores)\n"
+    "  --text-field KEY    the JSONL field holding the text (default: text)\n"
+    "  --eot TOKEN         end-of-text token written before every document (default: the tokenizer's\n"
+    "                      <|endoftext|>, <|end_of_text|>, </s> or <|im_end|>)\n"
+    "Shards hold uint16 ids when the vocabulary fits (<= 65536 tokens), else uint32 (magic 20240801).\n";
+
+struct Args {
+  std::string tokenizer, out, name = "data", text_field = "text", eot;
+  std::vector<std::string> inputs;
+  int64_t shard_tokens = 100'000'000;
+  double val_fraction = 0;
+  int threads = 0;
+  bool help = false;
+};
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  auto need = [&](int& i) -> std::string {
+    ZT_CHECK_T(i + 1 < argc, ConfigError, "tokenize: ", argv[i], " needs a value");
+    return argv[++i];
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    if (f == "-h" || f == "--help") {
+      a.help = true;
+      return a;
+    } else if (f == "--tokenizer") a.tokenizer = need(i);
+    else if (f == "--out") a.out = need(i);
+    else if (f == "--name") a.name = need(i);
+    else if (f == "--text-field") a.text_field = need(i);
+    else if (f == "--eot") a.eot = need(i);
+    else if (f == "--shard-tokens") a.shard_tokens = parse_count("tokenize", f, need(i));
+    else if (f == "--threads") a.threads = static_cast<int>(parse_count("tokenize", f, need(i)));
+    else if (f == "--val-fraction") {
+      const std::string v = need(i);
+      try {
+        a.val_fraction = std::stod(v);
+      } catch (const std::exception&) {
+        a.val_fraction = -1;
+      }
+      ZT_CHECK_T(a.val_fraction >= 0 && a.val_fraction < 1, ConfigError,
+                 "tokenize: --val-fraction needs a number in [0, 1), got '", v, "'");
+    } else if (!f.empty() && f[0] == '-') {
+      throw ConfigError("tokenize: unknown option '" + f + "' (see zerotrain tokenize --help)");
+    } else {
+      for (auto& p : expand_glob_or_self(f)) a.inputs.push_back(p);
+    }
+  }
+  ZT_CHECK_T(!a.tokenizer.empty(), ConfigError, "tokenize: --tokenizer TOKENIZER.json is required");
+  ZT_CHECK_T(!a.out.empty(), ConfigError, "tokenize: --out DIR is required");
+  ZT_CHECK_T(!a.inputs.empty(), ConfigError, "tokenize: no input files (give text or JSONL files after the options)");
+  ZT_CHECK_T(a.shard_tokens >= 1, ConfigError, "tokenize: --shard-tokens must be at least 1");
+  return a;
+}
+
+bool is_jsonl(const std::string& path) {
+  const auto ext = fs::path(path).extension().string();
+  return ext == ".jsonl" || ext == ".json" || ext == ".ndjson";
+}
+
+// One split's shards: tokens accumulate and are written shard_tokens at a time.
+class SplitWriter {
+ public:
+  SplitWriter(std::string prefix, int64_t shard_tokens, int token_bytes, int64_t vocab)
+      : prefix_(std::move(prefix)), shard_tokens_(shard_tokens), token_bytes_(token_bytes), vocab_(vocab) {}
+  void add(int32_t eot, const std::vector<int32_t>& ids) {
+    buf_.push_back(static_cast<uint32_t>(eot));
+    for (int32_t t : ids) buf_.push_back(static_cast<uint32_t>(t));
+    ++docs_;
+    while (static_cast<int64_t>(buf_.size()) >= shard_tokens_) flush(static_cast<size_t>(shard_tokens_));
+  }
+  void finish() {
+    if (!buf_.empty()) flush(buf_.size());
+  }
+  int64_t tokens() const { return tokens_; }
+  int64_t docs() const { return docs_; }
+  const std::vector<std::string>& files() const { return files_; }
+
+ private:
+  void flush(size_t n) {
+    char num[16];
+    std::snprintf(num, sizeof(num), "%06zu", files_.size());
+    const std::string path = prefix_ + num + ".bin";
+    data::write_shard(path, std::span<const uint32_t>(buf_.data(), n), token_bytes_, vocab_);
+    files_.push_back(path);
+    tokens_ += static_cast<int64_t>(n);
+    buf_.erase(buf_.begin(), buf_.begin() + static_cast<std::ptrdiff_t>(n));
+  }
+  std::string prefix_;
+  int64_t shard_tokens_;
+  int token_bytes_;
+  int64_t vocab_;
+  std::vector<uint32_t> buf_;
+  std::vector<std::string> files_;
+  int64_t tokens_ = 0, docs_ = 0;
+};
+
+}  // namespace
+
+std::vector<std::string> expand_glob_or_self(const std::string& pattern) {
+  if (pattern.find_first_of("*?[") == std::string::npos) return {pattern};
+  return data::expand_glob(pattern);
+}
+
+int cmd_tokenize(int argc, char** argv) {
+  Args a = parse_args(argc, argv);
+  if (a.help) {
+    std::fputs(kTokenizeUsage, stdout);
+    return 0;
+  }
+  std::string tok_path = a.tokenizer;
+  if (fs::is_directory(tok_path)) tok_path = (fs::path(tok_path) / "tokenizer.json").string();
+  const auto tok = data::BpeTokenizer::from_file(tok_path);
+  int32_t eot = 0;
+  if (!a.eot.empty()) {
+    auto id = tok.token_to_id(a.eot);
+    ZT_CHECK_T(id.has_value(), ConfigError, "tokenize: --eot '", a.eot, "' is not a token of ", tok_path);
+    eot = *id;
+  } else {
+    auto id = tok.end_of_text_id();
+    ZT_CHECK_T(id.has_value(), ConfigError, "tokenize: ", tok_path,
+               " has none of <|endoftext|>, <|end_of_text|>, </s>, <|im_end|>; name the end-of-text token with --eot");
+    eot = *id;
+  }
+  const int64_t vocab = tok.vocab_size();
+  const int token_bytes = vocab <= 65536 ? 2 : 4;
+  const int threads = a.threads > 0 ? a.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::error_code ec;
+  fs::create_directories(a.out, ec);
+  ZT_CHECK_T(!ec, ConfigError, "tokenize: cannot create --out '", a.out, "': ", ec.message());
+  const std::string base = (fs::path(a.out) / a.name).string();
+  SplitWriter train(base + "_train_", a.shard_tokens, token_bytes, vocab);
+  SplitWriter val(base + "_val_", a.shard_tokens, token_bytes, vocab);
+
+  int64_t total_bytes = 0;
+  for (const auto& p : a.inputs) {
+    const auto sz = fs::file_size(p, ec);
+    ZT_CHECK_T(!ec, ConfigError, "tokenize: cannot read input '", p, "': ", ec.message());
+    total_bytes += static_cast<int64_t>(sz);
+  }
+  std::printf("[zerotrain] tokenize: %zu input file(s), %.1f MB, tokenizer %s (vocab %lld, eot %d '%s'), %d "
+              "thread(s), %s shards\n",
+              a.inputs.size(), total_bytes / 1e6, tok_path.c_str(), static_cast<long long>(vocab), eot,
+              tok.id_to_token(eot).c_str(), threads, token_bytes == 2 ? "uint16" : "uint32");
+  std::fflush(stdout);
+
+  const bool tty = ::isatty(fileno(stderr));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto last_print = t0;
+  int64_t read_bytes = 0, doc_index = 0;
+  std::vector<std::string> batch;
+  int64_t batch_bytes = 0;
+  auto progress = [&](bool final) {
+    const auto now = std::chrono::steady_clock::now();
+    if (!final && now - last_print < std::chrono::milliseconds(tty ? 200 : 5000)) return;
+    last_print = now;
+    const double s = std::chrono::duration<double>(now - t0).count();
+    std::fprintf(stderr, "%s[tokenize] %.1f / %.1f MB (%.0f%%), %lld documents, %.2fM tokens, %.1f MB/s%s",
+                 tty ? "\r" : "", read_bytes / 1e6, total_bytes / 1e6,
+                 total_bytes ? 100.0 * read_bytes / total_bytes : 100.0, static_cast<long long>(doc_index),
+                 (train.tokens() + val.tokens()) / 1e6, s > 0 ? read_bytes / s / 1e6 : 0.0,
+                 tty && !final ? "" : "\n");
+    std::fflush(stderr);
+  };
+  auto run_batch = [&] {
+    if (batch.empty()) return;
+    const auto ids = tok.encode_batch(batch, threads);
+    for (size_t i = 0; i < ids.size(); ++i, ++doc_index) {
+      const double f = a.val_fraction;
+      const bool is_val = f > 0 && std::floor((doc_index + 1) * f) > std::floor(doc_index * f);
+      (is_val ? val : train).add(eot, ids[i]);
+    }
+    batch.clear();
+    batch_bytes = 0;
+    progress(false);
+  };
+  auto add_doc = [&](std::string doc, int64_t bytes) {
+    read_bytes += bytes;
+    batch_bytes += static_cast<int64_t>(doc.size());
+    batch.push_back(std::move(doc));
+    if (batch_bytes >= (int64_t{8} << 20) || batch.size() >= 8192) run_batch();
+  };
+  for (const auto& path : a.inputs) {
+    std::ifstream in(path, std::ios::binary);
+    ZT_CHECK_T(in.good(), ConfigError, "tokenize: cannot open input '", path, "'");
+    if (is_jsonl(path)) {
+      std::string line;
+      int64_t lineno = 0;
+      while (std::getline(in, line)) {
+        ++lineno;
+        const int64_t bytes = static_cast<int64_t>(line.size()) + 1;
+        if (line.find_first_not_of(" \t\r") == std::string::npos) {
+          read_bytes += bytes;
+          continue;
+        }
+        nlohmann::json j;
+        try {
+          j = nlohmann::json::parse(line);
+        } catch (const std::exception& e) {
+          throw ConfigError(detail::cat("tokenize: ", path, ":", lineno, ": not valid JSON: ", e.what()));
+        }
+        ZT_CHECK_T(j.is_object() && j.contains(a.text_field) && j[a.text_field].is_string(), ConfigError,
+                   "tokenize: ", path, ":", lineno, ": no string field '", a.text_field,
+                   "' (name the field with --text-field)");
+        add_doc(j[a.text_field].get<std::string>(), bytes);
+      }
+    } else {
+      std::stringstream ss;
+      ss << in.rdbuf();
+      std::string doc = ss.str();
+      const auto bytes = static_cast<int64_t>(doc.size());
+      add_doc(std::move(doc), bytes);
+    }
+  }
+  run_batch();
+  train.finish();
+  val.finish();
+  progress(true);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const SplitWriter* w : {&train, &val}) {
+    if (w->files().empty()) continue;
+    std::printf("[zerotrain] %s: %lld documents, %lld tokens in %zu shard(s): %s%s\n", w == &train ? "train" : "val",
+                static_cast<long long>(w->docs()), static_cast<long long>(w->tokens()), w->files().size(),
+                w->files().front().c_str(), w->files().size() > 1 ? " ..." : "");
+  }
+  std::printf("[zerotrain] tokenized %.1f MB in %.2f s (%.1f MB/s, %.0f tokens/s)\n", read_bytes / 1e6, s,
+              s > 0 ? read_bytes / s / 1e6 : 0.0, s > 0 ? (train.tokens() + val.tokens()) / s : 0.0);
+  return 0;
+}
+
+}  // namespace zt::cli
