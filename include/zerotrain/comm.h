@@ -19,6 +19,27 @@
 // ZT_COMM_TIMEOUT in seconds). A missed deadline throws CommError naming the
 // collective, the group, the rank and the sequence number; the group is then broken
 // and every later call on it throws at once.
+//
+// [P2P Rules] (point-to-point messages: send, recv, batch_isend_irecv)
+//  * Messages between two ranks match in issue order: the k-th send from rank A to rank B
+//    pairs with the k-th recv on B from A (as NCCL does; there are no tags). k is the
+//    op's sequence number, named in errors as "send #k to peer B" / "recv #k from peer A"
+//    and counted per peer and direction by p2p_count(); sequence() counts collectives only.
+//  * A send and its recv must have the same element count and dtype. On CPU (MPI) every
+//    message carries a small header and a mismatch is a CommError naming both sides;
+//    NCCL cannot check it (a mismatch is a program bug: wrong data or a timeout).
+//  * batch_isend_irecv posts all its ops at once and returns one Work that completes
+//    when all have, so a rank can send and receive in any order without deadlock
+//    (a ring or an exchange in one batch). On CUDA the batch is one ncclGroupStart/End
+//    on the comm stream and follows [Stream Rules].
+//  * The deadlines are the collectives': a CPU Work::wait() or a CUDA synchronize() that
+//    passes the group's timeout names the pending ops (op, k, peer, rank, group) and
+//    breaks the group. A small CPU send may complete before its peer posts the recv (MPI
+//    buffers it); a recv, or a large send, waits for the peer.
+//  * The group's NCCL communicator is set up by its first CUDA call of any kind, which is
+//    collective: every rank of the group must make one.
+//  * Sending to oneself works inside a batch (post the recv with the send); a blocking
+//    send or recv to oneself could never complete and is refused.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -60,6 +81,23 @@ class Work {
 };
 using WorkPtr = std::shared_ptr<Work>;
 
+// One message of a batch (Group::batch_isend_irecv): send `tensor` to, or receive it
+// from, rank `peer` of the group. See [P2P Rules].
+struct P2POp {
+  enum class Kind { kSend, kRecv };
+  Kind kind = Kind::kSend;
+  at::Tensor tensor;  // contiguous; a recv writes into it
+  int peer = 0;       // rank in the group
+};
+inline P2POp isend(const at::Tensor& t, int peer) { return {P2POp::Kind::kSend, t, peer}; }
+inline P2POp irecv(const at::Tensor& t, int peer) { return {P2POp::Kind::kRecv, t, peer}; }
+
+// Point-to-point messages this rank has issued to and from one peer (see [P2P Rules]).
+struct P2PCount {
+  int64_t sent = 0;      // sends to the peer; the next one is "send #sent"
+  int64_t received = 0;  // recvs from the peer
+};
+
 class Group {
  public:
   virtual ~Group() = default;
@@ -88,8 +126,21 @@ class Group {
   // by key (then by rank). A rank passing color < 0 gets nullptr.
   virtual std::shared_ptr<Group> split(int color, int key) = 0;
 
-  // Number of collectives issued on this group (for diagnosis).
+  // Number of collectives issued on this group (for diagnosis; not point-to-point).
   virtual int64_t sequence() const = 0;
+
+  // Point-to-point messages ([P2P Rules]). Tensors are contiguous, any dtype whose
+  // element is 1, 2, 4 or 8 bytes on CPU (any dtype on CUDA: NCCL moves bytes), all of a batch on
+  // CPU or all on the group's CUDA device. Blocking like a collective with async=false:
+  // on CPU they return once done (or throw at the timeout); on CUDA the current stream
+  // waits (call synchronize() on the result for a host-side deadline).
+  virtual WorkPtr send(const at::Tensor& t, int peer) = 0;
+  virtual WorkPtr recv(at::Tensor& t, int peer) = 0;
+  // Posts every op at once; the Work completes when all have. wait() throws the first
+  // failure (a size/dtype mismatch after all ops finished, or a timeout). An empty list
+  // gives a finished Work. Recv buffers must not overlap any other buffer of the batch.
+  virtual WorkPtr batch_isend_irecv(const std::vector<P2POp>& ops) = 0;
+  virtual P2PCount p2p_count(int peer) const = 0;
 };
 using GroupPtr = std::shared_ptr<Group>;
 

@@ -43,8 +43,20 @@ std::string rank_file_name(int rank) {
   std::snprintf(s, sizeof s, "rank_%05d.safetensors", rank);
   return s;
 }
-std::string state_key(const std::string& kind, const std::string& name, int64_t begin) {
-  return kind + "/" + name + "/" + std::to_string(begin);
+// KIND/ID/BEGIN, ID = param_id(name, coordinates) ([Shard Keys]).
+std::string state_key(const std::string& kind, const std::string& id, int64_t begin) {
+  return kind + "/" + id + "/" + std::to_string(begin);
+}
+
+std::optional<ShardLayout>& test_layout() {
+  static std::optional<ShardLayout> l;
+  return l;
+}
+// The coordinates a save or load uses: the engine's, else the tests', else the default.
+const ShardLayout& layout_of(const EngineParts& e) {
+  static const ShardLayout kDefault;
+  if (e.layout != nullptr) return *e.layout;
+  return test_layout() ? *test_layout() : kDefault;
 }
 
 // Fault injection for the crash tests: ZT_CKPT_TEST_CRASH=POINT:RANK makes that rank
@@ -138,12 +150,17 @@ nlohmann::json tensor_meta(const torch::Tensor& t) {
 struct ConsolidatedReader::Impl {
   std::string dir;  // DIR/TAG
   nlohmann::json manifest;
-  std::map<std::string, std::vector<std::array<int64_t, 3>>> fragments;  // name -> {file, begin, end}
+  // param id (name and shard coordinates, [Shard Keys]) -> {file, begin, end}
+  std::map<std::string, std::vector<std::array<int64_t, 3>>> fragments;
   std::map<int, std::unique_ptr<models::SafetensorsFile>> open;
 
   Impl(std::string d, nlohmann::json m) : dir(std::move(d)), manifest(std::move(m)) {
     for (const auto& p : manifest.at("params")) {
-      auto& v = fragments[p.at("name").get<std::string>()];
+      const std::string name = p.at("name").get<std::string>();
+      const ShardCoord c = coord_of_entry(p, detail::cat("checkpoint '", dir, "': parameter '", name, "'"));
+      auto& v = fragments[param_id(name, c)];
+      ZT_CHECK_T(v.empty(), CheckpointError, "checkpoint '", dir, "' lists parameter '", name, "' twice at ",
+                 describe(c));
       for (const auto& f : p.at("fragments")) v.push_back({f[0].get<int64_t>(), f[1].get<int64_t>(), f[2].get<int64_t>()});
       std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a[1] < b[1]; });
     }
@@ -185,7 +202,8 @@ struct ConsolidatedReader::Impl {
     return *open.emplace(idx, std::move(sf)).first->second;
   }
 
-  // Elements [begin, end) of parameter `name`'s `kind` state, fp32 on the CPU.
+  // Elements [begin, end) of the `kind` state of the parameter with id `name`
+  // (param_id: its name and shard coordinates), fp32 on the CPU.
   torch::Tensor fetch(const std::string& name, int64_t begin, int64_t end, const std::string& kind) {
     auto it = fragments.find(name);
     ZT_CHECK_T(it != fragments.end(), CheckpointError, "checkpoint '", dir, "' has no parameter '", name, "'");
@@ -232,8 +250,10 @@ nlohmann::json read_manifest(const std::string& dir, const std::string& tag_in) 
     throw CheckpointError(detail::cat("checkpoint manifest '", path, "' is not valid JSON: ", ex.what()));
   }
   ZT_CHECK_T(m.value("format", "") == kFormat, CheckpointError, "'", path, "' is not a zerotrain checkpoint manifest");
-  ZT_CHECK_T(m.value("version", 0) == kVersion, CheckpointError, "'", path, "' has format version ",
-             m.value("version", 0), "; this build reads version ", kVersion);
+  const int version = m.value("version", 0);
+  ZT_CHECK_T(version >= kOldestReadableVersion && version <= kVersion, CheckpointError, "'", path,
+             "' has format version ", version, "; this build reads versions ", kOldestReadableVersion, " to ",
+             kVersion, version > kVersion ? " (it was written by a newer zerotrain)" : "");
   for (const char* key : {"files", "params", "extra", "counters", "state_kinds", "world_size"}) {
     ZT_CHECK_T(m.contains(key), CheckpointError, "checkpoint manifest '", path, "' lacks \"", key, "\"");
   }
@@ -256,14 +276,13 @@ std::vector<std::string> ConsolidatedReader::extra_names() const {
   return n;
 }
 torch::Tensor ConsolidatedReader::param(const std::string& name) {
-  for (const auto& p : manifest_.at("params")) {
-    if (p.at("name") != name) continue;
-    auto shape = p.at("shape").get<std::vector<int64_t>>();
-    int64_t numel = 1;
-    for (auto s : shape) numel *= s;
-    return impl_->fetch(name, 0, numel, "master").view(shape);
-  }
-  throw CheckpointError(detail::cat("checkpoint '", impl_->dir, "' has no parameter '", name, "'"));
+  // The whole parameter (default coordinates); shards of a model-parallel layout would
+  // need assembling, which is not supported yet (find_param_entry says so).
+  const auto& p = manifest_.at("params")[find_param_entry(manifest_.at("params"), name, ShardCoord{}, impl_->dir)];
+  auto shape = p.at("shape").get<std::vector<int64_t>>();
+  int64_t numel = 1;
+  for (auto s : shape) numel *= s;
+  return impl_->fetch(name, 0, numel, "master").view(shape);
 }
 torch::Tensor ConsolidatedReader::extra(const std::string& name) {
   const auto& sf = impl_->file(0);
@@ -290,6 +309,7 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 void testing::set_before_shard_write(std::function<void(const std::string& path)> hook) {
   before_write_hook() = std::move(hook);
 }
+void testing::set_shard_layout(std::optional<ShardLayout> layout) { test_layout() = std::move(layout); }
 
 struct Snapshot {
   std::string dir, tag, partial, final_dir;
@@ -344,9 +364,15 @@ std::unique_ptr<Snapshot> take_snapshot(EngineParts& e, const std::string& dir, 
   const auto kinds = e.zero.state_kinds();
   const auto managed = e.zero.user_params();
   const auto shapes = e.zero.user_param_shapes();
+  const ShardLayout& layout = layout_of(e);
   Names names;
+  std::vector<std::string> ids;  // per managed parameter: name and coordinates
   collective(g, [&] {
     names = model_names(e.model, managed);
+    for (const auto& name : names.managed) {
+      validate(layout.of(name), "shard coordinates of parameter '" + name + "'");
+      ids.push_back(param_id(name, layout.of(name)));
+    }
     const auto frags = e.zero.state_fragments();
     torch::Tensor flat;
     if (copy_into != nullptr) {
@@ -377,8 +403,8 @@ std::unique_ptr<Snapshot> take_snapshot(EngineParts& e, const std::string& dir, 
       return dst;
     };
     for (const auto& f : frags) {
-      const std::string& name = names.managed[f.param];
-      for (size_t k = 0; k < kinds.size(); ++k) s->tensors[state_key(kinds[k], name, f.begin)] = keep(f.state[k]);
+      const std::string& id = ids[f.param];
+      for (size_t k = 0; k < kinds.size(); ++k) s->tensors[state_key(kinds[k], id, f.begin)] = keep(f.state[k]);
       s->frags.push_back({f.param, f.begin, f.end});
     }
     s->tensors["rng/cpu"] = at::detail::getDefaultCPUGenerator().get_state();
@@ -420,6 +446,7 @@ std::unique_ptr<Snapshot> take_snapshot(EngineParts& e, const std::string& dir, 
     nlohmann::json params = nlohmann::json::array();
     for (size_t i = 0; i < managed.size(); ++i) {
       params.push_back({{"name", names.managed[i]},
+                        {"shard", to_json(layout.of(names.managed[i]))},
                         {"shape", shapes[i]},
                         {"dtype", models::safetensors_dtype_name(managed[i].scalar_type())},
                         {"fragments", nlohmann::json::array()}});
@@ -633,8 +660,9 @@ nlohmann::json load_checkpoint(EngineParts& e, const std::string& dir, const std
   const auto kinds = e.zero.state_kinds();
   const auto managed = e.zero.user_params();
   const auto shapes = e.zero.user_param_shapes();
+  const ShardLayout& layout = layout_of(e);
   Names names;
-  std::map<std::string, int> index;  // manifest param name -> position
+  std::vector<std::string> ids;  // per managed parameter: its id in the checkpoint
   // Phase 1 (no state changes): manifest, names, shapes, optimizer kinds, this rank's files.
   collective(g, [&] {
     m = read_manifest(dir, tag_in);
@@ -642,17 +670,20 @@ nlohmann::json load_checkpoint(EngineParts& e, const std::string& dir, const std
     rd = std::make_unique<ConsolidatedReader::Impl>(cdir, m);
     names = model_names(e.model, managed);
     const auto& params = m.at("params");
-    for (size_t i = 0; i < params.size(); ++i) index[params[i].at("name").get<std::string>()] = static_cast<int>(i);
     for (size_t i = 0; i < managed.size(); ++i) {
-      auto it = index.find(names.managed[i]);
-      ZT_CHECK_T(it != index.end(), CheckpointError, "checkpoint '", cdir, "' has no parameter '", names.managed[i],
-                 "' that this model trains");
-      auto shape = params[it->second].at("shape").get<std::vector<int64_t>>();
+      // Exactly this rank's shard of the parameter ([Shard Keys]): other coordinates are a
+      // CheckpointError naming the tensor, never a silent load of another shard.
+      const ShardCoord want = layout.of(names.managed[i]);
+      const auto& p = params[find_param_entry(params, names.managed[i], want, cdir)];
+      auto shape = p.at("shape").get<std::vector<int64_t>>();
       ZT_CHECK_T(shape == shapes[i], CheckpointError, "checkpoint '", cdir, "': parameter '", names.managed[i],
                  "' has shape ", c10::IntArrayRef(shape), " but the model's is ", c10::IntArrayRef(shapes[i]));
+      ids.push_back(param_id(names.managed[i], want));
     }
-    ZT_CHECK_T(params.size() == managed.size(), CheckpointError, "checkpoint '", cdir, "' holds ", params.size(),
-               " trained parameters but this model trains ", managed.size());
+    std::set<std::string> saved_names;  // a name held at several coordinates counts once
+    for (const auto& p : params) saved_names.insert(p.at("name").get<std::string>());
+    ZT_CHECK_T(saved_names.size() == managed.size(), CheckpointError, "checkpoint '", cdir, "' holds ",
+               saved_names.size(), " trained parameters but this model trains ", managed.size());
     const auto saved_kinds = m.at("state_kinds").get<std::vector<std::string>>();
     for (const auto& k : kinds) {
       ZT_CHECK_T(std::find(saved_kinds.begin(), saved_kinds.end(), k) != saved_kinds.end(), CheckpointError,
@@ -674,7 +705,7 @@ nlohmann::json load_checkpoint(EngineParts& e, const std::string& dir, const std
   // every rank; the engine is then unusable and must be rebuilt.
   collective(g, [&] {
     e.zero.import_state([&](int param, int64_t begin, int64_t end, const std::string& kind) {
-      return rd->fetch(names.managed[param], begin, end, kind);
+      return rd->fetch(ids[param], begin, end, kind);
     });
     const auto& f0 = rd->file(0);
     for (const auto& [name, t] : names.extra) {

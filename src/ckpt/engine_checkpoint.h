@@ -9,10 +9,12 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "ckpt/shard_coords.h"
 #include "optim/loss_scaler.h"
 #include "zero/zero_optimizer.h"
 #include "zerotrain/comm.h"
@@ -22,7 +24,10 @@
 namespace zt::ckpt {
 
 constexpr const char* kFormat = "zerotrain-checkpoint";
-constexpr int kVersion = 1;
+// 2: params entries carry shard coordinates ([Shard Keys] in ckpt/shard_coords.h).
+// Version 1 (no coordinates: every parameter whole, stage 0, dense) still loads.
+constexpr int kVersion = 2;
+constexpr int kOldestReadableVersion = 1;
 
 // The engine's step counters (see EngineImpl).
 struct Counters {
@@ -42,6 +47,9 @@ struct EngineParts {
   torch::Device device;
   at::ScalarType dtype;
   Counters& counters;
+  // This rank's shard coordinates per trained parameter ([Shard Keys]); null: every
+  // parameter at the default (tp 1, pipeline stage 0, dense), as today's engine runs.
+  const ShardLayout* layout = nullptr;
 };
 
 // Collective. Writes DIR/TAG/ and then DIR/latest (see [Checkpoint Protocol] in the .cpp).
@@ -88,6 +96,9 @@ namespace testing {
 // Tests only: called on the writer (async) or calling (sync) thread with the path of the
 // rank's file just before it is written.
 void set_before_shard_write(std::function<void(const std::string& path)> hook);
+// Tests only: the layout used by saves and loads whose EngineParts has none (nullopt:
+// the default), until the engine passes the layout of its model-parallel features.
+void set_shard_layout(std::optional<ShardLayout> layout);
 }  // namespace testing
 
 // Collective. tag "" = the tag in DIR/latest. Returns the saved client_state. Throws

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "comm/nccl.h"
+#include "comm/p2p.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/error.h"
 
@@ -120,6 +121,7 @@ class GroupImpl : public Group, public std::enable_shared_from_this<GroupImpl> {
   GroupImpl(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    p2p_.resize(size_);
     const char* t = std::getenv("ZT_COMM_TIMEOUT");
     timeout_ = std::chrono::milliseconds(static_cast<int64_t>((t ? std::atof(t) : 600.0) * 1000));
   }
@@ -317,6 +319,88 @@ class GroupImpl : public Group, public std::enable_shared_from_this<GroupImpl> {
     ZT_MPI_CHECK(MPI_Ibarrier(comm_, w->request()), what);
     w->wait();
   }
+  // --- point-to-point messages ([P2P Rules])
+  WorkPtr send(const at::Tensor& t, int peer) override { return p2p("send", {isend(t, peer)}, /*blocking=*/true); }
+  WorkPtr recv(at::Tensor& t, int peer) override { return p2p("recv", {irecv(t, peer)}, /*blocking=*/true); }
+  WorkPtr batch_isend_irecv(const std::vector<P2POp>& ops) override {
+    return p2p("batch_isend_irecv", ops, /*blocking=*/false);
+  }
+  P2PCount p2p_count(int peer) const override {
+    ZT_CHECK_T(peer >= 0 && peer < size_, CommError, "p2p_count: peer ", peer, " is not a rank of group '", name_,
+               "' (size ", size_, ")");
+    return p2p_[peer];
+  }
+
+  // Checks every op before anything is sent or counted (a refused call leaves the group
+  // usable and the sequence numbers unchanged).
+  void check_p2p(const char* call, const std::vector<P2POp>& ops, bool blocking) const {
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const P2POp& op = ops[i];
+      const bool send = op.kind == P2POp::Kind::kSend;
+      const std::string who = blocking ? std::string(call) : detail::cat(call, " op ", i, " (", send ? "isend" : "irecv", ")");
+      ZT_CHECK_T(op.peer >= 0 && op.peer < size_, CommError, who, ": peer ", op.peer, " is not a rank of group '", name_,
+                 "' (size ", size_, ", ranks 0..", size_ - 1, ")");
+      ZT_CHECK_T(!blocking || op.peer != rank_, CommError, who, ": rank ", rank_, " of group '", name_,
+                 "' names itself as the peer; a blocking ", call,
+                 " to oneself can never complete: post the isend and the irecv together in one batch_isend_irecv");
+      const at::Tensor& t = op.tensor;
+      ZT_CHECK_T(t.defined() && t.is_contiguous(), CommError, who,
+                 ": tensors must be defined and contiguous (send t.contiguous(); receive into a contiguous buffer, "
+                 "then copy)");
+      ZT_CHECK_T(t.device() == ops[0].tensor.device(), CommError, who, ": tensor on ", t.device(), " but op 0's is on ",
+                 ops[0].tensor.device(), "; a batch is all on CPU or all on one CUDA device");
+      if (!t.is_cuda()) {
+        const size_t es = t.element_size();
+        ZT_CHECK_T(es == 1 || es == 2 || es == 4 || es == 8, CommError, who, ": dtype ", c10::toString(t.scalar_type()),
+                   " is not supported by the MPI backend (elements of 1, 2, 4 or 8 bytes)");
+        ZT_CHECK_T(t.numel() <= std::numeric_limits<int>::max(), CommError, who, ": CPU tensor of ", t.numel(),
+                   " elements is over MPI's limit of ", std::numeric_limits<int>::max(), " per call; split it into chunks");
+      }
+      if (send || t.numel() == 0) continue;
+      for (size_t j = 0; j < ops.size(); ++j) {
+        const at::Tensor& o = ops[j].tensor;
+        ZT_CHECK_T(j == i || !o.defined() || o.numel() == 0 || !overlaps(t, o), CommError, who,
+                   ": its buffer overlaps the buffer of op ", j,
+                   "; a recv buffer must not overlap any other buffer of the batch");
+      }
+    }
+  }
+
+  WorkPtr p2p(const char* call, const std::vector<P2POp>& ops, bool blocking) {
+    const std::string where = detail::cat(" on rank ", rank_, " of group '", name_, "' (size ", size_, ")");
+    check_usable(detail::cat(call, where));
+    check_p2p(call, ops, blocking);
+    const bool cuda = !ops.empty() && ops[0].tensor.is_cuda();
+    // Sequence numbers as they will be if the call goes out (counted only then).
+    std::vector<P2PCount> next = p2p_;
+    std::vector<P2PItem> items;
+    items.reserve(ops.size());
+    for (const P2POp& op : ops) {
+      P2PItem it;
+      it.send = op.kind == P2POp::Kind::kSend;
+      it.tensor = op.tensor;
+      it.peer = op.peer;
+      it.seq = it.send ? next[op.peer].sent++ : next[op.peer].received++;
+      items.push_back(std::move(it));
+    }
+    for (P2PItem& it : items) it.what = describe_items({it}) + where;
+    const std::string what =
+        blocking ? items[0].what : detail::cat(call, " of ", items.size(), " ops [", describe_items(items), "]", where);
+    if (cuda) {
+      NcclComm& c = nccl(ops[0].tensor, what);
+      p2p_ = std::move(next);
+      return c.p2p(items, /*async=*/!blocking, what);
+    }
+    p2p_ = std::move(next);
+    std::weak_ptr<GroupImpl> self = weak_from_this();
+    WorkPtr w = post_mpi_p2p(comm_, std::move(items), what, timeout_, [self](const std::string& why) {
+      if (auto g = self.lock()) g->mark_broken(why);
+      else note_comm_failure();
+    });
+    if (blocking) w->wait();
+    return w;
+  }
+
   std::shared_ptr<Group> split(int color, int key) override {
     check_usable("split");
     MPI_Comm sub = MPI_COMM_NULL;
@@ -335,6 +419,7 @@ class GroupImpl : public Group, public std::enable_shared_from_this<GroupImpl> {
   int64_t seq_ = 0;
   std::string broken_;
   std::unique_ptr<NcclComm> nccl_;
+  std::vector<P2PCount> p2p_;  // per peer rank: messages issued to and from it
   friend class MpiWork;
 };
 
@@ -391,6 +476,7 @@ GroupPtr g_world;
 }  // namespace
 
 void note_comm_failure() { g_failed = true; }
+bool comm_failed() { return g_failed; }
 
 GroupPtr world_group() {
   std::call_once(g_init_once, [] {

@@ -115,7 +115,7 @@ class NcclCommImpl : public NcclComm {
 
   // Orders the comm stream after the caller's stream, runs `launch`, records done.
   template <typename Launch>
-  WorkPtr run(const std::string& what, std::initializer_list<at::Tensor> tensors, bool async, Launch launch) {
+  WorkPtr run(const std::string& what, const std::vector<at::Tensor>& tensors, bool async, Launch launch) {
     ZT_CHECK_T(!h_->aborted, CommError, what, ": the NCCL communicator was aborted after an earlier timeout");
     c10::cuda::CUDAGuard g(device_);
     auto cur = at::cuda::getCurrentCUDAStream(device_);
@@ -164,6 +164,27 @@ class NcclCommImpl : public NcclComm {
       for (int p = 0; p < n; ++p) {
         ncclSend(static_cast<const char*>(in.data_ptr()) + p * bytes, chunk, dt, p, comm_, s);
         ncclRecv(static_cast<char*>(out.data_ptr()) + p * bytes, chunk, dt, p, comm_, s);
+      }
+      return ncclGroupEnd();
+    });
+  }
+  // Bytes on the wire (ncclUint8): any dtype travels, and a send and its recv agree on
+  // the count when their sizes in bytes agree ([P2P Rules]: NCCL cannot check dtypes).
+  WorkPtr p2p(const std::vector<P2PItem>& items, bool async, const std::string& what) override {
+    std::vector<at::Tensor> tensors;
+    tensors.reserve(items.size());
+    for (const P2PItem& it : items) tensors.push_back(it.tensor);
+    return run(what, tensors, async, [&](cudaStream_t s) -> ncclResult_t {
+      ncclResult_t r = ncclGroupStart();
+      if (r != ncclSuccess) return r;
+      for (const P2PItem& it : items) {
+        const size_t bytes = it.tensor.nbytes();
+        r = it.send ? ncclSend(it.tensor.const_data_ptr(), bytes, ncclUint8, it.peer, comm_, s)
+                    : ncclRecv(it.tensor.data_ptr(), bytes, ncclUint8, it.peer, comm_, s);
+        if (r != ncclSuccess && r != ncclInProgress) {
+          ncclGroupEnd();
+          return r;
+        }
       }
       return ncclGroupEnd();
     });

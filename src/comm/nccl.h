@@ -6,7 +6,9 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "comm/p2p.h"
 #include "zerotrain/comm.h"
 
 namespace zt::comm {
@@ -32,10 +34,15 @@ class NcclComm {
   virtual WorkPtr all_gather(at::Tensor& out, const at::Tensor& in, bool async, const std::string& what) = 0;
   virtual WorkPtr broadcast(at::Tensor& t, int root, bool async, const std::string& what) = 0;
   virtual WorkPtr all_to_all(at::Tensor& out, const at::Tensor& in, bool async, const std::string& what) = 0;
+  // Point-to-point messages ([P2P Rules]): every item's ncclSend/ncclRecv in one
+  // ncclGroupStart/End on the comm stream.
+  virtual WorkPtr p2p(const std::vector<P2PItem>& items, bool async, const std::string& what) = 0;
 };
 
 // Records that a collective failed, so finalize() skips MPI_Finalize (it would wait for
 // peers that may be gone). Defined in group.cpp.
 void note_comm_failure();
+// True once some collective or message failed (see note_comm_failure).
+bool comm_failed();
 
 }  // namespace zt::comm

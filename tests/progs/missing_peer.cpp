@@ -8,6 +8,10 @@
 //   MODE cuda-setup:    rank 0's first CUDA collective (times out setting up NCCL).
 //   MODE cuda-sync:     both ranks set up NCCL with one CUDA all_reduce, then rank 0's
 //                       second one times out in Work::synchronize() (communicator aborted).
+//   MODE p2p-recv:      rank 0 receives from rank 1, which never sends (CPU).
+//   MODE p2p-batch:     rank 0 posts a batch of a large send to and a recv from rank 1;
+//                       rank 1 posts neither (CPU). The error names both pending ops.
+//   MODE cuda-p2p:      as cuda-sync, but rank 0's second CUDA call is a recv.
 // The CUDA modes need 2 GPUs (rank r uses cuda:LOCAL_RANK).
 #include <ATen/ATen.h>
 
@@ -26,12 +30,14 @@
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "cpu";
   try {
-    if (mode != "cpu" && mode != "cuda-setup" && mode != "cuda-sync") {
-      std::fprintf(stderr, "usage: prog_missing_peer [cpu|cuda-setup|cuda-sync]\n");
+    const bool cuda = mode.rfind("cuda", 0) == 0;
+    if (mode != "cpu" && mode != "cuda-setup" && mode != "cuda-sync" && mode != "p2p-recv" && mode != "p2p-batch" &&
+        mode != "cuda-p2p") {
+      std::fprintf(stderr, "usage: prog_missing_peer [cpu|cuda-setup|cuda-sync|p2p-recv|p2p-batch|cuda-p2p]\n");
       return 2;
     }
     at::TensorOptions opts(at::kFloat);
-    if (mode != "cpu") {
+    if (cuda) {
 #ifdef ZT_WITH_CUDA
       const char* lr = std::getenv("LOCAL_RANK");
       auto dev = static_cast<c10::DeviceIndex>(lr ? std::atoi(lr) : 0);
@@ -45,7 +51,7 @@ int main(int argc, char** argv) {
     zt::comm::GroupPtr world = zt::comm::world_group();
     std::printf("timeout %.1f s\n", world->timeout().count() / 1000.0);
     std::fflush(stdout);
-    if (mode == "cuda-sync") {
+    if (mode == "cuda-sync" || mode == "cuda-p2p") {
       at::Tensor t = at::ones({1001}, opts);
       world->all_reduce(t);  // both ranks: sets up NCCL
       std::printf("NCCL set up: sum %.0f\n", t.sum().item<double>());
@@ -57,7 +63,14 @@ int main(int argc, char** argv) {
       try {
         // CUDA: async=false only orders the current stream; synchronize() is where the
         // host waits (with the timeout). CPU: all_reduce itself waits.
-        world->all_reduce(t, zt::comm::ReduceOp::kSum, /*async=*/false)->synchronize();
+        if (mode == "p2p-recv" || mode == "cuda-p2p") {
+          world->recv(t, 1)->synchronize();
+        } else if (mode == "p2p-batch") {
+          at::Tensor big = at::ones({1 << 20}, opts);  // past MPI's eager limit: waits for the peer
+          world->batch_isend_irecv({zt::comm::isend(big, 1), zt::comm::irecv(t, 1)})->wait();
+        } else {
+          world->all_reduce(t, zt::comm::ReduceOp::kSum, /*async=*/false)->synchronize();
+        }
       } catch (const zt::CommError& e) {
         double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         std::fprintf(stderr, "prog_missing_peer: CommError after %.1f s: %s\n", s, e.what());
@@ -71,11 +84,11 @@ int main(int argc, char** argv) {
         }
         return 1;
       }
-      std::printf("all_reduce returned: unexpected\n");
+      std::printf("%s returned: unexpected\n", mode.c_str());
       return 0;
     }
     std::this_thread::sleep_for(std::chrono::seconds(8));
-    std::printf("rank %d never joined the all_reduce; exiting 0\n", world->rank());
+    std::printf("rank %d never joined rank 0's call; exiting 0\n", world->rank());
     return 0;  // no finalize: it would wait for rank 0
   } catch (const zt::Error& e) {
     std::fprintf(stderr, "prog_missing_peer: error: %s\n", e.what());

@@ -115,7 +115,8 @@ TEST(LaunchFailure, RankExitsBeforeMpiStarts) {
   expect_rank1_code3(r);
 }
 
-void expect_missing_peer_timeout(const std::string& mode) {
+// `names`: what the error must name (the collective, or the pending messages).
+void expect_missing_peer_timeout(const std::string& mode, const std::vector<std::string>& names = {"all_reduce"}) {
   Launched r = launch("-n 2 -- " + prog("missing_peer") + " " + mode, "ZT_COMM_TIMEOUT=2");
   EXPECT_NE(r.code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "[rank 0] timeout 2.0 s")) << "ZT_COMM_TIMEOUT must reach the ranks\n" << r.output;
@@ -123,7 +124,7 @@ void expect_missing_peer_timeout(const std::string& mode) {
   size_t at = r.output.find("[rank 0] prog_missing_peer: CommError");
   ASSERT_NE(at, std::string::npos) << r.output;
   const std::string msg = r.output.substr(at, r.output.find('\n', at) - at);
-  EXPECT_TRUE(contains(msg, "all_reduce")) << msg;
+  for (const std::string& name : names) EXPECT_TRUE(contains(msg, name)) << msg;
   EXPECT_TRUE(contains(msg, "rank 0")) << msg;
   EXPECT_TRUE(contains(msg, "timed out")) << msg;
   EXPECT_TRUE(contains(msg, "ZT_COMM_TIMEOUT")) << "the message says how to raise the limit: " << msg;
@@ -146,12 +147,21 @@ void expect_missing_peer_timeout(const std::string& mode) {
 
 TEST(LaunchFailure, MissingPeerTimesOut) { expect_missing_peer_timeout("cpu"); }
 
+// Point-to-point ([P2P Rules]): a recv whose sender never comes, and a batch whose peer
+// posts nothing, are named (op, sequence number, peer, rank, group) at the timeout.
+TEST(LaunchFailure, MissingPeerTimesOutInP2P) {
+  expect_missing_peer_timeout("p2p-recv", {"recv #0 from peer 1 (1001 x Float) on rank 0 of group 'world'"});
+  expect_missing_peer_timeout("p2p-batch", {"batch_isend_irecv of 2 ops", "on rank 0 of group 'world'",
+                                            "pending: send #0 to peer 1 (1048576 x Float), recv #0 from peer 1"});
+}
+
 // The same on GPUs: a peer missing from the first CUDA collective (NCCL set-up), and
 // from a later one (Work::synchronize aborts the communicator).
 TEST(LaunchFailure, MissingPeerTimesOutOnCuda) {
   if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
   expect_missing_peer_timeout("cuda-setup");
   expect_missing_peer_timeout("cuda-sync");
+  expect_missing_peer_timeout("cuda-p2p", {"recv #0 from peer 1"});
 }
 
 TEST(LaunchUsage, ProgramThatDoesNotExist) {
