@@ -14,6 +14,7 @@
 
 #include "ckpt/fs.h"
 #include "data/bpe_tokenizer.h"
+#include "data/sentencepiece.h"
 #include "data/shards.h"
 
 namespace fs = std::filesystem;
@@ -203,4 +204,20 @@ TEST_F(TokenizeCli, DataThatDoesNotFitTheModelIsAnError) {
   CliRun eval = run(kBin + " train --device cpu --model gpt2-tiny --eval-every 2" + cfg);
   EXPECT_EQ(eval.code, 1);
   EXPECT_TRUE(has(eval.output, "--eval-every needs --val-data")) << eval.output;
+}
+
+TEST_F(TokenizeCli, SentencePieceModelsTokenizeToo) {
+  const std::string spm_model = std::string(ZT_SOURCE_DIR) + "/tests/fixtures/spm/spm.model";
+  CliRun r = run(kBin + " tokenize --tokenizer " + spm_model + " --name spm --out " + (dir_ / "shards").string() +
+                 " --threads 2 " + (dir_ / "docs.jsonl").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto sp = zt::data::SentencePieceTokenizer::from_file(spm_model);
+  std::vector<uint32_t> want;
+  for (size_t g = 0; g + 1 < docs_.size(); ++g) {  // the JSONL documents (not the whole text)
+    want.push_back(static_cast<uint32_t>(sp.eos_id()));
+    for (int32_t t : sp.encode(docs_[g])) want.push_back(static_cast<uint32_t>(t));
+  }
+  const auto files = expand_glob((dir_ / "shards/spm_train_*.bin").string());
+  EXPECT_EQ(read_shard_info(files[0]).vocab_size, 2000);
+  EXPECT_EQ(read_stream(files), want);
 }
