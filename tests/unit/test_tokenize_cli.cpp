@@ -138,8 +138,9 @@ TEST_F(TokenizeCli, TrainOnShardsReportsValidationLossAndResumes) {
   const std::string val = "--val-data '" + (dir_ / "shards/data_val_*.bin").string() + "'";
   const std::string summary = (dir_ / "summary.jsonl").string();
   const std::string ckpt = (dir_ / "ckpt").string();
+  const std::string metrics = (dir_ / "metrics.jsonl").string();
   CliRun r = run(train_cmd("--config " + (dir_ / "config_z2.json").string() + " --steps 4 --eval-every 2 " + val +
-                        " --summary " + summary + " --save " + ckpt));
+                        " --summary " + summary + " --save " + ckpt + " --metrics " + metrics));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(has(r.output, "--data: ")) << r.output;
   EXPECT_TRUE(has(r.output, "vocabulary 3000")) << r.output;
@@ -154,6 +155,15 @@ TEST_F(TokenizeCli, TrainOnShardsReportsValidationLossAndResumes) {
   EXPECT_LT(loss, 9.0);
   EXPECT_NEAR(s["val_ppl"].get<double>(), std::exp(loss), 1e-6 * std::exp(loss));
   EXPECT_EQ(s["validation"].size(), 2u);
+  // --metrics: the engine's 4 step lines, then the 2 validation lines.
+  std::istringstream ml(read_file(metrics));
+  std::vector<nlohmann::json> lines;
+  for (std::string l; std::getline(ml, l);) lines.push_back(nlohmann::json::parse(l));
+  ASSERT_EQ(lines.size(), 6u);
+  EXPECT_FALSE(lines[3].contains("val_loss"));
+  EXPECT_EQ(lines[4]["step"], 2);
+  EXPECT_EQ(lines[5]["step"], 4);
+  EXPECT_DOUBLE_EQ(lines[5]["val_loss"].get<double>(), loss);
 
   // Resume: the data position comes back from the checkpoint.
   CliRun r2 = run(train_cmd("--config " + (dir_ / "config_z2.json").string() + " --steps 6 --load " + ckpt));
