@@ -4,7 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <optional>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -17,6 +19,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "data/bpe_tokenizer.h"
+#include "data/sentencepiece.h"
 #include "data/shards.h"
 #include "zerotrain/error.h"
 
@@ -29,7 +32,8 @@ const char* kTokenizeUsage =
     "usage: zerotrain tokenize --tokenizer TOKENIZER.json --out DIR [options] INPUT...\n\n"
     "  INPUT               text files (each file is one document) or JSONL files (.jsonl/.json: one\n"
     "                      JSON object per line, its text field is a document); globs are expanded\n"
-    "  --tokenizer PATH    a Hugging Face tokenizer.json (byte-level BPE), or a directory holding one\n"
+    "  --tokenizer PATH    a Hugging Face tokenizer.json (byte-level BPE), a SentencePiece BPE .model\n"
+    "                      (Llama 2, Mistral), or a directory holding tokenizer.json\n"
     "  --out DIR           where the shards go: DIR/NAME_train_000000.bin, ... and DIR/NAME_val_000000.bin\n"
     "  --name NAME         shard name prefix (default: data)\n"
     "  --shard-tokens N    tokens per shard (default 1e8); documents continue into the next shard\n"
@@ -37,7 +41,7 @@ const char* kTokenizeUsage =
     "  --threads N         encoding threads (default: all cores)\n"
     "  --text-field KEY    the JSONL field holding the text (default: text)\n"
     "  --eot TOKEN         end-of-text token written before every document (default: the tokenizer's\n"
-    "                      <|endoftext|>, <|end_of_text|>, </s> or <|im_end|>)\n"
+    "                      <|endoftext|>, <|end_of_text|>, </s> or <|im_end|>; a .model's </s>)\n"
     "Shards hold uint16 ids when the vocabulary fits (<= 65536 tokens), else uint32 (magic 20240801).\n";
 
 struct Args {
@@ -146,21 +150,43 @@ int cmd_tokenize(int argc, char** argv) {
   }
   std::string tok_path = a.tokenizer;
   if (fs::is_directory(tok_path)) tok_path = (fs::path(tok_path) / "tokenizer.json").string();
-  const auto tok = data::BpeTokenizer::from_file(tok_path);
-  int32_t eot = 0;
-  if (!a.eot.empty()) {
-    auto id = tok.token_to_id(a.eot);
-    ZT_CHECK_T(id.has_value(), ConfigError, "tokenize: --eot '", a.eot, "' is not a token of ", tok_path);
-    eot = *id;
-  } else {
-    auto id = tok.end_of_text_id();
-    ZT_CHECK_T(id.has_value(), ConfigError, "tokenize: ", tok_path,
-               " has none of <|endoftext|>, <|end_of_text|>, </s>, <|im_end|>; name the end-of-text token with --eot");
-    eot = *id;
-  }
-  const int64_t vocab = tok.vocab_size();
-  const int token_bytes = vocab <= 65536 ? 2 : 4;
   const int threads = a.threads > 0 ? a.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // Either tokenizer behind one batch encoder.
+  std::optional<data::BpeTokenizer> bpe;
+  std::optional<data::SentencePieceTokenizer> spm;
+  int32_t eot = -1;
+  std::string eot_text;
+  if (fs::path(tok_path).extension() == ".model") {
+    spm.emplace(data::SentencePieceTokenizer::from_file(tok_path));
+    eot = a.eot.empty() ? spm->eos_id() : spm->piece_to_id(a.eot);
+    ZT_CHECK_T(eot >= 0 && (a.eot.empty() || eot != spm->unk_id()), ConfigError, "tokenize: ", tok_path,
+               a.eot.empty() ? " has no </s>; name the end-of-text piece with --eot" : " has no piece --eot '" + a.eot + "'");
+    eot_text = spm->piece(eot).text;
+  } else {
+    bpe.emplace(data::BpeTokenizer::from_file(tok_path));
+    std::optional<int32_t> id = a.eot.empty() ? bpe->end_of_text_id() : bpe->token_to_id(a.eot);
+    ZT_CHECK_T(id.has_value(), ConfigError, "tokenize: ", tok_path,
+               a.eot.empty() ? " has none of <|endoftext|>, <|end_of_text|>, </s>, <|im_end|>; name the end-of-text "
+                               "token with --eot"
+                             : " has no token --eot '" + a.eot + "'");
+    eot = *id;
+    eot_text = bpe->id_to_token(eot);
+  }
+  auto encode_batch = [&](const std::vector<std::string>& docs) {
+    if (bpe) return bpe->encode_batch(docs, threads);
+    std::vector<std::vector<int32_t>> out(docs.size());
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t i = next++; i < docs.size(); i = next++) out[i] = spm->encode(docs[i]);
+    };
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+    work();
+    for (auto& t : pool) t.join();
+    return out;
+  };
+  const int64_t vocab = bpe ? bpe->vocab_size() : spm->vocab_size();
+  const int token_bytes = vocab <= 65536 ? 2 : 4;
   std::error_code ec;
   fs::create_directories(a.out, ec);
   ZT_CHECK_T(!ec, ConfigError, "tokenize: cannot create --out '", a.out, "': ", ec.message());
@@ -177,7 +203,7 @@ int cmd_tokenize(int argc, char** argv) {
   std::printf("[zerotrain] tokenize: %zu input file(s), %.1f MB, tokenizer %s (vocab %lld, eot %d '%s'), %d "
               "thread(s), %s shards\n",
               a.inputs.size(), total_bytes / 1e6, tok_path.c_str(), static_cast<long long>(vocab), eot,
-              tok.id_to_token(eot).c_str(), threads, token_bytes == 2 ? "uint16" : "uint32");
+              eot_text.c_str(), threads, token_bytes == 2 ? "uint16" : "uint32");
   std::fflush(stdout);
 
   const bool tty = ::isatty(fileno(stderr));
@@ -200,7 +226,7 @@ int cmd_tokenize(int argc, char** argv) {
   };
   auto run_batch = [&] {
     if (batch.empty()) return;
-    const auto ids = tok.encode_batch(batch, threads);
+    const auto ids = encode_batch(batch);
     for (size_t i = 0; i < ids.size(); ++i, ++doc_index) {
       const double f = a.val_fraction;
       const bool is_val = f > 0 && std::floor((doc_index + 1) * f) > std::floor(doc_index * f);

@@ -395,10 +395,6 @@ int cmd_train(int argc, char** argv) {
       std::printf("[zerotrain] validation at step %lld: loss %.6f, perplexity %.3f (%lld tokens, %.0f ms)\n",
                   static_cast<long long>(step), loss, std::exp(loss), static_cast<long long>(t[1].item<double>()), ms);
       std::fflush(stdout);
-      if (!a.metrics.empty()) {
-        std::ofstream f(a.metrics, std::ios::app);
-        f << nlohmann::json({{"step", step}, {"val_loss", loss}, {"val_ppl", std::exp(loss)}}).dump() << "\n";
-      }
     }
   };
 
@@ -593,6 +589,14 @@ int cmd_train(int argc, char** argv) {
   }
   model.detach();  // the layers' runner points at the engine
   engine.reset();
+  // Validation records join --metrics once the engine (which owns that file while it
+  // runs) has closed it.
+  if (rank == 0 && !a.metrics.empty() && !evals.empty()) {
+    std::ofstream f(a.metrics, std::ios::app);
+    for (const auto& e : evals) {
+      f << nlohmann::json({{"step", e["step"]}, {"val_loss", e["val_loss"]}, {"val_ppl", e["val_ppl"]}}).dump() << "\n";
+    }
+  }
   comm::finalize();
   return 0;
 }

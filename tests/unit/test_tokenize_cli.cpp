@@ -14,6 +14,7 @@
 
 #include "ckpt/fs.h"
 #include "data/bpe_tokenizer.h"
+#include "data/sentencepiece.h"
 #include "data/shards.h"
 
 namespace fs = std::filesystem;
@@ -137,8 +138,9 @@ TEST_F(TokenizeCli, TrainOnShardsReportsValidationLossAndResumes) {
   const std::string val = "--val-data '" + (dir_ / "shards/data_val_*.bin").string() + "'";
   const std::string summary = (dir_ / "summary.jsonl").string();
   const std::string ckpt = (dir_ / "ckpt").string();
+  const std::string metrics = (dir_ / "metrics.jsonl").string();
   CliRun r = run(train_cmd("--config " + (dir_ / "config_z2.json").string() + " --steps 4 --eval-every 2 " + val +
-                        " --summary " + summary + " --save " + ckpt));
+                        " --summary " + summary + " --save " + ckpt + " --metrics " + metrics));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(has(r.output, "--data: ")) << r.output;
   EXPECT_TRUE(has(r.output, "vocabulary 3000")) << r.output;
@@ -153,6 +155,15 @@ TEST_F(TokenizeCli, TrainOnShardsReportsValidationLossAndResumes) {
   EXPECT_LT(loss, 9.0);
   EXPECT_NEAR(s["val_ppl"].get<double>(), std::exp(loss), 1e-6 * std::exp(loss));
   EXPECT_EQ(s["validation"].size(), 2u);
+  // --metrics: the engine's 4 step lines, then the 2 validation lines.
+  std::istringstream ml(read_file(metrics));
+  std::vector<nlohmann::json> lines;
+  for (std::string l; std::getline(ml, l);) lines.push_back(nlohmann::json::parse(l));
+  ASSERT_EQ(lines.size(), 6u);
+  EXPECT_FALSE(lines[3].contains("val_loss"));
+  EXPECT_EQ(lines[4]["step"], 2);
+  EXPECT_EQ(lines[5]["step"], 4);
+  EXPECT_DOUBLE_EQ(lines[5]["val_loss"].get<double>(), loss);
 
   // Resume: the data position comes back from the checkpoint.
   CliRun r2 = run(train_cmd("--config " + (dir_ / "config_z2.json").string() + " --steps 6 --load " + ckpt));
@@ -203,4 +214,20 @@ TEST_F(TokenizeCli, DataThatDoesNotFitTheModelIsAnError) {
   CliRun eval = run(kBin + " train --device cpu --model gpt2-tiny --eval-every 2" + cfg);
   EXPECT_EQ(eval.code, 1);
   EXPECT_TRUE(has(eval.output, "--eval-every needs --val-data")) << eval.output;
+}
+
+TEST_F(TokenizeCli, SentencePieceModelsTokenizeToo) {
+  const std::string spm_model = std::string(ZT_SOURCE_DIR) + "/tests/fixtures/spm/spm.model";
+  CliRun r = run(kBin + " tokenize --tokenizer " + spm_model + " --name spm --out " + (dir_ / "shards").string() +
+                 " --threads 2 " + (dir_ / "docs.jsonl").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto sp = zt::data::SentencePieceTokenizer::from_file(spm_model);
+  std::vector<uint32_t> want;
+  for (size_t g = 0; g + 1 < docs_.size(); ++g) {  // the JSONL documents (not the whole text)
+    want.push_back(static_cast<uint32_t>(sp.eos_id()));
+    for (int32_t t : sp.encode(docs_[g])) want.push_back(static_cast<uint32_t>(t));
+  }
+  const auto files = expand_glob((dir_ / "shards/spm_train_*.bin").string());
+  EXPECT_EQ(read_shard_info(files[0]).vocab_size, 2000);
+  EXPECT_EQ(read_stream(files), want);
 }
