@@ -76,17 +76,7 @@ TrainModel build_gpt2(const TrainModelOptions& o, const Config& cfg) {
                     {"n_embd", mc.n_embd},
                     {"vocab_size", mc.vocab_size},
                     {"n_positions", mc.n_positions}}}};
-  // The engine drives GPT-2's block hooks itself; a partitioned model loaded from HF
-  // weights gets its placeholders from the file as the engine materialises them.
-  if (mc.deferred_init && !o.init_from.empty()) {
-    auto init = models::hf_gpt2_param_init(o.init_from);
-    t.engine_options = [model, init](EngineOptions& eo) {
-      eo.param_shape = [m = model.ptr()](const std::string& n) { return m->param_shape(n); };
-      eo.param_init = init;
-    };
-  } else {
-    t.engine_options = [](EngineOptions&) {};
-  }
+  t.engine_options = [](EngineOptions&) {};  // the engine drives GPT-2's block hooks itself
   t.attach = [](Engine&) {};
   t.detach = [] {};
   return t;

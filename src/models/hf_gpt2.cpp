@@ -106,16 +106,6 @@ void load_hf_gpt2(GPT2Impl& model, const std::string& dir_or_file) {
       torch::Tensor& param = it->second;
       const bool conv1d = is_conv1d_weight(name);
       std::vector<int64_t> expect = param.sizes().vec();
-      if (model.config().deferred_init && param.numel() != c10::multiply_integers(model.param_shape(name))) {
-        // A placeholder: check the stored shape, leave the values to hf_gpt2_param_init.
-        expect = model.param_shape(name);
-        if (conv1d) std::swap(expect[0], expect[1]);
-        const auto& e = f.entry(stored);
-        ZT_CHECK(e.shape == expect, "load_hf_gpt2: tensor '", stored, "' in '", file, "' has shape ",
-                 shape_str(e.shape), " but the model expects ", shape_str(expect));
-        loaded_from[name] = file;
-        continue;
-      }
       if (conv1d) std::swap(expect[0], expect[1]);
       const auto& e = f.entry(stored);
       ZT_CHECK(e.shape == expect, "load_hf_gpt2: tensor '", stored, "' in '", file, "' has shape ",
@@ -131,28 +121,6 @@ void load_hf_gpt2(GPT2Impl& model, const std::string& dir_or_file) {
   for (const auto& [name, p] : params)
     if (!loaded_from.count(name)) missing += (missing.empty() ? "" : ", ") + name;
   ZT_CHECK(missing.empty(), "load_hf_gpt2: '", dir_or_file, "' lacks parameters: ", missing);
-}
-
-std::function<void(const std::string&, torch::Tensor&)> hf_gpt2_param_init(const std::string& dir_or_file) {
-  // Which file holds each tensor (headers only), under the model's parameter names.
-  auto where = std::make_shared<std::map<std::string, std::pair<std::string, std::string>>>();
-  for (const auto& file : resolve_files(dir_or_file)) {
-    SafetensorsFile f(file);
-    for (const auto& stored : f.names()) {
-      const std::string name = stored.rfind(kPrefix, 0) == 0 ? stored.substr(std::string(kPrefix).size()) : stored;
-      if (!is_skipped(name)) (*where)[name] = {file, stored};
-    }
-  }
-  return [where, dir_or_file](const std::string& name, torch::Tensor& t) {
-    auto it = where->find(name);
-    ZT_CHECK(it != where->end(), "load_hf_gpt2: '", dir_or_file, "' lacks parameter '", name, "'");
-    torch::Tensor v = SafetensorsFile(it->second.first).read(it->second.second);
-    if (is_conv1d_weight(name)) v = v.t();
-    ZT_CHECK(v.sizes() == t.sizes(), "load_hf_gpt2: tensor '", it->second.second, "' in '", it->second.first,
-             "' has shape ", shape_str(v.sizes()), " but the model expects ", shape_str(t.sizes()));
-    torch::NoGradGuard no_grad;
-    t.copy_(v);
-  };
 }
 
 GPT2 load_hf_gpt2_pretrained(const std::string& dir) {

@@ -5,9 +5,7 @@
 // mlp.c_fc, mlp.c_proj) are (in, out) and are transposed to Linear's (out, in). The
 // attn.bias / attn.masked_bias causal-mask buffers and the tied lm_head.weight are skipped.
 #pragma once
-#include <functional>
 #include <map>
-#include <memory>
 #include <string>
 
 #include "gpt2.h"  // sibling-relative: bench/ has only include/ on its path
@@ -20,13 +18,6 @@ namespace zt::models {
 // errors name the tensor, the file and both shapes. Unknown tensors are errors too (a
 // checkpoint with more layers than the model).
 void load_hf_gpt2(GPT2Impl& model, const std::string& dir_or_file);
-
-// A deferred_init model (ZeRO-3) has 1x1 placeholders for its matrices: load_hf_gpt2
-// loads its real parameters (the LayerNorms) and leaves the placeholders; this, as
-// EngineOptions.param_init, fills each placeholder from the checkpoint when the engine
-// materialises it (one unit at a time on the device, so the model is never whole on a
-// rank). HF names with or without the "transformer." prefix; Conv1D transposed.
-std::function<void(const std::string& name, torch::Tensor& t)> hf_gpt2_param_init(const std::string& dir_or_file);
 
 // Builds the model from DIR/config.json and loads DIR's weights (fp32, CPU).
 GPT2 load_hf_gpt2_pretrained(const std::string& dir);
