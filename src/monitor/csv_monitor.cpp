@@ -33,7 +33,7 @@ std::string python_repr(double v) {
   if (exp < -4 || exp >= 16) {
     std::string out = sign + digits.substr(0, 1);
     if (digits.size() > 1) out += "." + digits.substr(1);
-    char ebuf[8];
+    char ebuf[16];
     std::snprintf(ebuf, sizeof(ebuf), "e%c%02d", exp < 0 ? '-' : '+', std::abs(exp));
     return out + ebuf;
   }
