@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "ckpt/engine_checkpoint.h"
+#include "ckpt/fs.h"
 #include "zerotrain/error.h"
 
 namespace zt::cli {

@@ -14,6 +14,7 @@
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
+#include "zerotrain/error.h"
 
 namespace {
 
