@@ -319,8 +319,17 @@ struct Config {
   /// Reads the file (read_json_file) and calls from_json with the path as origin.
   static Config from_file(const std::string& path, int dp_world_size);
   /// Reads a config file: JSON with comments allowed (DeepSpeed reads hjson). Errors name
-  /// the path and, for syntax errors, the line and column; duplicate keys are errors.
+  /// the path and, for syntax errors, the line and column; duplicate keys are errors; a
+  /// directory, a file over kMaxJsonBytes or nesting over kMaxJsonDepth is an error.
   static nlohmann::json read_json_file(const std::string& path);
+  /// read_json_file's parser for text already in memory; `origin` names it in messages.
+  /// Every JSON library error is rewritten with the origin, the key path and the fix.
+  static nlohmann::json parse_json_text(const std::string& text, const std::string& origin);
+  /// Limits on a config's text: bytes, and nesting of objects and arrays (the JSON
+  /// parser recurses once per level, so a deeply nested file would overflow the stack).
+  /// read_json_file, parse_json_text and parse enforce them.
+  static constexpr size_t kMaxJsonBytes = size_t{16} << 20;
+  static constexpr int kMaxJsonDepth = 64;
   /// Every "auto" value in `json`, sorted by key path.
   static std::vector<AutoKey> auto_keys(const nlohmann::json& json);
 

@@ -153,6 +153,11 @@ struct EngineOptions {
   // it with param_init(name, tensor). GPT-2 built with deferred_init fills both itself.
   std::function<std::vector<int64_t>(const std::string& name)> param_shape;
   std::function<void(const std::string& name, torch::Tensor& t)> param_init;
+  // Divergence stop: after this many consecutive skipped steps (gradients inf/NaN on some
+  // rank) step() throws TrainingError on every rank, in every precision. fp16 counts only
+  // the steps skipped at fp16.min_loss_scale (the scale has nowhere lower to go); bf16 and
+  // fp32 count every skipped step. <= 0: never stop (DeepSpeed's behaviour).
+  int64_t max_skipped_steps = 50;
 };
 
 class Engine {

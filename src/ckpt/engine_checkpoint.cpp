@@ -469,6 +469,15 @@ std::unique_ptr<Snapshot> take_snapshot(EngineParts& e, const std::string& dir, 
 // "fragments" and "write_ms". No communication: safe on the writer thread.
 nlohmann::json write_shard(const Snapshot& s) {
   const auto t0 = std::chrono::steady_clock::now();
+  // Weights with inf/NaN are not a checkpoint to resume from: this rank's error fails the
+  // save on every rank before anything is published, so `latest` keeps naming the last
+  // finite checkpoint (and a re-saved tag keeps its old files).
+  for (const auto& [key, t] : s.tensors) {
+    if ((key.rfind("master/", 0) != 0 && key.rfind("model/", 0) != 0) || !at::isFloatingType(t.scalar_type())) continue;
+    ZT_CHECK_T(t.numel() == 0 || t.isfinite().all().item<bool>(), CheckpointError, "checkpoint '", s.tag, "' in '",
+               s.dir, "' not saved: rank ", s.rank, "'s tensor '", key,
+               "' holds inf/NaN (the run diverged); 'latest' still names the previous checkpoint");
+  }
   const std::string fname = rank_file_name(s.rank);
   const std::string path = join_path(s.partial, fname);
   if (before_write_hook()) before_write_hook()(path);

@@ -3,22 +3,102 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
+#include "ckpt/engine_checkpoint.h"
+#include "ckpt/fs.h"
 #include "zerotrain/error.h"
 
 namespace zt::cli {
 
+namespace {
+
+// The whole of `value` as a double (strtod: no exceptions, "1e6" and "0x10" accepted).
+bool full_double(const std::string& value, double& out) {
+  if (value.empty() || std::isspace(static_cast<unsigned char>(value[0]))) return false;
+  char* end = nullptr;
+  errno = 0;
+  out = std::strtod(value.c_str(), &end);
+  return end == value.c_str() + value.size() && errno != ERANGE && std::isfinite(out);
+}
+
+}  // namespace
+
 int64_t parse_count(const std::string& command, const std::string& flag, const std::string& value) {
-  try {
-    size_t pos = 0;
-    const double d = std::stod(value, &pos);
-    if (pos == value.size() && d >= 0 && d == static_cast<double>(static_cast<int64_t>(d))) {
-      return static_cast<int64_t>(d);
-    }
-  } catch (const std::exception&) {
+  double d = 0;
+  // 9e18 < 2^63: the cast below is defined.
+  if (full_double(value, d) && d >= 0 && d < 9e18 && d == std::floor(d)) return static_cast<int64_t>(d);
+  throw UsageError(command + ": " + flag + " needs a non-negative integer, got '" + value + "'");
+}
+
+double parse_number(const std::string& command, const std::string& flag, const std::string& value, double min) {
+  double d = 0;
+  if (full_double(value, d) && d >= min) return d;
+  char bound[32] = "";
+  if (std::isfinite(min)) std::snprintf(bound, sizeof(bound), " >= %g", min);
+  throw UsageError(command + ": " + flag + " needs a number" + bound + ", got '" + value + "'");
+}
+
+void check_output_dir(const std::string& command, const std::string& flag, const std::string& dir) {
+  namespace fs = std::filesystem;
+  const auto fail = [&](const std::string& why) {
+    throw ConfigError(command + ": " + flag + " " + dir + ": " + why);
+  };
+  std::error_code ec;
+  fs::path p = fs::absolute(dir, ec);
+  if (ec || dir.empty()) fail("not a usable path");
+  // The directory itself, or the nearest ancestor that exists (it would be created).
+  fs::path probe_dir = p;
+  while (!fs::exists(fs::symlink_status(probe_dir, ec)) && probe_dir.has_parent_path() &&
+         probe_dir.parent_path() != probe_dir)
+    probe_dir = probe_dir.parent_path();
+  if (!fs::is_directory(probe_dir, ec)) {
+    fail(probe_dir == p ? "exists and is not a directory: give a directory"
+                        : "cannot be created: " + probe_dir.string() + " is not a directory");
   }
-  throw ConfigError(command + ": " + flag + " needs a non-negative integer, got '" + value + "'");
+  std::string probe = (probe_dir / ".zerotrain_write_probe_XXXXXX").string();
+  const int fd = ::mkstemp(probe.data());
+  if (fd < 0) {
+    fail(std::string(probe_dir == p ? "is not writable" : "cannot be created in " + probe_dir.string()) + " (" +
+         std::strerror(errno) + "): give a directory you can write to");
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+void check_save_dir(const std::string& save, const std::string& load) {
+  if (save.empty()) return;
+  if (!load.empty()) {
+    std::string tag;
+    try {
+      tag = ckpt::read_latest_tag(load);
+    } catch (const Error&) {
+      // --load reports a missing or bad checkpoint itself.
+    }
+    const std::string tag_dir = ckpt::join_path(load, tag);
+    ZT_CHECK_T(tag.empty() || !path_within(save, tag_dir), ConfigError, "train: --save ", save,
+               " is inside the checkpoint ", tag_dir, " that --load resumes from (a save there would write into it): "
+               "use --save ", load, " (new tags beside it) or another directory");
+  }
+  check_output_dir("train", "--save", save);
+}
+
+bool path_within(const std::string& path, const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  const fs::path d = fs::weakly_canonical(fs::absolute(dir, ec), ec);
+  if (ec) return false;
+  auto pi = p.begin();
+  for (auto di = d.begin(); di != d.end(); ++di, ++pi) {
+    if (di->empty()) continue;  // a trailing separator
+    if (pi == p.end() || *pi != *di) return false;
+  }
+  return true;
 }
 
 void fill_batch_auto(nlohmann::json& j, int64_t micro, int64_t accum, double clip) {

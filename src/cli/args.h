@@ -3,13 +3,36 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <limits>
 #include <string>
+
+#include "zerotrain/error.h"
 
 namespace zt::cli {
 
-// `value` of `flag` as a non-negative integer ("1e6" is fine); ConfigError naming the
-// command and the flag otherwise.
+// A bad command line (unknown flag, missing or malformed value): main() prints its
+// one-line message and exits 2; other errors exit 1.
+class UsageError : public ConfigError {
+  using ConfigError::ConfigError;
+};
+
+// `value` of `flag` as a non-negative integer ("1e6" is fine); UsageError naming the
+// command, the flag and the value otherwise.
 int64_t parse_count(const std::string& command, const std::string& flag, const std::string& value);
+// `value` of `flag` as a finite number >= `min`; UsageError naming the flag and value otherwise.
+double parse_number(const std::string& command, const std::string& flag, const std::string& value,
+                    double min = -std::numeric_limits<double>::infinity());
+
+// An output directory given by `flag`: throws ConfigError unless DIR is a directory
+// this process can create files in, or can be created (its nearest existing ancestor is
+// such a directory). Nothing is created; a probe file is made and removed.
+void check_output_dir(const std::string& command, const std::string& flag, const std::string& dir);
+// `train --save DIR [--load LOAD]`, before the first step: DIR passes check_output_dir
+// and does not lie in the checkpoint LOAD resumes from (LOAD/<latest tag>).
+void check_save_dir(const std::string& save, const std::string& load);
+// `path` is `dir` or lies under it (both made absolute, symbolic links resolved where
+// they exist).
+bool path_within(const std::string& path, const std::string& dir);
 
 // Fills the top-level batch keys a DeepSpeed config leaves "auto" (as Hugging Face's
 // trainer does) from the flags: micro (0 = not given, default 8), accum (0 = not given,

@@ -38,7 +38,9 @@ nlohmann::json::json_pointer pointer(const std::string& dotted) {
   size_t start = 0;
   while (true) {
     size_t dot = dotted.find('.', start);
-    p += "/" + dotted.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    std::string segment = dotted.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    p += '/';
+    for (char ch : segment) p += ch == '~' ? "~0" : ch == '/' ? "~1" : std::string(1, ch);  // RFC 6901
     if (dot == std::string::npos) break;
     start = dot + 1;
   }

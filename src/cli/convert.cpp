@@ -7,6 +7,7 @@
 
 #include "ckpt/engine_checkpoint.h"
 #include "ckpt/fs.h"
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "models/gpt2.h"
 #include "models/hf_gpt2.h"
@@ -35,7 +36,7 @@ at::ScalarType parse_dtype(const std::string& s) {
   if (s == "fp32" || s == "float32") return at::kFloat;
   if (s == "bf16" || s == "bfloat16") return at::kBFloat16;
   if (s == "fp16" || s == "float16") return at::kHalf;
-  throw ConfigError("convert: --dtype must be fp32, bf16 or fp16, got '" + s + "'");
+  throw UsageError("convert: --dtype must be fp32, bf16 or fp16, got '" + s + "'");
 }
 
 models::GPT2Config gpt2_from_json(const nlohmann::json& j) {
@@ -61,12 +62,12 @@ int cmd_convert(int argc, char** argv) {
       return 0;
     }
     if (f == "--tag" || f == "--dtype" || f == "--max-shard-gb") {
-      ZT_CHECK_T(i + 1 < argc, ConfigError, "convert: ", f, " needs a value");
+      ZT_CHECK_T(i + 1 < argc, UsageError, "convert: ", f, " needs a value");
       (f == "--tag" ? tag : f == "--dtype" ? dtype_s : shard_gb) = argv[++i];
     } else if (f == "--raw") {
       raw = true;
     } else if (!f.empty() && f[0] == '-') {
-      throw ConfigError("convert: unknown option '" + f + "' (see zerotrain convert --help)");
+      throw UsageError("convert: unknown option '" + f + "' (see zerotrain convert --help)");
     } else {
       pos.push_back(f);
     }
@@ -78,6 +79,12 @@ int cmd_convert(int argc, char** argv) {
   const std::string& ckpt_dir = pos[0];
   const std::string& out = pos[1];
   const at::ScalarType dtype = parse_dtype(dtype_s);
+  // Outputs never overlap inputs: OUT (and the config.json beside it) inside the
+  // checkpoint would overwrite the files being read and leave the checkpoint unloadable.
+  ZT_CHECK_T(!path_within(out, ckpt_dir), ConfigError, "convert: OUT '", out, "' is inside the checkpoint '", ckpt_dir,
+             "' that convert reads (it would overwrite checkpoint files): give a path outside ", ckpt_dir);
+  ZT_CHECK_T(!ckpt::is_directory(out), ConfigError, "convert: OUT '", out,
+             "' is a directory: give a file name, for example ", ckpt::join_path(out, "model.safetensors"));
 
   ckpt::ConsolidatedReader reader(ckpt_dir, tag);
   const auto& m = reader.manifest();

@@ -38,7 +38,7 @@ int cmd_estimate(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     auto need = [&]() -> std::string {
-      ZT_CHECK_T(i + 1 < argc, ConfigError, "estimate: ", f, " needs a value");
+      ZT_CHECK_T(i + 1 < argc, UsageError, "estimate: ", f, " needs a value");
       return argv[++i];
     };
     if (f == "-h" || f == "--help") {
@@ -53,12 +53,12 @@ int cmd_estimate(int argc, char** argv) {
     else if (f == "--micro-batch") micro = parse_count("estimate", f, need());
     else if (f == "--seq") seq = parse_count("estimate", f, need());
     else if (f == "--gpus") gpus = parse_count("estimate", f, need());
-    else if (f == "--gpu-mem") gpu_mem = std::stod(need());
-    else if (f == "--host-mem") host_mem = std::stod(need());
+    else if (f == "--gpu-mem") gpu_mem = parse_number("estimate", f, need(), 0.0);
+    else if (f == "--host-mem") host_mem = parse_number("estimate", f, need(), 0.0);
     else if (f == "--gpus-per-host") per_host = parse_count("estimate", f, need());
     else if (f == "--checkpoint-activations") ckpt = true;
     else if (f == "--json") json_out = true;
-    else throw ConfigError("estimate: unknown option '" + f + "' (see zerotrain estimate --help)");
+    else throw UsageError("estimate: unknown option '" + f + "' (see zerotrain estimate --help)");
   }
   ZT_CHECK_T(!config.empty(), ConfigError, "estimate: --config CONFIG.json is required (see zerotrain estimate --help)");
   ZT_CHECK_T(gpus >= 1, ConfigError, "estimate: --gpus must be at least 1");

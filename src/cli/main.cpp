@@ -5,6 +5,7 @@
 #include <exception>
 #include <string>
 
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "zerotrain/error.h"
 
@@ -43,6 +44,9 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[1], s.name) == 0) {
       try {
         return s.fn(argc - 1, argv + 1);
+      } catch (const zt::cli::UsageError& e) {
+        std::fprintf(stderr, "zerotrain %s: usage error: %s\n", s.name, e.what());
+        return 2;
       } catch (const zt::Error& e) {
         std::fprintf(stderr, "zerotrain %s: error: %s\n", s.name, e.what());
         return 1;

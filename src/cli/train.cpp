@@ -67,6 +67,8 @@ const char* kTrainUsage =
     "                      stalls only for the snapshot; `latest` moves once every rank's file is done)\n"
     "  --load DIR          resume from DIR/latest: weights, optimizer, step, data position, RNG\n"
     "                      (--steps stays the total, so the run continues to step N)\n"
+    "  --max-skipped-steps N   stop (error) after N consecutive steps skipped for inf/NaN gradients,\n"
+    "                      any precision (default 50; 0 = never, DeepSpeed's behaviour)\n"
     "  --init-from PATH    start from Hugging Face weights: GPT-2 (a model.safetensors file or a\n"
     "                      directory with one) or a Llama-family directory (config.json plus\n"
     "                      model.safetensors or a sharded model.safetensors.index.json); a\n"
@@ -76,6 +78,7 @@ const char* kTrainUsage =
 struct Args {
   std::string config, model = "gpt2-tiny", data = "random", val_data, metrics, summary, save, load, init_from, device, profile_out = "zerotrain-profile";
   int64_t save_every = 0;
+  int64_t max_skipped_steps = 50;
   int64_t profile_step = -1;
   int64_t eval_every = 0, eval_batches = 20;
   int64_t steps = 20, seq = 0, micro = 0, accum = 0, layers = 0, embd = 0, heads = 0, vocab = 0, print_every = 0,
@@ -90,7 +93,7 @@ struct Args {
 Args parse_args(int argc, char** argv) {
   Args a;
   auto need = [&](int& i) -> std::string {
-    ZT_CHECK_T(i + 1 < argc, ConfigError, "train: ", argv[i], " needs a value");
+    ZT_CHECK_T(i + 1 < argc, UsageError, "train: ", argv[i], " needs a value");
     return argv[++i];
   };
   auto num = [&](int& i) -> int64_t {
@@ -121,19 +124,20 @@ Args parse_args(int argc, char** argv) {
     else if (f == "--print-every") a.print_every = num(i);
     else if (f == "--warmup") a.warmup = num(i);
     else if (f == "--seed") a.seed = num(i);
-    else if (f == "--clip") a.clip = std::stod(need(i));
-    else if (f == "--peak-tflops") a.peak_tflops = std::stod(need(i));
+    else if (f == "--clip") a.clip = parse_number("train", f, need(i), 0.0);
+    else if (f == "--peak-tflops") a.peak_tflops = parse_number("train", f, need(i), 0.0);
     else if (f == "--checkpoint-activations") a.checkpoint = true;
     else if (f == "--no-decay-1d") a.no_decay_1d = true;
     else if (f == "--save") a.save = need(i);
     else if (f == "--save-every") a.save_every = num(i);
     else if (f == "--save-async") a.save_async = true;
+    else if (f == "--max-skipped-steps") a.max_skipped_steps = num(i);
     else if (f == "--load") a.load = need(i);
     else if (f == "--init-from") a.init_from = need(i);
     else if (f == "--device") a.device = need(i);
     else if (f == "--profile") a.profile_step = num(i);
     else if (f == "--profile-out") a.profile_out = need(i);
-    else throw ConfigError("train: unknown option '" + f + "' (see zerotrain train --help)");
+    else throw UsageError("train: unknown option '" + f + "' (see zerotrain train --help)");
   }
   ZT_CHECK_T(!a.config.empty(), ConfigError, "train: --config CONFIG.json is required (see zerotrain train --help)");
   ZT_CHECK_T(a.steps >= 1, ConfigError, "train: --steps must be at least 1");
@@ -222,6 +226,7 @@ int cmd_train(int argc, char** argv) {
     std::fputs(kTrainUsage, stdout);
     return 0;
   }
+  check_save_dir(a.save, a.load);  // an unusable --save fails now, not after the last step
   auto group = comm::world_group();
   const int rank = group->rank(), world = group->size();
 
@@ -266,6 +271,7 @@ int cmd_train(int argc, char** argv) {
   EngineOptions eo;
   eo.metrics_path = a.metrics;
   model.engine_options(eo);
+  eo.max_skipped_steps = a.max_skipped_steps;
   if (a.no_decay_1d) eo.param_groups = no_decay_groups(*model.module, cfg.optimizer.params.weight_decay);
   eo.flops_per_sample = flops_per_token * static_cast<double>(seq);
   if (a.device == "cpu") eo.device = torch::Device(torch::kCPU);

@@ -5,6 +5,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <optional>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -34,51 +36,76 @@ constexpr const char* kClipping = "gradient_clipping";
 // Top-level keys whose "auto" DeepSpeed never resolves itself (the HF Trainer does).
 constexpr const char* kCallerAutoKeys[] = {kTrainBatch, kMicroBatch, kAccumulation, kClipping};
 
-using i128 = __int128;
-
 std::string str(int64_t v) { return std::to_string(v); }
 
+// a * b, or nullopt when the product does not fit a 64-bit integer. Every size derived
+// from config values goes through it: a wrapped product is a wrong batch size or a
+// division by zero later.
+std::optional<int64_t> checked_mul(int64_t a, int64_t b) {
+  int64_t out = 0;
+  if (__builtin_mul_overflow(a, b, &out)) return std::nullopt;
+  return out;
+}
+
+// "train_micro_batch_size_per_gpu (4611686018427387904) * world size (4)" overflows.
+std::string overflow_error(const std::string& product, const std::string& fix) {
+  return product + " does not fit a 64-bit integer: " + fix;
+}
+
 // DeepSpeed's batch rule: train = micro * accumulation * world; any two give the third,
-// accumulation defaults to 1. Every failure names the keys, the numbers and the fix.
+// accumulation defaults to 1. Every failure names the keys, the numbers and the fix;
+// every product is checked (a value near 2^62 must be an error, not a wrapped size).
 void resolve_batch(Context& ctx, Config& c, std::optional<int64_t> t, std::optional<int64_t> m,
                    std::optional<int64_t> g) {
   const int64_t w = c.dp_world_size;
   const std::string ws = "world size (" + str(w) + ")";
+  const std::string ms = std::string(kMicroBatch) + " (" + (m ? str(*m) : "") + ")";
+  const std::string gs = std::string(kAccumulation) + " (" + (g ? str(*g) : "") + ")";
+  // m * w and g * w: the per-step samples of one micro batch / of one sample per rank.
+  std::optional<int64_t> mw = m ? checked_mul(*m, w) : std::nullopt;
+  std::optional<int64_t> gw = g ? checked_mul(*g, w) : std::nullopt;
   if (t && m && g) {
-    i128 product = i128(*m) * *g * w;
-    if (product != *t) {
-      std::string msg = std::string(kTrainBatch) + " (" + str(*t) + ") != " + kMicroBatch + " (" + str(*m) +
-                        ") * " + kAccumulation + " (" + str(*g) + ") * " + ws + " = " +
-                        (product > INT64_MAX ? std::string("overflow") : str(int64_t(product))) + ": set " +
-                        kTrainBatch + " to " + (product > INT64_MAX ? std::string("a smaller value") : str(int64_t(product)));
-      if (*t % (*m * w) == 0) msg += ", or " + std::string(kAccumulation) + " to " + str(*t / (*m * w));
-      if (*t % (*g * w) == 0) msg += ", or " + std::string(kMicroBatch) + " to " + str(*t / (*g * w));
+    std::optional<int64_t> product = mw ? checked_mul(*mw, *g) : std::nullopt;
+    if (!product) {
+      ctx.error(overflow_error(ms + " * " + gs + " * " + ws, "lower " + std::string(kMicroBatch) + " or " +
+                                                                   kAccumulation + " so that their product with the " +
+                                                                   "world size is " + kTrainBatch + " (" + str(*t) + ")"));
+      return;
+    }
+    if (*product != *t) {
+      std::string msg = std::string(kTrainBatch) + " (" + str(*t) + ") != " + ms + " * " + gs + " * " + ws + " = " +
+                        str(*product) + ": set " + kTrainBatch + " to " + str(*product);
+      if (mw && *t % *mw == 0) msg += ", or " + std::string(kAccumulation) + " to " + str(*t / *mw);
+      if (gw && *t % *gw == 0) msg += ", or " + std::string(kMicroBatch) + " to " + str(*t / *gw);
       msg += ", or remove one of the three keys and zerotrain derives it";
       ctx.error(msg);
       return;
     }
   } else if (t && m) {
-    i128 per_step = i128(*m) * w;
-    if (per_step > *t || *t % (*m * w) != 0) {
-      ctx.error(std::string(kTrainBatch) + " (" + str(*t) + ") is not a multiple of " + kMicroBatch + " (" +
-                str(*m) + ") * " + ws + " = " + str(int64_t(per_step)) + ", so " + kAccumulation +
-                " cannot be derived: set " + kTrainBatch + " to a multiple of " + str(int64_t(per_step)) +
-                " or change " + kMicroBatch);
+    if (!mw || *mw > *t || *t % *mw != 0) {
+      ctx.error(std::string(kTrainBatch) + " (" + str(*t) + ") is not a multiple of " + ms + " * " + ws + " = " +
+                (mw ? str(*mw) : std::string("more than 2^63")) + ", so " + kAccumulation +
+                " cannot be derived: set " + kTrainBatch + " to a multiple of " +
+                (mw ? str(*mw) : std::string("it")) + " or lower " + kMicroBatch);
       return;
     }
-    g = *t / (*m * w);
+    g = *t / *mw;
   } else if (t && g) {
-    i128 per_sample = i128(*g) * w;
-    if (per_sample > *t || *t % (*g * w) != 0) {
-      ctx.error(std::string(kTrainBatch) + " (" + str(*t) + ") is not a multiple of " + kAccumulation + " (" +
-                str(*g) + ") * " + ws + " = " + str(int64_t(per_sample)) + ", so " + kMicroBatch +
-                " cannot be derived: set " + kTrainBatch + " to a multiple of " + str(int64_t(per_sample)) +
-                " or change " + kAccumulation);
+    if (!gw || *gw > *t || *t % *gw != 0) {
+      ctx.error(std::string(kTrainBatch) + " (" + str(*t) + ") is not a multiple of " + gs + " * " + ws + " = " +
+                (gw ? str(*gw) : std::string("more than 2^63")) + ", so " + kMicroBatch +
+                " cannot be derived: set " + kTrainBatch + " to a multiple of " +
+                (gw ? str(*gw) : std::string("it")) + " or lower " + kAccumulation);
       return;
     }
-    m = *t / (*g * w);
+    m = *t / *gw;
   } else if (m && g) {
-    t = *m * *g * w;
+    t = mw ? checked_mul(*mw, *g) : std::nullopt;
+    if (!t) {
+      ctx.error(overflow_error(ms + " * " + gs + " * " + ws + " (= " + kTrainBatch + ")",
+                               "lower " + std::string(kMicroBatch) + " or " + kAccumulation));
+      return;
+    }
   } else if (t) {
     if (*t % w != 0) {
       ctx.error(std::string(kTrainBatch) + " (" + str(*t) + ") is not divisible by " + ws + ", so " + kMicroBatch +
@@ -88,8 +115,12 @@ void resolve_batch(Context& ctx, Config& c, std::optional<int64_t> t, std::optio
     g = 1;
     m = *t / w;
   } else if (m) {
+    if (!mw) {
+      ctx.error(overflow_error(ms + " * " + ws + " (= " + kTrainBatch + ")", "lower " + std::string(kMicroBatch)));
+      return;
+    }
     g = 1;
-    t = *m * w;
+    t = mw;
   } else {
     ctx.error(std::string("neither ") + kTrainBatch + " nor " + kMicroBatch + " is set: set " + kMicroBatch +
               " (samples per rank per step) or " + kTrainBatch + " (samples per optimizer step, all ranks)");
@@ -98,6 +129,64 @@ void resolve_batch(Context& ctx, Config& c, std::optional<int64_t> t, std::optio
   c.train_batch_size = *t;
   c.train_micro_batch_size_per_gpu = *m;
   c.gradient_accumulation_steps = *g;
+}
+
+// Nesting depth of JSON text, counted without recursion: strings (with escapes) and the
+// comments the reader accepts (// and /* */) are skipped. Throws past kMaxJsonDepth,
+// naming the line where the limit is crossed.
+void check_json_depth(const std::string& text, const std::string& origin) {
+  int depth = 0;
+  size_t line = 1;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (ch == '\n') {
+      ++line;
+    } else if (ch == '"') {
+      for (++i; i < text.size() && text[i] != '"'; ++i) {
+        if (text[i] == '\\') ++i;
+        else if (text[i] == '\n') ++line;
+      }
+    } else if (ch == '/' && i + 1 < text.size() && text[i + 1] == '/') {
+      while (i < text.size() && text[i] != '\n') ++i;
+      --i;  // the newline is counted by the loop
+    } else if (ch == '/' && i + 1 < text.size() && text[i + 1] == '*') {
+      for (i += 2; i + 1 < text.size() && !(text[i] == '*' && text[i + 1] == '/'); ++i)
+        if (text[i] == '\n') ++line;
+      ++i;
+    } else if (ch == '{' || ch == '[') {
+      ZT_CHECK_T(++depth <= Config::kMaxJsonDepth, ConfigError, origin, ": JSON nested deeper than ",
+                 Config::kMaxJsonDepth, " levels (line ", line, "): a DeepSpeed config nests 4 levels; ",
+                 "this is not a DeepSpeed config or it is corrupt");
+    } else if (ch == '}' || ch == ']') {
+      --depth;
+    }
+  }
+}
+
+// The same bound for a JSON value built in memory (Config::parse's input), iteratively;
+// the error names the key path where the limit is crossed.
+void check_json_depth(const json& root, const std::string& origin) {
+  struct Item {
+    const json* value;
+    int depth;
+    std::string path;
+  };
+  std::vector<Item> stack{{&root, 1, ""}};
+  while (!stack.empty()) {
+    Item item = std::move(stack.back());
+    stack.pop_back();
+    if (!item.value->is_structured()) continue;
+    ZT_CHECK_T(item.depth <= Config::kMaxJsonDepth, ConfigError, origin, ": ", item.path,
+               ": JSON nested deeper than ", Config::kMaxJsonDepth,
+               " levels: a DeepSpeed config nests 4 levels; replace the value of ", item.path);
+    if (item.value->is_object()) {
+      for (auto it = item.value->begin(); it != item.value->end(); ++it)
+        stack.push_back({&*it, item.depth + 1, join_path(item.path, it.key())});
+    } else {
+      size_t i = 0;
+      for (const auto& child : *item.value) stack.push_back({&child, item.depth + 1, item.path + "[" + std::to_string(i++) + "]"});
+    }
+  }
 }
 
 void parse_top_level(Section& top, Config& c, std::vector<std::string>& not_supported) {
@@ -184,6 +273,7 @@ Config Config::parse(const nlohmann::json& json, int dp_world_size, const std::s
              dp_world_size);
   ZT_CHECK_T(json.is_object(), ConfigError, origin, ": a DeepSpeed config is a JSON object ({...}), found ",
              config::type_name(json));
+  config::check_json_depth(json, origin);
   config::Context ctx;
   config::Section top(ctx, "", &json);
   Config c;
@@ -218,14 +308,40 @@ Config Config::from_file(const std::string& path, int dp_world_size) {
 }
 
 nlohmann::json Config::read_json_file(const std::string& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  ZT_CHECK_T(!ec && std::filesystem::exists(status), ConfigError, "cannot open config file '", path, "': ",
+             ec ? ec.message() : std::string("no such file"));
+  ZT_CHECK_T(!std::filesystem::is_directory(status), ConfigError, "config file '", path,
+             "' is a directory: give the DeepSpeed JSON file inside it (for example ", path, "/ds_config.json)");
   std::ifstream in(path, std::ios::binary);
   ZT_CHECK_T(in.good(), ConfigError, "cannot open config file '", path, "': ", std::strerror(errno));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
+  // Read at most one byte past the limit: a huge or endless file (/dev/zero) stops there.
+  std::string text;
+  char chunk[65536];
+  while (in && text.size() <= kMaxJsonBytes) {
+    in.read(chunk, sizeof(chunk));
+    text.append(chunk, static_cast<size_t>(in.gcount()));
+  }
+  ZT_CHECK_T(!in.bad(), ConfigError, "cannot read config file '", path, "': ", std::strerror(errno));
+  return parse_json_text(text, path);
+}
+
+nlohmann::json Config::parse_json_text(const std::string& text, const std::string& origin) {
+  ZT_CHECK_T(text.size() <= kMaxJsonBytes, ConfigError, origin, ": the config is larger than ",
+             kMaxJsonBytes >> 20, " MiB: a DeepSpeed config is a few KiB; give the JSON config, not a data or "
+             "weights file");
+  // nlohmann's parser recurses once per nesting level: bound the depth before it runs.
+  config::check_json_depth(text, origin);
   // DeepSpeed (hjson) rejects duplicate keys; nlohmann would keep the last one silently.
   std::vector<std::string> key_stack;
   std::vector<std::set<std::string>> seen;
   std::vector<std::string> duplicates;
+  auto key_path = [&] {
+    std::string p;
+    for (const auto& s : key_stack) p = config::join_path(p, s);
+    return p;
+  };
   nlohmann::json::parser_callback_t on_event = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& v) {
     using E = nlohmann::json::parse_event_t;
     if (event == E::object_start) {
@@ -237,26 +353,35 @@ nlohmann::json Config::read_json_file(const std::string& path) {
     } else if (event == E::key) {
       const auto& k = v.get_ref<const std::string&>();
       key_stack.back() = k;
-      if (!seen.back().insert(k).second) {
-        std::string p;
-        for (const auto& s : key_stack) p = config::join_path(p, s);
-        duplicates.push_back(p);
-      }
+      if (!seen.back().insert(k).second) duplicates.push_back(key_path());
     }
     return true;
   };
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(buffer.str(), on_event, /*allow_exceptions=*/true, /*ignore_comments=*/true);
-  } catch (const nlohmann::json::parse_error& e) {
+    j = nlohmann::json::parse(text, on_event, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+  } catch (const nlohmann::json::exception& e) {
+    // Every library message is rewritten: the file, the key being read, the fix.
     std::string what = e.what();
     auto pos = what.find("] ");
-    throw ConfigError(path + ": invalid JSON: " + (pos == std::string::npos ? what : what.substr(pos + 2)));
+    if (pos != std::string::npos) what = what.substr(pos + 2);
+    const std::string key = key_path();
+    const std::string at = key.empty() ? "" : " (in the value of " + key + ")";
+    if (what.find("number overflow") != std::string::npos) {
+      throw ConfigError(origin + ": " + what + at + ": the number is beyond the range of a double (about 1.8e308); " +
+                        "write a smaller value" + (key.empty() ? "" : " for " + key));
+    }
+    if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
+      throw ConfigError(origin + ": the file is empty: a DeepSpeed config is a JSON object such as "
+                        "{\"train_micro_batch_size_per_gpu\": 8}");
+    }
+    throw ConfigError(origin + ": invalid JSON: " + what + at +
+                      ": fix the JSON there (a missing comma, quote or bracket, or a trailing comma)");
   }
   if (!duplicates.empty()) {
     std::string list;
     for (const auto& d : duplicates) list += (list.empty() ? "" : ", ") + d;
-    throw ConfigError(path + ": duplicate key" + (duplicates.size() == 1 ? " " : "s ") + list +
+    throw ConfigError(origin + ": duplicate key" + (duplicates.size() == 1 ? " " : "s ") + list +
                       " (DeepSpeed rejects duplicate keys too): keep one of each");
   }
   return j;
@@ -264,6 +389,7 @@ nlohmann::json Config::read_json_file(const std::string& path) {
 
 std::vector<AutoKey> Config::auto_keys(const nlohmann::json& json) {
   std::vector<AutoKey> out;
+  config::check_json_depth(json, "<json>");  // collect_autos recurses
   config::collect_autos(json, "", json, out);
   return out;
 }

@@ -30,7 +30,8 @@ std::string type_name(const json& v) {
 }
 
 std::string show(const json& v) {
-  std::string s = v.dump();
+  // replace: a string built in memory may hold invalid UTF-8, which dump() would throw on.
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
   if (s.size() > 60) s = s.substr(0, 57) + "...";
   return s;
 }

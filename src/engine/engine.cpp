@@ -2,7 +2,9 @@
 // timers and the per-step report; partitioning and communication live in src/zero.
 #include "zerotrain/engine.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -230,8 +232,9 @@ class EngineImpl : public Engine {
       so.min_scale = cfg_.fp16.min_loss_scale;
     } else {
       so.static_scale = 1.0;  // bf16/fp32: no scaling, but overflow still skips
-      so.max_skips_at_min = 0;
+      so.unscaled = true;
     }
+    so.max_skips_at_min = static_cast<int>(std::clamp<int64_t>(opts_.max_skipped_steps, 0, INT32_MAX));
     scaler_ = std::make_unique<optim::LossScaler>(so);
     schedule_ = optim::make_lr_schedule(cfg_.scheduler.type, cfg_.scheduler.params, cfg_.optimizer.params.lr);
     timer_ = std::make_unique<PhaseTimer>(device_);

@@ -94,6 +94,14 @@ GPT2Config gpt2_config_from_hf_json(const std::string& path) {
   c.n_positions = get_int("n_positions", "n_ctx");
   validate(c, where);
 
+  // A wrong type is named here, not left to the JSON library (type_error.302).
+  auto require_type = [&](const char* key, bool (nlohmann::json::*ok)() const noexcept, const char* expected) {
+    ZT_CHECK_T(!j.contains(key) || (j[key].*ok)(), zt::ConfigError, where, ": ", key, " must be ", expected,
+               ", found ", j[key].dump());
+  };
+  require_type("activation_function", &nlohmann::json::is_string, "a string such as \"gelu_new\"");
+  require_type("layer_norm_epsilon", &nlohmann::json::is_number, "a number");
+  if (j.contains("n_inner") && !j["n_inner"].is_null()) require_type("n_inner", &nlohmann::json::is_number_integer, "an integer");
   // Reject what this implementation would silently compute differently.
   if (j.contains("activation_function")) {
     auto act = j["activation_function"].get<std::string>();

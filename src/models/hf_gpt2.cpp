@@ -1,5 +1,6 @@
 #include "models/hf_gpt2.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -52,10 +53,25 @@ std::vector<std::string> resolve_files(const std::string& dir_or_file) {
   } catch (const std::exception& e) {
     throw zt::Error(zt::detail::cat("load_hf_gpt2: '", index.string(), "' is not valid JSON: ", e.what()));
   }
-  ZT_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), "load_hf_gpt2: '", index.string(),
-           "' has no weight_map object");
+  ZT_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), "load_hf_gpt2: '",
+           index.string(), "' has no weight_map object");
+  // Shards are files of this directory: a name that leaves it (absolute, "..", a link
+  // out) is refused, so an index cannot make the loader read elsewhere.
+  std::error_code ec;
+  fs::path root = fs::weakly_canonical(p, ec);
+  if (!root.has_filename()) root = root.parent_path();  // "dir/" ends in an empty element
   std::set<std::string> files;
-  for (const auto& [name, file] : j["weight_map"].items()) files.insert((p / file.get<std::string>()).string());
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    ZT_CHECK(file.is_string(), "load_hf_gpt2: '", index.string(), "': weight_map[\"", name,
+             "\"] must be a file name string, found ", file.dump(), ": write the shard's file name in quotes");
+    const fs::path rel(file.get<std::string>());
+    const fs::path shard = fs::weakly_canonical(p / rel, ec);
+    const auto [r, s] = std::mismatch(root.begin(), root.end(), shard.begin(), shard.end());
+    ZT_CHECK(!rel.empty() && !rel.is_absolute() && r == root.end() && s != shard.end(), "load_hf_gpt2: '",
+             index.string(), "': weight_map[\"", name, "\"] = \"", rel.string(),
+             "\" is outside the model directory: shards must be files in ", p.string());
+    files.insert((p / rel).string());
+  }
   return {files.begin(), files.end()};
 }
 
@@ -108,10 +124,17 @@ void load_hf_gpt2(GPT2Impl& model, const std::string& dir_or_file) {
       std::vector<int64_t> expect = param.sizes().vec();
       if (conv1d) std::swap(expect[0], expect[1]);
       const auto& e = f.entry(stored);
+      ZT_CHECK(at::isFloatingType(e.dtype), "load_hf_gpt2: tensor '", stored, "' in '", file, "' has dtype ",
+               safetensors_dtype_name(e.dtype), ", not floating point: weights are loaded only from F32, F16, BF16, "
+               "F64 or F8 tensors (an integer or boolean tensor here is a wrong or corrupt file)");
       ZT_CHECK(e.shape == expect, "load_hf_gpt2: tensor '", stored, "' in '", file, "' has shape ",
                shape_str(e.shape), " but the model expects ", shape_str(expect),
                conv1d ? " (HF Conv1D layout (in, out))" : "");
       torch::Tensor t = f.read(stored);
+      const int64_t bad = t.numel() - t.to(at::kFloat).isfinite().sum().item<int64_t>();
+      ZT_CHECK(bad == 0, "load_hf_gpt2: tensor '", stored, "' in '", file, "' holds ", bad,
+               " non-finite value(s) (NaN or infinity) out of ", t.numel(),
+               ": the weights are corrupt or come from a diverged run");
       if (conv1d) t = t.t();
       param.copy_(t);  // converts dtype and device
       loaded_from[name] = file;

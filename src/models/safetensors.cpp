@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
@@ -76,12 +77,26 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   data_start_ = 8 + header_len;
   const uint64_t data_size = file_size - data_start_;
 
+  // A tensor name written twice would silently keep the last entry: an error instead.
+  int depth = 0;
+  std::set<std::string> seen;
+  std::string duplicate;
+  nlohmann::json::parser_callback_t on_event = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& v) {
+    using E = nlohmann::json::parse_event_t;
+    if (event == E::object_start) ++depth;
+    else if (event == E::object_end) --depth;
+    else if (event == E::key && depth == 1 && !seen.insert(v.get<std::string>()).second && duplicate.empty())
+      duplicate = v.get<std::string>();
+    return true;
+  };
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(header);
+    j = nlohmann::json::parse(header, on_event);
   } catch (const std::exception& e) {
     throw zt::Error(zt::detail::cat("safetensors: '", path_, "' has a corrupt JSON header: ", e.what()));
   }
+  ZT_CHECK(duplicate.empty(), "safetensors: '", path_, "': tensor '", duplicate,
+           "' appears twice in the header (corrupt or hand-edited file): keep one entry");
   ZT_CHECK(j.is_object(), "safetensors: '", path_, "': header is not a JSON object");
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& name = it.key();

@@ -29,10 +29,15 @@ bool LossScaler::update(bool overflow) {
     if (overflow) {
       ++skipped_steps_;
       ++skips_at_min_;
-      ZT_CHECK_T(options_.max_skips_at_min <= 0 || skips_at_min_ < options_.max_skips_at_min, TrainingError,
-                 "static loss scale (", scale_, ") and still overflowing for ", skips_at_min_,
+      ZT_CHECK_T(options_.max_skips_at_min <= 0 || skips_at_min_ < options_.max_skips_at_min || options_.unscaled,
+                 TrainingError, "static loss scale (", scale_, ") and still overflowing for ", skips_at_min_,
                  " consecutive steps: gradients are inf/NaN — check the learning rate, the data, "
                  "lower fp16.loss_scale, set it to 0 (dynamic), or use bf16");
+      ZT_CHECK_T(options_.max_skips_at_min <= 0 || skips_at_min_ < options_.max_skips_at_min, TrainingError,
+                 "the run diverged: gradients were inf/NaN for ", skips_at_min_,
+                 " consecutive steps (each skipped); stopping instead of skipping forever — lower the learning "
+                 "rate, set gradient_clipping, check the data, or resume from an earlier checkpoint (the limit is "
+                 "EngineOptions::max_skipped_steps, zerotrain train --max-skipped-steps)");
     } else {
       skips_at_min_ = 0;
     }

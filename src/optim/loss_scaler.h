@@ -26,6 +26,9 @@ struct LossScalerOptions {
   // before update() throws zt::TrainingError; <= 0 disables the check (DeepSpeed's endless
   // "reducing to 1" loop).
   int max_skips_at_min = 50;
+  // zerotrain only: bf16/fp32 (static scale 1, no fp16): the limit's message speaks of a
+  // diverged run instead of fp16's loss scale.
+  bool unscaled = false;
 };
 
 class LossScaler {

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -568,3 +569,125 @@ TEST(ConfigDefaults, OptimizerAndSchedulerTypes) {
 }
 
 }  // namespace
+
+// ---- strict inputs (issue 23): checked sizes, JSON limits, wrapped library errors -----
+
+namespace {
+
+std::string file_error_of(const std::string& path) {
+  try {
+    zt::Config::read_json_file(path);
+  } catch (const zt::ConfigError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not a ConfigError: " << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a ConfigError reading " << path;
+  return "";
+}
+
+}  // namespace
+
+TEST(ConfigStrict, BatchProductsThatOverflowAreErrorsNamingTheKeys) {
+  // micro 2^62 x world 4 wrapped to 0 (check-config then died of SIGFPE).
+  std::string what = error_of(json{{"train_micro_batch_size_per_gpu", int64_t{1} << 62}}, 4);
+  EXPECT_NE(what.find("train_micro_batch_size_per_gpu (4611686018427387904) * world size (4)"), std::string::npos)
+      << what;
+  EXPECT_NE(what.find("does not fit a 64-bit integer"), std::string::npos) << what;
+  // 2^32 x 2^32 was reported valid with train_batch_size 0.
+  what = error_of(json{{"train_micro_batch_size_per_gpu", int64_t{1} << 32}, {"gradient_accumulation_steps", int64_t{1} << 32}});
+  EXPECT_NE(what.find("gradient_accumulation_steps (4294967296)"), std::string::npos) << what;
+  EXPECT_NE(what.find("does not fit a 64-bit integer"), std::string::npos) << what;
+  // All three given, their product overflowing: not "!= <wrapped number>".
+  what = error_of(json{{"train_batch_size", 8},
+                       {"train_micro_batch_size_per_gpu", int64_t{1} << 40},
+                       {"gradient_accumulation_steps", int64_t{1} << 40}});
+  EXPECT_NE(what.find("does not fit a 64-bit integer"), std::string::npos) << what;
+  // train + micro with micro * world overflowing: no division by a wrapped 0.
+  what = error_of(json{{"train_batch_size", 8}, {"train_micro_batch_size_per_gpu", int64_t{1} << 62}}, 4);
+  EXPECT_NE(what.find("train_batch_size (8) is not a multiple of train_micro_batch_size_per_gpu"), std::string::npos)
+      << what;
+  what = error_of(json{{"train_batch_size", 8}, {"gradient_accumulation_steps", int64_t{1} << 62}}, 4);
+  EXPECT_NE(what.find("is not a multiple of gradient_accumulation_steps"), std::string::npos) << what;
+  // The largest product that fits still resolves exactly.
+  auto c = zt::Config::parse(json{{"train_micro_batch_size_per_gpu", int64_t{1} << 60}}, 4);
+  EXPECT_EQ(c.train_batch_size, int64_t{1} << 62);
+}
+
+TEST(ConfigStrict, DeepNestingIsAnErrorNotAStackOverflow) {
+  // ~60 000 levels overflowed the stack inside the JSON parser (SIGSEGV).
+  fs::path deep = write_temp("deep.json", "{\"train_batch_size\": 8, \"x\": " + std::string(60000, '[') +
+                                              std::string(60000, ']') + "}");
+  std::string what = file_error_of(deep.string());
+  EXPECT_NE(what.find(deep.string() + ": JSON nested deeper than 64 levels (line 1)"), std::string::npos) << what;
+  // Brackets inside strings and comments do not count.
+  fs::path quoted = write_temp("quoted.json", "// [[[[ {{{{\n{\"train_batch_size\": 8, /* [[[ */ \"x\": \"" +
+                                                  std::string(100, '[') + "\\\"" + std::string(100, '{') + "\"}");
+  EXPECT_EQ(zt::Config::read_json_file(quoted.string())["train_batch_size"], 8);
+  // In memory too (Config::parse's input), naming the key path.
+  json v = 1;
+  for (int i = 0; i < 100; ++i) v = json{{"k", v}};
+  what = error_of(json{{"train_batch_size", 8}, {"fp16", v}});
+  EXPECT_NE(what.find("fp16.k.k."), std::string::npos) << what;
+  EXPECT_NE(what.find("nested deeper than 64 levels"), std::string::npos) << what;
+  for (const auto& p : {deep, quoted}) fs::remove(p);
+}
+
+TEST(ConfigStrict, OversizedFileIsAnError) {
+  fs::path big = write_temp("big.json", "{\"train_batch_size\": 8, \"x\": \"" +
+                                            std::string(zt::Config::kMaxJsonBytes, 'a') + "\"}");
+  std::string what = file_error_of(big.string());
+  EXPECT_NE(what.find(big.string() + ": the config is larger than 16 MiB"), std::string::npos) << what;
+  fs::remove(big);
+}
+
+TEST(ConfigStrict, LibraryErrorsAreRewrittenWithTheFileAndTheKey) {
+  // A directory read as "unexpected end of input".
+  fs::path dir = fs::temp_directory_path() / ("zt_test_config_dir_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::string what = file_error_of(dir.string());
+  EXPECT_NE(what.find("config file '" + dir.string() + "' is a directory: give the DeepSpeed JSON file inside it"),
+            std::string::npos)
+      << what;
+  fs::remove(dir);
+  // 1e400 surfaced as out_of_range.406 "number overflow parsing" (not even a parse_error).
+  fs::path huge = write_temp("huge.json", R"({"train_batch_size": 8, "zero_optimization": {"reduce_bucket_size": 1e400}})");
+  what = file_error_of(huge.string());
+  EXPECT_NE(what.find(huge.string() + ": "), std::string::npos) << what;
+  EXPECT_NE(what.find("zero_optimization.reduce_bucket_size"), std::string::npos) << what;
+  EXPECT_NE(what.find("beyond the range of a double"), std::string::npos) << what;
+  EXPECT_EQ(what.find("json.exception"), std::string::npos) << what;
+  // A syntax error names the key being read and the fix.
+  fs::path syntax = write_temp("syntax2.json", R"({"train_batch_size": 8, "fp16": {"enabled": tru}})");
+  what = file_error_of(syntax.string());
+  EXPECT_NE(what.find("(in the value of fp16.enabled)"), std::string::npos) << what;
+  EXPECT_NE(what.find(": fix the JSON there"), std::string::npos) << what;
+  // An empty file.
+  fs::path empty = write_temp("empty.json", "  \n");
+  what = file_error_of(empty.string());
+  EXPECT_NE(what.find(empty.string() + ": the file is empty"), std::string::npos) << what;
+  for (const auto& p : {huge, syntax, empty}) fs::remove(p);
+}
+
+TEST(ConfigStrict, TypeErrorsNameTheKey) {
+  // Wrong types anywhere are messages naming the key, never type_error.302.
+  const std::vector<std::pair<json, std::string>> cases = {
+      {json{{"train_batch_size", "eight"}}, "train_batch_size: expected an integer, found string \"eight\""},
+      {json{{"train_batch_size", 8}, {"optimizer", {{"type", "Adam"}, {"params", {{"lr", "fast"}}}}}},
+       "optimizer.params.lr: expected a number, found string"},
+      {json{{"train_batch_size", 8}, {"optimizer", {{"type", 7}}}}, "optimizer.type: expected a string"},
+      {json{{"train_batch_size", 8}, {"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", json::array()}}}}}},
+       "scheduler.params.warmup_num_steps: expected an integer, found array"},
+      {json{{"train_batch_size", 8}, {"zero_optimization", {{"stage", 2}, {"offload_optimizer", "cpu"}}}},
+       "zero_optimization.offload_optimizer: expected an object"},
+      {json{{"train_batch_size", 8}, {"fp16", {{"enabled", std::string("\xff")}}}}, "fp16.enabled: expected a boolean"},
+      {json{{"train_batch_size", 8}, {"gradient_clipping", std::numeric_limits<double>::quiet_NaN()}},
+       "gradient_clipping: must be a finite number"},
+  };
+  for (const auto& [j, expect] : cases) {
+    std::string what = error_of(j);
+    EXPECT_NE(what.find(expect), std::string::npos) << what;
+    EXPECT_EQ(what.find("type_error"), std::string::npos) << what;
+  }
+}

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "models/gpt2.h"
@@ -245,4 +246,133 @@ TEST(HFGPT2, ConfigJsonValidation) {
   expect_error_mentions([&] { gpt2_config_from_hf_json(d.path.string()); }, {"tie_word_embeddings"});
   write(R"({"n_layer":2,"n_head":4,"n_embd":128,"n_positions":64})");
   expect_error_mentions([&] { gpt2_config_from_hf_json(d.path.string()); }, {"vocab_size"});
+}
+
+// ---- strict loading (issue 23) --------------------------------------------------------
+
+namespace {
+
+// The tensors of a gpt2-tiny in HF layout, as save_hf_gpt2 writes them.
+std::map<std::string, torch::Tensor> hf_tiny() {
+  torch::manual_seed(1);
+  GPT2 a(named_gpt2("gpt2-tiny"));
+  return hf_gpt2_tensors(*a);
+}
+
+// A safetensors file whose header is `header` (padded) over `data`.
+void write_raw(const std::string& path, std::string header, const std::string& data) {
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::ofstream out(path, std::ios::binary);
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xff));
+  out << header << data;
+}
+
+}  // namespace
+
+TEST(HFGPT2, IntegerAndBoolTensorsAreNotCastToFloat) {
+  TempDir d;
+  GPT2 m(named_gpt2("gpt2-tiny"));
+  for (auto dtype : {torch::kLong, torch::kInt, torch::kBool, torch::kUInt8}) {
+    auto t = hf_tiny();
+    auto& ln = t.at("transformer.ln_f.weight");
+    ln = ln.to(dtype);
+    save_safetensors(d / "model.safetensors", t);
+    // Was: loaded, the integers (or 0/1) cast to float.
+    expect_error_mentions([&] { load_hf_gpt2(*m, d.path.string()); },
+                          {"transformer.ln_f.weight", "model.safetensors", safetensors_dtype_name(dtype),
+                           "not floating point"});
+  }
+  auto t = hf_tiny();
+  t.at("transformer.ln_f.weight") = t.at("transformer.ln_f.weight").to(torch::kDouble);  // F64 is fine
+  save_safetensors(d / "model.safetensors", t);
+  load_hf_gpt2(*m, d.path.string());
+}
+
+TEST(HFGPT2, NonFiniteWeightsAreNamed) {
+  TempDir d;
+  GPT2 m(named_gpt2("gpt2-tiny"));
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    auto t = hf_tiny();
+    t.at("transformer.h.1.mlp.c_fc.bias")[3] = bad;
+    t.at("transformer.h.1.mlp.c_fc.bias")[5] = -bad;
+    save_safetensors(d / "model.safetensors", t);
+    expect_error_mentions([&] { load_hf_gpt2(*m, d.path.string()); },
+                          {"transformer.h.1.mlp.c_fc.bias", "holds 2 non-finite value(s)"});
+  }
+  auto t = hf_tiny();
+  t.at("transformer.wpe.weight")[0][0] = std::numeric_limits<float>::infinity();
+  // bf16 too (the check converts before testing).
+  t.at("transformer.wpe.weight") = t.at("transformer.wpe.weight").to(torch::kBFloat16);
+  save_safetensors(d / "model.safetensors", t);
+  expect_error_mentions([&] { load_hf_gpt2(*m, d.path.string()); }, {"transformer.wpe.weight", "non-finite"});
+}
+
+TEST(Safetensors, DuplicateTensorNamesAreRejected) {
+  TempDir d;
+  // Two entries named "w": nlohmann kept the last one silently.
+  const std::string data(16, '\0');
+  write_raw(d / "dup.safetensors",
+            R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"w":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+            data);
+  expect_error_mentions([&] { SafetensorsFile f(d / "dup.safetensors"); }, {"dup.safetensors", "tensor 'w' appears twice"});
+  // A name nested deeper (a "dtype" key in each entry) is not a duplicate.
+  write_raw(d / "ok.safetensors",
+            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+            data);
+  EXPECT_EQ(SafetensorsFile(d / "ok.safetensors").names().size(), 2u);
+}
+
+TEST(HFGPT2, ShardedIndexIsChecked) {
+  TempDir d;
+  GPT2 m(named_gpt2("gpt2-tiny"));
+  auto t = hf_tiny();
+  // Two shards: ln_f in one, everything else in the other.
+  std::map<std::string, torch::Tensor> a, b;
+  for (const auto& [n, v] : t) (n == "transformer.ln_f.weight" ? b : a)[n] = v;
+  save_safetensors(d / "a.safetensors", a);
+  save_safetensors(d / "b.safetensors", b);
+  auto index = [&](const nlohmann::json& extra) {
+    nlohmann::json wm;
+    for (const auto& [n, v] : a) wm[n] = "a.safetensors";
+    for (const auto& [n, v] : b) wm[n] = "b.safetensors";
+    if (extra.is_object()) wm.update(extra);
+    std::ofstream(d / "model.safetensors.index.json") << nlohmann::json{{"weight_map", wm}}.dump();
+  };
+  index({});
+  load_hf_gpt2(*m, d.path.string());  // the good case loads
+
+  // A shard outside the model directory (was: read from wherever it pointed).
+  fs::create_directories(d.path / "sub");
+  save_safetensors((d.path.parent_path() / ("zt_outside_" + std::to_string(::getpid()) + ".safetensors")).string(), b);
+  for (const std::string& out : {"../zt_outside_" + std::to_string(::getpid()) + ".safetensors",
+                                 (d.path.parent_path() / ("zt_outside_" + std::to_string(::getpid()) + ".safetensors")).string(),
+                                 std::string("sub/../../x.safetensors")}) {
+    index({{"transformer.ln_f.weight", out}});
+    expect_error_mentions([&] { load_hf_gpt2(*m, d.path.string()); },
+                          {"model.safetensors.index.json", "transformer.ln_f.weight", "outside the model directory"});
+  }
+  fs::remove(d.path.parent_path() / ("zt_outside_" + std::to_string(::getpid()) + ".safetensors"));
+  // A non-string file name (was: type_error.302).
+  index({{"transformer.ln_f.weight", 7}});
+  expect_error_mentions([&] { load_hf_gpt2(*m, d.path.string()); },
+                        {"weight_map[\"transformer.ln_f.weight\"] must be a file name string"});
+  // The same tensor in two shards.
+  a["transformer.ln_f.weight"] = b["transformer.ln_f.weight"];
+  save_safetensors(d / "a.safetensors", a);
+  index({});
+  expect_error_mentions([&] { load_hf_gpt2(*m, d.path.string()); }, {"ln_f.weight", "appears twice"});
+}
+
+TEST(HFGPT2, ConfigJsonWrongTypesAreNamed) {
+  TempDir d;
+  auto write = [&](const std::string& text) { std::ofstream(d / "config.json") << text; };
+  const std::string sizes = R"("n_layer":2,"n_head":4,"n_embd":128,"vocab_size":256,"n_positions":64)";
+  // Each was a raw type_error.302 from the JSON library.
+  write("{" + sizes + R"(,"activation_function":7})");
+  expect_error_mentions([&] { gpt2_config_from_hf_json(d.path.string()); }, {"activation_function must be a string"});
+  write("{" + sizes + R"(,"layer_norm_epsilon":"1e-5"})");
+  expect_error_mentions([&] { gpt2_config_from_hf_json(d.path.string()); }, {"layer_norm_epsilon must be a number"});
+  write("{" + sizes + R"(,"n_inner":"512"})");
+  expect_error_mentions([&] { gpt2_config_from_hf_json(d.path.string()); }, {"n_inner must be an integer"});
 }

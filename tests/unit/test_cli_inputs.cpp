@@ -1,0 +1,187 @@
+// The `zerotrain` command with hostile input, run as a user runs it (a child process):
+// numbers that overflow, JSON that nests too deep, bad flag values, outputs that would
+// overwrite inputs, save locations that cannot be written. Each must end with a
+// one-line message naming the key, flag or path, with exit code 2 for usage errors and
+// 1 for the rest -- never a signal, never a finished run that then cannot save.
+#include <gtest/gtest.h>
+#include <ftw.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Ran {
+  int code = -1;  // exit code (128+N when the command died of signal N)
+  std::string output;
+};
+
+Ran run(const std::string& args) {
+  const std::string cmd = "timeout -k 5 120 " ZT_BINARY_DIR "/zerotrain " + args + " 2>&1";
+  Ran r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) {
+    ADD_FAILURE() << "popen failed: " << cmd;
+    return r;
+  }
+  std::array<char, 4096> buf;
+  while (fgets(buf.data(), static_cast<int>(buf.size()), p) != nullptr) r.output += buf.data();
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+
+// Not std::filesystem::remove_all: it crashes in binaries linked to libtorch (see
+// test_safetensors.cpp).
+int rm_entry(const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }
+void rm_rf(const fs::path& p) { ::nftw(p.c_str(), rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::path(ZT_BINARY_DIR) / ("cli_inputs_" + name + "_" + std::to_string(::getpid()));
+  rm_rf(d);
+  fs::create_directories(d);
+  return d;
+}
+
+fs::path write(const fs::path& p, const std::string& text) {
+  std::ofstream(p) << text;
+  return p;
+}
+
+TEST(CliInputs, CheckConfigBatchOverflowIsAnErrorNotASignal) {
+  const fs::path d = temp_dir("overflow");
+  // Was SIGFPE (136): micro * world wrapped to 0 and was divided by.
+  Ran r = run("check-config " + write(d / "a.json", R"({"train_micro_batch_size_per_gpu": 4611686018427387904})").string() +
+              " --world 4");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "train_micro_batch_size_per_gpu (4611686018427387904) * world size (4)")) << r.output;
+  // Was "OK" with train_batch_size 0.
+  r = run("check-config " +
+          write(d / "b.json", R"({"train_micro_batch_size_per_gpu": 4294967296, "gradient_accumulation_steps": 4294967296})")
+              .string());
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_FALSE(contains(r.output, "OK:")) << r.output;
+  EXPECT_TRUE(contains(r.output, "does not fit a 64-bit integer")) << r.output;
+  rm_rf(d);
+}
+
+TEST(CliInputs, CheckConfigHostileJsonIsNamed) {
+  const fs::path d = temp_dir("json");
+  // Was SIGSEGV (139): the JSON parser recursed 60 000 levels.
+  const fs::path deep = write(d / "deep.json", std::string(60000, '[') + std::string(60000, ']'));
+  Ran r = run("check-config " + deep.string());
+  EXPECT_EQ(r.code, 1) << r.output.substr(0, 400);
+  EXPECT_TRUE(contains(r.output, deep.string() + ": JSON nested deeper than 64 levels")) << r.output.substr(0, 400);
+  // Was "invalid JSON: ... unexpected end of input".
+  r = run("check-config " + d.string());
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "is a directory")) << r.output;
+  // Was "unexpected error: [json.exception.out_of_range.406] number overflow parsing '1e400'".
+  r = run("check-config " + write(d / "big.json", R"({"train_batch_size": 8, "gradient_clipping": 1e400})").string());
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "gradient_clipping")) << r.output;
+  EXPECT_FALSE(contains(r.output, "json.exception")) << r.output;
+  // A key containing JSON-pointer characters left "auto" (check-config fills it in).
+  r = run("check-config " + write(d / "ptr.json", R"({"train_batch_size": 8, "a~b/c": {"x": "auto"}})").string());
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "unknown key a~b/c")) << r.output;
+  rm_rf(d);
+}
+
+TEST(CliInputs, BadNumericFlagsAreUsageErrorsNamingFlagAndValue) {
+  const std::string cfg = std::string(ZT_SOURCE_DIR) + "/configs/zero0.json";
+  struct Case {
+    std::string args, flag, value;
+  };
+  const Case cases[] = {
+      {"train --config " + cfg + " --clip abc", "--clip", "abc"},  // was "unexpected error: stod"
+      {"train --config " + cfg + " --clip -1", "--clip", "-1"},
+      {"train --config " + cfg + " --peak-tflops nan", "--peak-tflops", "nan"},
+      {"train --config " + cfg + " --steps 1e30", "--steps", "1e30"},
+      {"train --config " + cfg + " --seq 12abc", "--seq", "12abc"},
+      {"train --config " + cfg + " --micro-batch inf", "--micro-batch", "inf"},
+      {"estimate --config " + cfg + " --gpu-mem lots", "--gpu-mem", "lots"},
+      {"estimate --config " + cfg + " --host-mem 1e999", "--host-mem", "1e999"},
+      {"check-config " + cfg + " --world x", "--world", "x"},
+  };
+  for (const auto& c : cases) {
+    Ran r = run(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, c.flag) && contains(r.output, "'" + c.value + "'")) << c.args << "\n" << r.output;
+    EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << "one line: " << r.output;
+  }
+  Ran r = run("train --config " + cfg + " --bogus");
+  EXPECT_EQ(r.code, 2) << r.output;
+  r = run("convert a b --dtype int8");
+  EXPECT_EQ(r.code, 2) << r.output;
+}
+
+// A one-step GPT-2 run that saves a checkpoint into `dir` (seconds on one CPU rank).
+Ran train_and_save(const std::string& dir, const std::string& extra = "") {
+  return run("train --config " + std::string(ZT_SOURCE_DIR) +
+             "/configs/zero0.json --model gpt2-tiny --steps 1 --seq 16 --micro-batch 1 --device cpu --save " + dir +
+             " " + extra);
+}
+
+TEST(CliInputs, ConvertRefusesAnOutputInsideTheCheckpoint) {
+  const fs::path d = temp_dir("convert");
+  const fs::path ckpt = d / "ckpt";
+  Ran r = train_and_save(ckpt.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream latest(ckpt / "latest");
+  std::string tag;
+  latest >> tag;
+  ASSERT_FALSE(tag.empty());
+  // Was: convert overwrote the checkpoint's own files and left it unloadable.
+  for (const fs::path& out : {ckpt / "out.safetensors", ckpt / tag / "model.safetensors", ckpt / tag / ".." / "x",
+                              ckpt}) {
+    r = run("convert " + ckpt.string() + " " + out.string());
+    EXPECT_EQ(r.code, 1) << out << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "is inside the checkpoint")) << r.output;
+  }
+  EXPECT_FALSE(fs::exists(ckpt / "out.safetensors"));
+  EXPECT_FALSE(fs::exists(ckpt / "config.json"));
+  r = run("convert " + ckpt.string() + " " + d.string());
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "is a directory")) << r.output;
+  // The checkpoint is intact: a conversion outside it works.
+  r = run("convert " + ckpt.string() + " " + (d / "hf" / "model.safetensors").string());
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(d / "hf" / "model.safetensors"));
+
+  // --save inside the checkpoint that --load resumes from.
+  r = train_and_save((ckpt / tag / "again").string(), "--load " + ckpt.string());
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "that --load resumes from")) << r.output;
+  EXPECT_FALSE(fs::exists(ckpt / tag / "again"));
+  rm_rf(d);
+}
+
+TEST(CliInputs, UnusableSaveDirFailsBeforeTheFirstStep) {
+  const fs::path d = temp_dir("save");
+  const fs::path file = write(d / "a_file", "x");
+  // Was: trained every step, then failed at the save.
+  for (const std::string& save : {(file / "sub").string(), file.string(), std::string("/proc/zt_no_such_dir")}) {
+    Ran r = train_and_save(save);
+    EXPECT_EQ(r.code, 1) << save << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "--save " + save)) << r.output;
+    EXPECT_FALSE(contains(r.output, "Step 0")) << "trained before checking --save:\n" << r.output;
+  }
+  // A directory that does not exist yet but can be created is fine, and is not created
+  // by the check itself (the save creates it).
+  Ran r = train_and_save((d / "new" / "deeper").string());
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(d / "new" / "deeper" / "latest"));
+  rm_rf(d);
+}
+
+}  // namespace
