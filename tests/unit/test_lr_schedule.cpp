@@ -1,17 +1,32 @@
 // LR schedules against hand-computed values. Step convention: lr(k) is the lr of the
 // (k+1)-th applied optimizer step = DeepSpeed's get_lr() at last_batch_iteration k - 1.
+// Schedules are built as the engine builds them: the config layer parses and validates
+// scheduler.params once (defaults filled), src/optim reads the resolved values.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <numbers>
 
 #include "optim/lr_schedule.h"
+#include "zerotrain/config.h"
 #include "zerotrain/error.h"
 
 using nlohmann::json;
-using zt::optim::make_lr_schedule;
 
 namespace {
+
+// The schedule of a config with this scheduler section and optimizer lr (type "" or
+// "none": no scheduler.type).
+std::unique_ptr<zt::optim::LrSchedule> make_lr_schedule(const std::string& type, const json& params, double base_lr) {
+  json j = {{"train_batch_size", 1}, {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", base_lr}}}}}};
+  if (!type.empty() && type != "none") {
+    j["scheduler"] = {{"type", type}, {"params", params}};
+  } else if (!params.empty()) {
+    j["scheduler"] = {{"params", params}};
+  }
+  const zt::Config cfg = zt::Config::from_json(j, 1);
+  return zt::optim::make_lr_schedule(cfg.scheduler, cfg.optimizer.params.lr);
+}
 
 // Expects a ConfigError whose message contains `needle`.
 template <typename F>
