@@ -18,7 +18,7 @@
 
 // bench targets link zerotrain but get only include/ on their path (src/ is private).
 #include "../src/models/hf_gpt2.h"
-#include "../src/models/safetensors.h"
+#include "../src/io/safetensors.h"
 #include "zerotrain/error.h"
 
 namespace {
@@ -70,7 +70,7 @@ int run(int argc, char** argv) {
   if (!export_dir.empty()) zt::models::save_hf_gpt2(*model, export_dir, torch::kFloat);
   model->to(device, dtype);
   model->eval();
-  zt::models::SafetensorsFile tok_file(pos[1]);
+  zt::io::SafetensorsFile tok_file(pos[1]);
   ZT_CHECK(tok_file.contains("input_ids"), "'", pos[1], "' has no tensor 'input_ids'");
   auto idx = tok_file.read("input_ids").to(torch::kLong).to(device);  // (B, T)
 
@@ -81,7 +81,7 @@ int run(int argc, char** argv) {
   auto logits = model->forward(idx);  // (B, T, V)
   sync(device);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  zt::models::save_safetensors(pos[2], {{"logits", logits.to(torch::kFloat)}});
+  zt::io::save_safetensors(pos[2], {{"logits", logits.to(torch::kFloat)}});
 
   nlohmann::json j{{"bench", "gpt2_logits"},
                    {"device", device_s},

@@ -24,78 +24,9 @@
 
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
+#include "zerotrain/report.h"
 
 namespace zt {
-
-// Memory and time of one phase of one step on this rank.
-struct PhaseStats {
-  double ms = 0;               // time (CUDA: between events on the compute stream; CPU: wall time)
-  int64_t mem_after = 0;       // bytes allocated when the phase ended
-  int64_t mem_peak = 0;        // peak bytes allocated during the phase
-};
-
-// Bytes of model state this rank holds, by kind (what the ZeRO formulas count).
-struct ModelStateBytes {
-  int64_t params = 0;     // compute-dtype parameters (full, or this rank's shard)
-  int64_t grads = 0;      // gradient buffers (full, or this rank's shard)
-  int64_t master = 0;     // fp32 master weights
-  int64_t optimizer = 0;  // optimizer state (Adam: exp_avg + exp_avg_sq)
-  // Stage 3: full-size parameters gathered right now (not part of total(): they come and
-  // go with the units; see StepReport::zero3 for the step's peak).
-  int64_t gathered = 0;
-  // Offload: bytes of the above (and of the host-side gradient / upload buffers) that live
-  // in host memory instead of device memory.
-  int64_t host = 0;
-  // NVMe offload: bytes of the swap file that holds master + optimizer (each sub-group's
-  // arrays padded to 4096 bytes); master and optimizer above are then on the drive, and
-  // host counts only the gradient and staging buffers.
-  int64_t nvme = 0;
-  int64_t total() const { return params + grads + master + optimizer; }
-};
-
-// One published checkpoint save (Engine::last_checkpoint_save()). Times in ms, rank 0's
-// view; write_ms is the slowest rank's.
-struct CheckpointSaveReport {
-  int64_t index = 0;          // 1 for the engine's first published save, then 2, ...
-  std::string dir, tag;
-  bool async = false;
-  int64_t step = 0;           // global step the checkpoint holds
-  int64_t published_step = 0; // global step at which `latest` was updated (async: later)
-  double wait_ms = 0;         // the call first waited for the previous async save
-  double snapshot_ms = 0;     // async: copying the state to host memory
-  double stall_ms = 0;        // the whole save_checkpoint() call (sync: everything)
-  double write_ms = 0;        // writing + fsync + CRC of the rank's file (max over ranks)
-  double publish_ms = 0;      // agreement, manifest, rename, `latest`
-  int64_t bytes = 0;          // all ranks' files
-};
-
-// Everything the engine knows about one optimizer step (one accumulation boundary).
-struct StepReport {
-  int64_t step = 0;           // global step after this one (skipped steps count, like DeepSpeed)
-  int64_t micro_steps = 0;    // micro-batches in this step
-  double loss = 0;            // mean loss over the step's micro-batches on this rank
-  double lr = 0;
-  double loss_scale = 1;
-  bool skipped = false;       // overflow: parameters unchanged
-  double grad_norm = 0;       // global norm before clipping (0 when not computed)
-  PhaseStats forward, backward, step_phase;
-  ModelStateBytes model_state;
-  int64_t buckets = 0;                     // gradient buckets reduced in this step
-  int64_t buckets_before_backward_end = 0; // of those, launched while backward still ran
-  double exposed_comm_ms = 0;              // time the step waited for gradient communication
-  // Stage 3: unit all-gathers in this step (of which prefetched), and the most parameter
-  // bytes gathered at once.
-  int64_t gathers = 0, gathers_prefetched = 0;
-  int64_t gathered_peak_bytes = 0;
-  // NVMe offload: the step's swap of the optimizer state. Time the CPU step waited for reads
-  // and writes of the swap file (what the overlap did not hide), the CPU Adam and uploads
-  // (visit_ms), and the bytes moved. All 0 without NVMe offload or on a skipped step.
-  struct Nvme {
-    double read_wait_ms = 0, write_wait_ms = 0, visit_ms = 0;
-    int64_t bytes_read = 0, bytes_written = 0;
-  } nvme;
-  nlohmann::json to_json() const;
-};
 
 // One optimizer parameter group (DeepSpeed / torch.optim param groups, reduced to what
 // differs in practice). Everything else (betas, eps, adam_w_mode, momentum, clipping) is
@@ -142,15 +73,18 @@ struct EngineOptions {
   double flops_per_sample = 0;
   double peak_tflops = 0;  // per device, for MFU; 0 = not reported
   // ZeRO-3 gather units in forward order (each a list of the model's parameters) and
-  // their names. Empty: a GPT-2 model gets one unit per block; any other model runs with
-  // everything in one "root" unit unless its forward calls Engine::run_unit.
+  // their names. Empty: a model that implements zt::ZeroModel (zerotrain/model.h) gets
+  // its zero_units(), driven by its unit hooks (GPT-2: one unit per block); any other
+  // model runs with everything in one "root" unit. With units given here the model's
+  // forward calls Engine::run_unit for each.
   // Parameters in no unit form the root unit (gathered for the whole forward+backward).
   std::vector<std::vector<torch::Tensor>> units;
   std::vector<std::string> unit_names;
   // Partitioned construction (the analogue of DeepSpeed's zero.Init): a parameter whose
   // numel differs from param_shape(name) is a placeholder; the engine materialises it on
   // the device (under ZeRO-3 one unit at a time, keeping only this rank's shard) and fills
-  // it with param_init(name, tensor). GPT-2 built with deferred_init fills both itself.
+  // it with param_init(name, tensor). A zt::ZeroModel whose deferred_init() is true fills
+  // both itself (GPT-2 built with deferred_init).
   std::function<std::vector<int64_t>(const std::string& name)> param_shape;
   std::function<void(const std::string& name, torch::Tensor& t)> param_init;
   // Divergence stop: after this many consecutive skipped steps (gradients inf/NaN on some
@@ -202,6 +136,9 @@ class Engine {
   // just before its backward. At stages 0-2 this is fn(x).
   virtual torch::Tensor run_unit(int unit, const std::function<torch::Tensor(const torch::Tensor&)>& fn,
                                  const torch::Tensor& x) = 0;
+  // ZeRO-3: the names of the gather units in forward order (EngineOptions.unit_names, or
+  // the ZeroModel's), without the root and persistent units. Empty at stages 0-2.
+  virtual std::vector<std::string> unit_names() const = 0;
   // ZeRO-3: every parameter full-size until release_params() (collective), e.g. to evaluate
   // or export outside forward(). No-ops at stages 0-2.
   virtual void gather_params() = 0;

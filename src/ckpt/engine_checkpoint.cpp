@@ -32,7 +32,7 @@
 
 #include "ckpt/crc32c.h"
 #include "ckpt/fs.h"
-#include "models/safetensors.h"
+#include "io/safetensors.h"
 #include "zerotrain/error.h"
 
 namespace zt::ckpt {
@@ -139,7 +139,7 @@ Names model_names(torch::nn::Module& model, const std::vector<torch::Tensor>& ma
 }
 
 nlohmann::json tensor_meta(const torch::Tensor& t) {
-  return {{"dtype", models::safetensors_dtype_name(t.scalar_type())}, {"shape", t.sizes().vec()}};
+  return {{"dtype", io::safetensors_dtype_name(t.scalar_type())}, {"shape", t.sizes().vec()}};
 }
 
 }  // namespace
@@ -152,7 +152,7 @@ struct ConsolidatedReader::Impl {
   nlohmann::json manifest;
   // param id (name and shard coordinates, [Shard Keys]) -> {file, begin, end}
   std::map<std::string, std::vector<std::array<int64_t, 3>>> fragments;
-  std::map<int, std::unique_ptr<models::SafetensorsFile>> open;
+  std::map<int, std::unique_ptr<io::SafetensorsFile>> open;
 
   Impl(std::string d, nlohmann::json m) : dir(std::move(d)), manifest(std::move(m)) {
     for (const auto& p : manifest.at("params")) {
@@ -167,7 +167,7 @@ struct ConsolidatedReader::Impl {
   }
 
   // Verifies size, checksum and tensor table of file `idx` on first use.
-  const models::SafetensorsFile& file(int idx) {
+  const io::SafetensorsFile& file(int idx) {
     auto it = open.find(idx);
     if (it != open.end()) return *it->second;
     const auto& files = manifest.at("files");
@@ -183,9 +183,9 @@ struct ConsolidatedReader::Impl {
     const std::string want_crc = fm.at("crc32c").get<std::string>();
     ZT_CHECK_T(crc_hex(d.crc) == want_crc, CheckpointError, "checkpoint file '", path, "' fails its checksum (crc32c ",
                crc_hex(d.crc), ", manifest ", want_crc, "): the file is corrupt");
-    std::unique_ptr<models::SafetensorsFile> sf;
+    std::unique_ptr<io::SafetensorsFile> sf;
     try {
-      sf = std::make_unique<models::SafetensorsFile>(path);
+      sf = std::make_unique<io::SafetensorsFile>(path);
     } catch (const std::exception& ex) {
       throw CheckpointError(detail::cat("checkpoint file '", path, "': ", ex.what()));
     }
@@ -195,8 +195,8 @@ struct ConsolidatedReader::Impl {
       const auto& e = sf->entry(key);
       const auto shape = meta.at("shape").get<std::vector<int64_t>>();
       const auto dtype = meta.at("dtype").get<std::string>();
-      ZT_CHECK_T(e.shape == shape && models::safetensors_dtype_name(e.dtype) == dtype, CheckpointError,
-                 "checkpoint file '", path, "': tensor '", key, "' is ", models::safetensors_dtype_name(e.dtype), " ",
+      ZT_CHECK_T(e.shape == shape && io::safetensors_dtype_name(e.dtype) == dtype, CheckpointError,
+                 "checkpoint file '", path, "': tensor '", key, "' is ", io::safetensors_dtype_name(e.dtype), " ",
                  c10::IntArrayRef(e.shape), " but the manifest lists ", dtype, " ", c10::IntArrayRef(shape));
     }
     return *open.emplace(idx, std::move(sf)).first->second;
@@ -448,7 +448,7 @@ std::unique_ptr<Snapshot> take_snapshot(EngineParts& e, const std::string& dir, 
       params.push_back({{"name", names.managed[i]},
                         {"shard", to_json(layout.of(names.managed[i]))},
                         {"shape", shapes[i]},
-                        {"dtype", models::safetensors_dtype_name(managed[i].scalar_type())},
+                        {"dtype", io::safetensors_dtype_name(managed[i].scalar_type())},
                         {"fragments", nlohmann::json::array()}});
     }
     nlohmann::json extra = nlohmann::json::array();
@@ -481,7 +481,7 @@ nlohmann::json write_shard(const Snapshot& s) {
   const std::string fname = rank_file_name(s.rank);
   const std::string path = join_path(s.partial, fname);
   if (before_write_hook()) before_write_hook()(path);
-  models::save_safetensors(path, s.tensors, {{"format", kFormat}, {"rank", std::to_string(s.rank)}});
+  io::save_safetensors(path, s.tensors, {{"format", kFormat}, {"rank", std::to_string(s.rank)}});
   crash_point("after_shard", s.rank);
   const FileDigest d = file_crc32c(path);
   nlohmann::json tmeta = nlohmann::json::object();

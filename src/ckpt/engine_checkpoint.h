@@ -19,7 +19,7 @@
 #include "zero/zero_optimizer.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
-#include "zerotrain/engine.h"
+#include "zerotrain/report.h"
 
 namespace zt::ckpt {
 

@@ -11,9 +11,9 @@
 #include "cli/commands.h"
 #include "models/gpt2.h"
 #include "models/hf_gpt2.h"
+#include "io/safetensors.h"
 #include "models/hf_llama.h"
 #include "models/llama.h"
-#include "models/safetensors.h"
 #include "zerotrain/error.h"
 
 namespace zt::cli {
@@ -143,7 +143,7 @@ int cmd_convert(int argc, char** argv) {
     for (const auto& name : reader.extra_names()) {
       if (auto* p = params.find(name)) p->copy_(reader.extra(name));  // frozen parameters
     }
-    models::save_safetensors(out, models::hf_gpt2_tensors(*model, dtype), {{"format", "pt"}});
+    io::save_safetensors(out, models::hf_gpt2_tensors(*model, dtype), {{"format", "pt"}});
     auto cfg = nlohmann::json::parse(models::gpt2_config_to_hf_json(mc));
     cfg["torch_dtype"] = dtype == at::kFloat ? "float32" : dtype == at::kBFloat16 ? "bfloat16" : "float16";
     ckpt::write_file_atomic(ckpt::join_path(ckpt::parent_dir(out), "config.json"), cfg.dump(2) + "\n");
@@ -157,7 +157,7 @@ int cmd_convert(int argc, char** argv) {
       tensors.emplace(name, v);
     }
     for (const auto& name : reader.extra_names()) tensors.emplace(name, reader.extra(name));
-    models::save_safetensors(out, tensors, {{"format", "pt"}});
+    io::save_safetensors(out, tensors, {{"format", "pt"}});
   }
   std::printf("[zerotrain] converted checkpoint '%s' (%d ranks, stage %d, step %lld): %.2fM parameters -> %s (%s%s)\n",
               m.value("tag", "").c_str(), m.at("world_size").get<int>(), m.value("zero_stage", 0),

@@ -305,6 +305,15 @@ void check_cross_section(Context& ctx, const Config& c) {
     ctx.error("zero_optimization.offload_optimizer needs stage 1, 2 or 3 (found stage 0): set "
               "zero_optimization.stage or remove offload_optimizer");
   }
+  if (z.offload_param.device != OffloadDevice::none && z.stage == 3 &&
+      z.offload_optimizer.device == OffloadDevice::none) {
+    ctx.error("zero_optimization.offload_param keeps parameter shards off the device for the CPU step to write: "
+              "also set zero_optimization.offload_optimizer.device to \"cpu\" (or \"nvme\")");
+  }
+  if (z.offload_optimizer.device != OffloadDevice::none && c.optimizer.type == "SGD") {
+    ctx.error("zero_optimization.offload_optimizer runs the step with zerotrain's CPU Adam: use optimizer.type "
+              "Adam or AdamW, or remove offload_optimizer");
+  }
   if (z.offload_optimizer.delayed_param_update && z.offload_optimizer.device != OffloadDevice::cpu) {
     ctx.error("zero_optimization.offload_optimizer.delayed_param_update overlaps the CPU optimizer step with the "
               "next forward/backward: it needs offload_optimizer.device \"cpu\"" +

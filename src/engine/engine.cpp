@@ -15,47 +15,19 @@
 #include <type_traits>
 
 #include "ckpt/engine_checkpoint.h"
-#include "engine/phase_timer.h"
+#include "common/phase_timer.h"
 #ifdef ZT_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #endif
-#include "models/gpt2.h"
-#include "models/safetensors.h"
+#include "io/safetensors.h"
 #include "monitor/monitor.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "zero/zero_optimizer.h"
 #include "zerotrain/error.h"
+#include "zerotrain/model.h"
 
 namespace zt {
-
-nlohmann::json StepReport::to_json() const {
-  auto phase = [](const PhaseStats& p) { return nlohmann::json{{"after", p.mem_after}, {"peak", p.mem_peak}}; };
-  return {{"step", step},
-          {"micro_steps", micro_steps},
-          {"loss", loss},
-          {"lr", lr},
-          {"loss_scale", loss_scale},
-          {"skipped", skipped},
-          {"grad_norm", grad_norm},
-          {"phase_ms", {{"forward", forward.ms}, {"backward", backward.ms}, {"step", step_phase.ms}}},
-          {"phase_mem", {{"forward", phase(forward)}, {"backward", phase(backward)}, {"step", phase(step_phase)}}},
-          {"model_state_bytes",
-           {{"params", model_state.params},
-            {"grads", model_state.grads},
-            {"master", model_state.master},
-            {"optimizer", model_state.optimizer},
-            {"host", model_state.host},
-            {"nvme", model_state.nvme}}},
-          {"comm", {{"buckets", buckets},
-                    {"buckets_before_backward_end", buckets_before_backward_end},
-                    {"exposed_ms", exposed_comm_ms}}},
-          {"zero3", {{"gathers", gathers}, {"prefetched", gathers_prefetched},
-                     {"gathered_peak_bytes", gathered_peak_bytes}, {"gathered_bytes", model_state.gathered}}},
-          {"nvme", {{"read_wait_ms", nvme.read_wait_ms}, {"write_wait_ms", nvme.write_wait_ms},
-                    {"visit_ms", nvme.visit_ms}, {"bytes_read", nvme.bytes_read},
-                    {"bytes_written", nvme.bytes_written}}}};
-}
 
 torch::Device default_device() {
   if (torch::cuda::is_available()) {
@@ -115,11 +87,12 @@ class EngineImpl : public Engine {
     }
     for (auto& p : params) names.push_back(name_of(p));
     names_ = names;
-    // Placeholders (partitioned construction): GPT-2 built with deferred_init knows its
-    // shapes and initialisation.
-    if (auto g = std::dynamic_pointer_cast<models::GPT2Impl>(model_); g && g->config().deferred_init) {
-      if (!opts_.param_shape) opts_.param_shape = [g](const std::string& n) { return g->param_shape(n); };
-      if (!opts_.param_init) opts_.param_init = [g](const std::string& n, torch::Tensor& t) { g->init_parameter(n, t); };
+    // Placeholders (partitioned construction): a ZeroModel built with deferred_init knows
+    // its shapes and initialisation (model_ keeps it alive).
+    zero_model_ = dynamic_cast<ZeroModel*>(model_.get());
+    if (ZeroModel* zm = zero_model_; zm && zm->deferred_init()) {
+      if (!opts_.param_shape) opts_.param_shape = [zm](const std::string& n) { return zm->param_shape(n); };
+      if (!opts_.param_init) opts_.param_init = [zm](const std::string& n, torch::Tensor& t) { zm->init_parameter(n, t); };
     }
     std::vector<std::vector<int64_t>> deferred(params.size());
     bool any_deferred = false;
@@ -181,9 +154,8 @@ class EngineImpl : public Engine {
     zo.offload_optimizer = zc.offload_optimizer.device == OffloadDevice::cpu ||
                            zc.offload_optimizer.device == OffloadDevice::nvme;
     zo.offload_param = zc.offload_param.device == OffloadDevice::cpu || zc.offload_param.device == OffloadDevice::nvme;
-    ZT_CHECK_T(!zo.offload_param || zo.offload_optimizer, ConfigError,
-               "zero_optimization.offload_param keeps parameter shards off the device for the CPU step to write: "
-               "also set zero_optimization.offload_optimizer.device to \"cpu\" (or \"nvme\")");
+    // The config layer checks the cross-section rules (src/config/sections.cpp).
+    ZT_ASSERT(!zo.offload_param || zo.offload_optimizer, "offload_param without offload_optimizer");
     // ZeRO-Infinity parameters: the shard in a swap file, written by the CPU or NVMe step.
     zo.param_nvme = zc.offload_param.device == OffloadDevice::nvme;
     zo.param_nvme_path = zc.offload_param.nvme_path;
@@ -198,9 +170,6 @@ class EngineImpl : public Engine {
     zo.aio.thread_count = cfg_.aio.thread_count;
     zo.aio.single_submit = cfg_.aio.single_submit;
     zo.aio.overlap_events = cfg_.aio.overlap_events;
-    ZT_CHECK_T(!zo.nvme || !zc.offload_optimizer.delayed_param_update, ConfigError,
-               "zero_optimization.offload_optimizer.delayed_param_update is not supported with device \"nvme\": "
-               "remove it or use device \"cpu\"");
     zo.pin_memory = zc.offload_optimizer.pin_memory || (zo.offload_param && zc.offload_param.pin_memory);
     zo.sub_group_numel = zc.sub_group_size;
     zo.delayed_update = zc.offload_optimizer.delayed_param_update;
@@ -213,13 +182,13 @@ class EngineImpl : public Engine {
       }
     }
     zero_ = std::make_unique<zero::ZeroOptimizer>(params, group_, zo);
-    if (gpt2_) {
+    if (hooked_) {
       zero::ZeroOptimizer* z = zero_.get();
-      models::BlockHooks hooks;
+      UnitHooks hooks;
       hooks.pre_forward = [z](int64_t i, bool recompute) { z->unit_pre_forward(static_cast<int>(i), recompute); };
       hooks.post_forward = [z](int64_t i, bool recompute) { z->unit_post_forward(static_cast<int>(i), recompute); };
       hooks.wrap_output = [z](int64_t i, const torch::Tensor& y) { return z->unit_output(static_cast<int>(i), y); };
-      gpt2_->set_block_hooks(hooks);
+      hooked_->set_unit_hooks(hooks);
     }
 
     optim::LossScalerOptions so;
@@ -236,7 +205,7 @@ class EngineImpl : public Engine {
     }
     so.max_skips_at_min = static_cast<int>(std::clamp<int64_t>(opts_.max_skipped_steps, 0, INT32_MAX));
     scaler_ = std::make_unique<optim::LossScaler>(so);
-    schedule_ = optim::make_lr_schedule(cfg_.scheduler.type, cfg_.scheduler.params, cfg_.optimizer.params.lr);
+    schedule_ = optim::make_lr_schedule(cfg_.scheduler, cfg_.optimizer.params.lr);
     timer_ = std::make_unique<PhaseTimer>(device_);
     timer_->set_cpu_bytes(zero_->state_bytes().total());
     if (!opts_.metrics_path.empty() && group_->rank() == 0) {
@@ -265,7 +234,7 @@ class EngineImpl : public Engine {
       }
     }
     saver_.abandon();
-    if (gpt2_) gpt2_->set_block_hooks({});  // the hooks point at this engine
+    if (hooked_) hooked_->set_unit_hooks({});  // the hooks point at this engine
   }
 
   torch::Tensor forward(const std::function<torch::Tensor()>& fn) override {
@@ -290,6 +259,7 @@ class EngineImpl : public Engine {
     zero_->unit_post_forward(unit, false);
     return zero_->unit_output(unit, y);
   }
+  std::vector<std::string> unit_names() const override { return unit_names_; }
   void gather_params() override { zero_->gather_all(); }
   void release_params() override { zero_->release_all(/*persistent_too=*/false); }
 
@@ -443,7 +413,7 @@ class EngineImpl : public Engine {
       const std::string name = names_[i].empty() ? "param_" + std::to_string(i) : names_[i];
       tensors[name] = full[i].to(dtype_);
     }
-    models::save_safetensors(path, tensors, {{"format", "pt"}, {"producer", "zerotrain save_16bit_model"}});
+    io::save_safetensors(path, tensors, {{"format", "pt"}, {"producer", "zerotrain save_16bit_model"}});
   }
 
   void save_checkpoint(const std::string& dir, const std::string& tag, const nlohmann::json& client_state,
@@ -647,7 +617,8 @@ class EngineImpl : public Engine {
     }
   }
 
-  // ZeRO-3 units: EngineOptions.units, else one per GPT-2 block, else none (all root).
+  // ZeRO-3 units: EngineOptions.units, else the ZeroModel's zero_units() (driven by its unit
+  // hooks), else none (all root).
   void setup_units(const std::vector<torch::Tensor>& params, const std::vector<std::string>& names,
                    zero::ZeroOptions& zo) {
     const auto& z = cfg_.zero_optimization;
@@ -664,16 +635,14 @@ class EngineImpl : public Engine {
     };
     std::vector<std::vector<torch::Tensor>> units = opts_.units;
     std::vector<std::string> unit_names = opts_.unit_names;
-    gpt2_ = std::dynamic_pointer_cast<models::GPT2Impl>(model_);
-    if (units.empty() && gpt2_) {
-      const auto blocks = gpt2_->blocks();
-      for (size_t b = 0; b < blocks.size(); ++b) {
-        units.push_back(blocks[b]->parameters());
-        unit_names.push_back("h." + std::to_string(b));
+    if (units.empty() && zero_model_) {
+      for (auto& mu : zero_model_->zero_units()) {
+        units.push_back(std::move(mu.params));
+        unit_names.push_back(std::move(mu.name));
       }
-    } else {
-      gpt2_ = nullptr;  // explicit units: the model calls run_unit itself
+      if (!units.empty()) hooked_ = zero_model_;
     }
+    // (explicit units: the model calls Engine::run_unit itself)
     for (size_t u = 0; u < units.size(); ++u) {
       zero::ZeroOptions::Unit unit;
       unit.name = u < unit_names.size() ? unit_names[u] : "unit " + std::to_string(u);
@@ -682,12 +651,15 @@ class EngineImpl : public Engine {
         if (i >= 0) unit.params.push_back(i);  // frozen parameters are not the engine's
       }
       zo.units.push_back(unit);
+      unit_names_.push_back(unit.name);
     }
   }
 
   std::shared_ptr<torch::nn::Module> model_;
-  std::shared_ptr<models::GPT2Impl> gpt2_;  // set when the engine drives GPT-2's block hooks
-  std::vector<std::string> names_;          // managed parameters' names, in the user's order
+  ZeroModel* zero_model_ = nullptr;  // model_ as a ZeroModel, or null
+  ZeroModel* hooked_ = nullptr;      // set when the engine drives the model's unit hooks
+  std::vector<std::string> names_;       // managed parameters' names, in the user's order
+  std::vector<std::string> unit_names_;  // ZeRO-3 gather units in forward order
   Config cfg_;
   EngineOptions opts_;
   comm::GroupPtr group_;

@@ -4,10 +4,19 @@
 #pragma once
 #include <torch/torch.h>
 
+#include "zerotrain/model.h"
+
 namespace zt::models {
 
-struct CifarNetImpl : torch::nn::Module {
+// Training FLOPs per image: 3 x (2 x the multiply-adds of the convolutions and the
+// linear layers) = 3 x 2 x 651,720 (biases, ReLU and pooling not counted, as in 6N).
+inline constexpr double kCifarNetFlopsPerSample = 3.0 * 2.0 * 651720.0;
+
+// Implements zt::ZeroModel for its FLOPs only: one root unit, no placeholders.
+struct CifarNetImpl : torch::nn::Module, zt::ZeroModel {
   CifarNetImpl();
+  // A sample (image) counts as one token; seq is ignored.
+  double flops_per_token(int64_t /*seq*/) const override { return kCifarNetFlopsPerSample; }
   // x (B, 3, 32, 32) float -> logits (B, 10) in the parameter dtype.
   torch::Tensor forward(const torch::Tensor& x);
   // Mean cross entropy in fp32; labels (B) int64 in [0, 10).

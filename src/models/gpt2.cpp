@@ -474,6 +474,12 @@ std::vector<std::shared_ptr<torch::nn::Module>> GPT2Impl::blocks() const {
   return out;
 }
 
+std::vector<zt::ModelUnit> GPT2Impl::zero_units() const {
+  std::vector<zt::ModelUnit> out;
+  for (size_t b = 0; b < blocks_.size(); ++b) out.push_back({"h." + std::to_string(b), blocks_[b]->parameters()});
+  return out;
+}
+
 // From the config, not the tensors: under ZeRO-3 (or deferred_init) they are not full-size.
 int64_t GPT2Impl::num_params() const { return gpt2_num_params(cfg_); }
 

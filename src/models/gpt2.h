@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "zerotrain/model.h"
+
 namespace zt::models {
 
 struct GPT2Config {
@@ -106,17 +108,12 @@ struct BlockImpl : torch::nn::Module {
 TORCH_MODULE(Block);
 
 // Called around every block's forward, including the recompute of a checkpointed block
-// during backward (`recompute` is then true). This is where a ZeRO-3 engine gathers a
-// block's parameters (pre) and releases them (post) without the model knowing ZeRO.
-// wrap_output sees each block's output outside any checkpoint and may return it wrapped
-// (the engine inserts an autograd node that gathers the block again before its backward).
-struct BlockHooks {
-  std::function<void(int64_t block, bool recompute)> pre_forward;
-  std::function<void(int64_t block, bool recompute)> post_forward;
-  std::function<torch::Tensor(int64_t block, const torch::Tensor& y)> wrap_output;
-};
+// during backward: the engine's unit hooks (zerotrain/model.h), one unit per block.
+using BlockHooks = zt::UnitHooks;
 
-struct GPT2Impl : torch::nn::Module {
+// Implements zt::ZeroModel: the blocks are the ZeRO-3 units ("h.0", "h.1", ...), driven by
+// block hooks; deferred_init builds placeholders the engine materialises.
+struct GPT2Impl : torch::nn::Module, zt::ZeroModel {
   // Parameters are created on the CPU in fp32 with GPT-2 init drawn from the global
   // generator (seed it with torch::manual_seed for reproducible weights).
   explicit GPT2Impl(const GPT2Config& cfg);
@@ -137,8 +134,9 @@ struct GPT2Impl : torch::nn::Module {
   void reset_parameters();
   // The full shape of a parameter by name, and GPT-2's initialisation for it (the scheme
   // reset_parameters applies; placeholders of a deferred_init model get their values here).
-  std::vector<int64_t> param_shape(const std::string& name) const;
-  void init_parameter(const std::string& name, torch::Tensor& t) const;
+  std::vector<int64_t> param_shape(const std::string& name) const override;
+  void init_parameter(const std::string& name, torch::Tensor& t) const override;
+  bool deferred_init() const override { return cfg_.deferred_init; }
 
   // Checkpoints blocks [0, number_checkpoints) (all blocks when nullopt): their
   // activations are dropped after forward and recomputed in backward, keeping only each
@@ -148,6 +146,9 @@ struct GPT2Impl : torch::nn::Module {
                                     bool cpu_checkpointing = false);
   bool activation_checkpointing() const { return ckpt_enabled_; }
   void set_block_hooks(BlockHooks hooks) { hooks_ = std::move(hooks); }
+  void set_unit_hooks(zt::UnitHooks hooks) override { set_block_hooks(std::move(hooks)); }
+  // One unit per block, "h.<i>", in forward order.
+  std::vector<zt::ModelUnit> zero_units() const override;
 
   // The transformer blocks in execution order (the engine's ZeRO-3 gather units).
   std::vector<std::shared_ptr<torch::nn::Module>> blocks() const;
@@ -159,7 +160,7 @@ struct GPT2Impl : torch::nn::Module {
   // N = num_params_non_embedding() (the 6N covers forward+backward of every matmul, the
   // tied LM head included; the second term is attention's QK^T and AV). Same as nanoGPT's
   // MFU estimate and PaLM appendix B.
-  double flops_per_token(int64_t seq) const;
+  double flops_per_token(int64_t seq) const override;
 
   torch::nn::Embedding wte{nullptr};  // (V, C), also the LM head
   torch::nn::Embedding wpe{nullptr};  // (n_positions, C)

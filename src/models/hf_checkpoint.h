@@ -15,9 +15,15 @@
 #include <string>
 #include <vector>
 
-#include "safetensors.h"  // sibling-relative
+#include "io/safetensors.h"
 
 namespace zt::models {
+
+using io::SafetensorsFile;
+using io::load_safetensors;
+using io::save_safetensors;
+using io::safetensors_dtype_name;
+using io::safetensors_dtype;
 
 // transformers' default max_shard_size ("5GB").
 constexpr int64_t kHfMaxShardBytes = 5'000'000'000;

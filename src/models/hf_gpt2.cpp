@@ -7,11 +7,13 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "models/safetensors.h"
+#include "io/safetensors.h"
 #include "zerotrain/error.h"
 
 namespace zt::models {
 namespace fs = std::filesystem;
+using io::SafetensorsFile;
+using io::save_safetensors;
 namespace {
 
 constexpr const char* kPrefix = "transformer.";

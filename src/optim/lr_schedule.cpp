@@ -10,129 +10,51 @@
 #include <numbers>
 #include <vector>
 
-#include "config/reader.h"
 #include "zerotrain/error.h"
 
 namespace zt::optim {
 namespace {
 
 constexpr const char* kLog = "log";
-constexpr const char* kLinear = "linear";
 
-using config::edit_distance;  // the config reader's, for "did you mean" suggestions
-
-// Typed, validated access to scheduler.params. Every error names the full key path.
+// Reads scheduler.params as the config layer resolved them (src/config/scheduler.cpp):
+// every key present, validated and with DeepSpeed's defaults filled, derived defaults
+// resolved. A missing or mistyped key here is a bug (InternalError), not a user error.
 class Params {
  public:
-  Params(const nlohmann::json& j, std::string type, std::vector<std::string> known)
-      : j_(j), type_(std::move(type)), known_(std::move(known)) {
-    known_.push_back("last_batch_iteration");
-    ZT_CHECK_T(j_.is_null() || j_.is_object(), ConfigError,
-               "scheduler.params must be an object, got ", j_.dump());
-    if (j_.is_null()) return;
-    for (const auto& [key, value] : j_.items()) {
-      if (std::find(known_.begin(), known_.end(), key) != known_.end()) continue;
-      std::string best;
-      size_t best_d = SIZE_MAX;
-      for (const auto& k : known_) {
-        size_t d = edit_distance(key, k);
-        if (d < best_d) best_d = d, best = k;
-      }
-      std::string known_list;
-      for (const auto& k : known_) known_list += (known_list.empty() ? "" : ", ") + k;
-      ZT_CHECK_T(false, ConfigError, "scheduler.params.", key, " is not a ", type_, " parameter",
-                 best_d <= 3 ? "; did you mean " + best + "?" : std::string("."),
-                 " Known: ", known_list);
-    }
-    // DeepSpeed takes last_batch_iteration as a resume offset; zerotrain resumes the step
-    // count from its checkpoint instead, so only the fresh-start value is meaningful.
-    if (has("last_batch_iteration")) {
-      int64_t lbi = integer("last_batch_iteration", -1, INT64_MIN);
-      ZT_CHECK_T(lbi == -1, ConfigError, "scheduler.params.last_batch_iteration = ", lbi,
-                 ": only -1 (start from the beginning) is supported; a resumed run takes its "
-                 "step from the checkpoint. Remove the key or set it to -1.");
-    }
+  Params(const nlohmann::json& j, std::string type) : j_(j), type_(std::move(type)) {
+    ZT_ASSERT(j_.is_object(), "scheduler.params of ", type_, " must be the config's resolved object, got ", j_.dump());
   }
-
-  bool has(const char* key) const { return j_.is_object() && j_.contains(key); }
-
-  // A finite number >= lo. No default (nullopt) = required.
-  double number(const char* key, std::optional<double> def, double lo = 0.0) {
-    if (!has(key)) {
-      ZT_CHECK_T(def.has_value(), ConfigError, "scheduler.params.", key, " is required by ", type_,
-                 " (no default in DeepSpeed either)");
-      resolved_[key] = *def;
-      return *def;
-    }
-    const auto& v = value(key);
-    ZT_CHECK_T(v.is_number(), ConfigError, "scheduler.params.", key, " must be a number, got ", v.dump());
-    double d = v.get<double>();
-    ZT_CHECK_T(std::isfinite(d) && d >= lo, ConfigError, "scheduler.params.", key,
-               " must be a finite number >= ", lo, ", got ", v.dump());
-    resolved_[key] = d;
-    return d;
+  double number(const char* key) const {
+    const auto& v = at(key);
+    ZT_ASSERT(v.is_number(), "scheduler.params.", key, " is not a number: ", v.dump());
+    return v.get<double>();
   }
-
-  // An integer >= lo; integral floats (2e3) are accepted because configs in the wild use them.
-  int64_t integer(const char* key, std::optional<int64_t> def, int64_t lo) {
-    if (!has(key)) {
-      ZT_CHECK_T(def.has_value(), ConfigError, "scheduler.params.", key, " is required by ", type_,
-                 " (no default in DeepSpeed either)");
-      resolved_[key] = *def;
-      return *def;
-    }
-    const auto& v = value(key);
-    ZT_CHECK_T(v.is_number(), ConfigError, "scheduler.params.", key, " must be an integer, got ", v.dump());
-    double d = v.get<double>();
-    ZT_CHECK_T(std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15, ConfigError,
-               "scheduler.params.", key, " must be an integer, got ", v.dump());
-    auto i = static_cast<int64_t>(d);
-    ZT_CHECK_T(i >= lo, ConfigError, "scheduler.params.", key, " must be >= ", lo, ", got ", v.dump());
-    resolved_[key] = i;
-    return i;
+  int64_t integer(const char* key) const {
+    const auto& v = at(key);
+    ZT_ASSERT(v.is_number_integer(), "scheduler.params.", key, " is not an integer: ", v.dump());
+    return v.get<int64_t>();
   }
-
-  bool boolean(const char* key, bool def) {
-    if (!has(key)) {
-      resolved_[key] = def;
-      return def;
-    }
-    const auto& v = value(key);
-    ZT_CHECK_T(v.is_boolean(), ConfigError, "scheduler.params.", key, " must be true or false, got ", v.dump());
-    resolved_[key] = v.get<bool>();
+  bool boolean(const char* key) const {
+    const auto& v = at(key);
+    ZT_ASSERT(v.is_boolean(), "scheduler.params.", key, " is not a boolean: ", v.dump());
     return v.get<bool>();
   }
-
-  std::string warmup_type() {
-    constexpr const char* key = "warmup_type";
-    if (!has(key)) {
-      resolved_[key] = kLog;
-      return kLog;
-    }
-    const auto& v = value(key);
-    // DeepSpeed logs a warning and falls back to "log" for an unknown type; a typo here
-    // silently changes the schedule, so zerotrain stops instead.
-    ZT_CHECK_T(v.is_string() && (v.get<std::string>() == kLog || v.get<std::string>() == kLinear),
-               ConfigError, "scheduler.params.warmup_type must be \"log\" or \"linear\", got ", v.dump());
-    resolved_[key] = v.get<std::string>();
-    return v.get<std::string>();
+  bool log_warmup() const {
+    const auto& v = at("warmup_type");
+    ZT_ASSERT(v.is_string(), "scheduler.params.warmup_type is not a string: ", v.dump());
+    return v.get<std::string>() == kLog;
   }
 
-  nlohmann::json resolved() const { return resolved_; }
-
  private:
-  const nlohmann::json& value(const char* key) const {
-    const auto& v = j_.at(key);
-    ZT_CHECK_T(!(v.is_string() && v.get<std::string>() == "auto"), ConfigError, "scheduler.params.", key,
-               " is \"auto\": the Hugging Face trainer fills it before DeepSpeed sees the config; "
-               "`zerotrain train` fills it from its flags. Give a number when using the config directly.");
-    return v;
+  const nlohmann::json& at(const char* key) const {
+    ZT_ASSERT(j_.contains(key), "scheduler.params.", key, " of ", type_,
+              " is missing: the config layer fills every parameter (build the schedule from Config::scheduler)");
+    return j_.at(key);
   }
 
   const nlohmann::json& j_;
   std::string type_;
-  std::vector<std::string> known_;
-  nlohmann::json resolved_ = nlohmann::json::object();
 };
 
 void check_step(int64_t step) {
@@ -162,21 +84,15 @@ double warmup_gamma(bool log_warmup, int64_t lbi, int64_t warmup_steps, double i
 // WarmupLR, and WarmupDecayLR when total_num_steps is set.
 class WarmupLr final : public LrSchedule {
  public:
-  WarmupLr(const nlohmann::json& j, double base_lr, bool decay)
-      : decay_(decay) {
-    Params p(j, decay ? "WarmupDecayLR" : "WarmupLR",
-             decay ? std::vector<std::string>{"total_num_steps", "warmup_min_lr", "warmup_max_lr",
-                                               "warmup_num_steps", "warmup_type"}
-                   : std::vector<std::string>{"warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
-                                              "warmup_type"});
-    if (decay) total_ = p.integer("total_num_steps", std::nullopt, 1);
-    min_lr_ = p.number("warmup_min_lr", 0.0);
-    // Recent DeepSpeed: WarmupLR's warmup_max_lr defaults to the optimizer's lr, while
-    // WarmupDecayLR keeps its historical default of 0.001.
-    max_lr_ = p.number("warmup_max_lr", decay ? 0.001 : base_lr);
-    int64_t configured = p.integer("warmup_num_steps", 1000, 1);
-    log_ = p.warmup_type() == kLog;
-    resolved_ = p.resolved();
+  WarmupLr(const nlohmann::json& j, bool decay) : decay_(decay), resolved_(j) {
+    Params p(j, decay ? "WarmupDecayLR" : "WarmupLR");
+    if (decay) total_ = p.integer("total_num_steps");
+    min_lr_ = p.number("warmup_min_lr");
+    // Recent DeepSpeed: WarmupLR's warmup_max_lr defaults to the optimizer's lr (filled
+    // by the config), while WarmupDecayLR keeps its historical default of 0.001.
+    max_lr_ = p.number("warmup_max_lr");
+    int64_t configured = p.integer("warmup_num_steps");
+    log_ = p.log_warmup();
     // DeepSpeed clamps to 2 so that 1 / log(warmup_num_steps) is finite.
     warmup_ = std::max<int64_t>(2, configured);
     inverse_log_ = 1.0 / std::log(static_cast<double>(warmup_));
@@ -215,15 +131,13 @@ class WarmupLr final : public LrSchedule {
 
 class WarmupCosineLr final : public LrSchedule {
  public:
-  WarmupCosineLr(const nlohmann::json& j, double base_lr) : base_lr_(base_lr) {
-    Params p(j, "WarmupCosineLR",
-             {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type"});
-    total_ = p.integer("total_num_steps", std::nullopt, 1);
-    warmup_min_ratio_ = p.number("warmup_min_ratio", 0.0);
-    int64_t configured = p.integer("warmup_num_steps", 1000, 1);
-    cos_min_ratio_ = p.number("cos_min_ratio", 0.0001);
-    log_ = p.warmup_type() == kLog;
-    resolved_ = p.resolved();
+  WarmupCosineLr(const nlohmann::json& j, double base_lr) : base_lr_(base_lr), resolved_(j) {
+    Params p(j, "WarmupCosineLR");
+    total_ = p.integer("total_num_steps");
+    warmup_min_ratio_ = p.number("warmup_min_ratio");
+    int64_t configured = p.integer("warmup_num_steps");
+    cos_min_ratio_ = p.number("cos_min_ratio");
+    log_ = p.log_warmup();
     warmup_ = std::max<int64_t>(2, configured);
     inverse_log_ = 1.0 / std::log(static_cast<double>(warmup_));
     if (total_ < warmup_)
@@ -270,30 +184,20 @@ class WarmupCosineLr final : public LrSchedule {
 
 class OneCycle final : public LrSchedule {
  public:
-  explicit OneCycle(const nlohmann::json& j) {
-    Params p(j, "OneCycle",
-             {"cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size",
-              "cycle_second_step_size", "cycle_first_stair_count", "cycle_second_stair_count",
-              "decay_step_size", "cycle_momentum", "cycle_min_mom", "cycle_max_mom", "decay_mom_rate"});
-    min_lr_ = p.number("cycle_min_lr", std::nullopt);
-    max_lr_ = p.number("cycle_max_lr", std::nullopt);
-    decay_lr_rate_ = p.number("decay_lr_rate", 0.0);
-    first_ = static_cast<double>(p.integer("cycle_first_step_size", 2000, 1));
-    second_ = p.has("cycle_second_step_size")
-                  ? static_cast<double>(p.integer("cycle_second_step_size", std::nullopt, 1))
-                  : first_;
-    first_stairs_ = p.integer("cycle_first_stair_count", 0, 0);
-    second_stairs_ = p.has("cycle_second_stair_count")
-                         ? p.integer("cycle_second_stair_count", std::nullopt, 0)
-                         : first_stairs_;
-    decay_step_size_ = static_cast<double>(p.integer("decay_step_size", 0, 0));
-    cycle_momentum_ = p.boolean("cycle_momentum", true);
-    min_mom_ = p.number("cycle_min_mom", 0.8);
-    max_mom_ = p.number("cycle_max_mom", 0.9);
-    decay_mom_rate_ = p.number("decay_mom_rate", 0.0);
-    resolved_ = p.resolved();
-    resolved_["cycle_second_step_size"] = static_cast<int64_t>(second_);
-    resolved_["cycle_second_stair_count"] = second_stairs_;
+  explicit OneCycle(const nlohmann::json& j) : resolved_(j) {
+    Params p(j, "OneCycle");
+    min_lr_ = p.number("cycle_min_lr");
+    max_lr_ = p.number("cycle_max_lr");
+    decay_lr_rate_ = p.number("decay_lr_rate");
+    first_ = static_cast<double>(p.integer("cycle_first_step_size"));
+    second_ = static_cast<double>(p.integer("cycle_second_step_size"));  // the config: = first when absent
+    first_stairs_ = p.integer("cycle_first_stair_count");
+    second_stairs_ = p.integer("cycle_second_stair_count");
+    decay_step_size_ = static_cast<double>(p.integer("decay_step_size"));
+    cycle_momentum_ = p.boolean("cycle_momentum");
+    min_mom_ = p.number("cycle_min_mom");
+    max_mom_ = p.number("cycle_max_mom");
+    decay_mom_rate_ = p.number("decay_mom_rate");
     total_ = first_ + second_;
     step_ratio_ = first_ / total_;
     // DeepSpeed skips a decay when its step size or its rate is (close to) zero.
@@ -369,15 +273,12 @@ class OneCycle final : public LrSchedule {
 
 class LrRangeTest final : public LrSchedule {
  public:
-  explicit LrRangeTest(const nlohmann::json& j) {
-    Params p(j, "LRRangeTest",
-             {"lr_range_test_min_lr", "lr_range_test_step_size", "lr_range_test_step_rate",
-              "lr_range_test_staircase"});
-    min_lr_ = p.number("lr_range_test_min_lr", 1e-3);
-    step_size_ = static_cast<double>(p.integer("lr_range_test_step_size", 2000, 1));
-    step_rate_ = p.number("lr_range_test_step_rate", 1.0);
-    staircase_ = p.boolean("lr_range_test_staircase", false);
-    resolved_ = p.resolved();
+  explicit LrRangeTest(const nlohmann::json& j) : resolved_(j) {
+    Params p(j, "LRRangeTest");
+    min_lr_ = p.number("lr_range_test_min_lr");
+    step_size_ = static_cast<double>(p.integer("lr_range_test_step_size"));
+    step_rate_ = p.number("lr_range_test_step_rate");
+    staircase_ = p.boolean("lr_range_test_staircase");
   }
   double lr(int64_t step) const override {
     check_step(step);
@@ -396,24 +297,24 @@ class LrRangeTest final : public LrSchedule {
 
 }  // namespace
 
-std::unique_ptr<LrSchedule> make_lr_schedule(const std::string& type, const nlohmann::json& params,
-                                             double base_lr) {
-  ZT_CHECK_T(std::isfinite(base_lr) && base_lr >= 0, ConfigError,
-             "optimizer.params.lr must be a finite number >= 0, got ", base_lr);
+std::unique_ptr<LrSchedule> make_lr_schedule(const SchedulerConfig& scheduler, double base_lr) {
+  ZT_ASSERT(std::isfinite(base_lr) && base_lr >= 0, "optimizer.params.lr ", base_lr,
+            " reached the schedule unvalidated (the config layer checks it)");
+  const std::string& type = scheduler.type;
+  const nlohmann::json& params = scheduler.params;
   if (type.empty() || type == "none") {
-    ZT_CHECK_T(params.is_null() || params.empty(), ConfigError,
-               "scheduler.params given without a scheduler.type: set scheduler.type (WarmupLR, "
-               "WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest) or remove the params");
+    ZT_ASSERT(params.is_null() || params.empty(), "scheduler.params without a scheduler.type (the config layer "
+              "rejects it)");
     return std::make_unique<ConstantLr>(base_lr);
   }
-  if (type == "WarmupLR") return std::make_unique<WarmupLr>(params, base_lr, false);
-  if (type == "WarmupDecayLR") return std::make_unique<WarmupLr>(params, base_lr, true);
+  if (type == "WarmupLR") return std::make_unique<WarmupLr>(params, false);
+  if (type == "WarmupDecayLR") return std::make_unique<WarmupLr>(params, true);
   if (type == "WarmupCosineLR") return std::make_unique<WarmupCosineLr>(params, base_lr);
   if (type == "OneCycle") return std::make_unique<OneCycle>(params);
   if (type == "LRRangeTest") return std::make_unique<LrRangeTest>(params);
-  throw ConfigError(detail::cat("scheduler.type \"", type,
-                                "\" is not a DeepSpeed schedule: use WarmupLR, WarmupDecayLR, "
-                                "WarmupCosineLR, OneCycle or LRRangeTest"));
+  // The config layer lists a type it knows but zerotrain does not run in not_supported_yet.
+  throw ConfigError(detail::cat("scheduler.type \"", type, "\" is not supported yet by zerotrain: use WarmupLR, "
+                                "WarmupDecayLR, WarmupCosineLR, OneCycle or LRRangeTest"));
 }
 
 }  // namespace zt::optim

@@ -21,6 +21,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "zerotrain/config.h"
+
 namespace zt::optim {
 
 class LrSchedule {
@@ -40,13 +42,12 @@ class LrSchedule {
   virtual nlohmann::json resolved_params() const = 0;
 };
 
-// Builds the schedule of `scheduler.type` / `scheduler.params`. type "" or "none" is the
-// constant base_lr (params must then be empty). Known types: WarmupLR, WarmupDecayLR,
-// WarmupCosineLR, OneCycle, LRRangeTest. base_lr is the optimizer's lr (optimizer.params.lr):
-// WarmupCosineLR scales it, and WarmupLR uses it when warmup_max_lr is absent (as DeepSpeed
-// does). Missing keys take DeepSpeed's defaults; unknown keys, "auto" values, wrong types
-// and out-of-range values throw zt::ConfigError naming `scheduler.params.<key>`.
-std::unique_ptr<LrSchedule> make_lr_schedule(const std::string& type, const nlohmann::json& params,
-                                             double base_lr);
+// Builds the schedule of the config's `scheduler` section. The config layer
+// (src/config/scheduler.cpp) parses and validates scheduler.params once, with DeepSpeed's
+// defaults and derived defaults filled in; this only reads the resolved values (a
+// SchedulerConfig not made by the config parser is a bug: InternalError). type "" is the
+// constant base_lr. base_lr is the optimizer's lr (optimizer.params.lr): WarmupCosineLR
+// scales it (WarmupLR's default warmup_max_lr was filled from it by the config).
+std::unique_ptr<LrSchedule> make_lr_schedule(const SchedulerConfig& scheduler, double base_lr);
 
 }  // namespace zt::optim

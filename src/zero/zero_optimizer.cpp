@@ -83,13 +83,13 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr g
     return opt_.offload_optimizer ? host_buffer(n, at::kFloat) : torch::zeros({n}, topt.dtype(at::kFloat));
   };
   if (opt_.offload_optimizer) {
-    ZT_CHECK_T(opt_.stage >= 1, ConfigError, "zero_optimization.offload_optimizer needs stage 1, 2 or 3");
-    ZT_CHECK_T(!sgd_, ConfigError, "zero_optimization.offload_optimizer runs the step with zerotrain's CPU Adam: "
-               "use optimizer.type Adam or AdamW, or remove offload_optimizer");
+    // The config layer checks both (src/config/sections.cpp).
+    ZT_ASSERT(opt_.stage >= 1, "ZeroOptions.offload_optimizer at stage 0");
+    ZT_ASSERT(!sgd_, "ZeroOptions.offload_optimizer with SGD");
   }
   ZT_CHECK_T(!opt_.nvme || opt_.offload_optimizer, InternalError, "ZeroOptions.nvme needs offload_optimizer");
-  ZT_CHECK_T(!(opt_.nvme && opt_.delayed_update), ConfigError, "zero_optimization.offload_optimizer."
-             "delayed_param_update is not supported with device \"nvme\": remove it or use device \"cpu\"");
+  // The config layer rejects delayed_param_update with nvme (src/config/sections.cpp).
+  ZT_ASSERT(!(opt_.nvme && opt_.delayed_update), "ZeroOptions.delayed_update with nvme");
   if (opt_.nvme) check_nvme(owned);  // before any state is allocated
   if (opt_.stage != 3) check_host_memory();  // stage 3: init_stage3, before its host shard
   if (!opt_.nvme) {

@@ -27,13 +27,13 @@
 #include <string>
 #include <vector>
 
-#include "engine/phase_timer.h"
+#include "common/phase_timer.h"
 #include "offload/aio.h"
 #include "optim/cpu_adam.h"
 #include "zero/partition.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
-#include "zerotrain/engine.h"
+#include "zerotrain/report.h"
 
 namespace zt::zero {
 

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "models/gpt2.h"
-#include "models/safetensors.h"
+#include "io/safetensors.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
@@ -326,7 +326,7 @@ TEST(Zero3Save, Save16BitModelGathersFullWeights) {
   auto master = e2->gather_master_params();
   e2->save_16bit_model(path);
   if (group->rank() == 0) {
-    auto saved = zt::models::load_safetensors(path);
+    auto saved = zt::io::load_safetensors(path);
     ::unlink(path.c_str());
     ASSERT_EQ(saved.size(), master.size());
     auto named = m2->named_parameters();

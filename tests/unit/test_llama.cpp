@@ -14,7 +14,7 @@
 #include "models/hf_checkpoint.h"
 #include "models/hf_llama.h"
 #include "models/llama.h"
-#include "models/safetensors.h"
+#include "io/safetensors.h"
 #include "zerotrain/error.h"
 
 namespace fs = std::filesystem;
@@ -36,7 +36,7 @@ Fixture load_fixture(const std::string& name) {
   const auto dir = (kFixtures / name).string();
   f.cfg = zt::models::llama_config_from_hf_json(dir);
   f.model = zt::models::load_hf_llama_pretrained(dir);
-  auto io = zt::models::load_safetensors((kFixtures / name / "io.safetensors").string());
+  auto io = zt::io::load_safetensors((kFixtures / name / "io.safetensors").string());
   f.ids = io.at("input_ids");
   f.labels = io.at("labels");
   f.logits = io.at("logits");

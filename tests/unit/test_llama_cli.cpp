@@ -13,7 +13,7 @@
 #include "ckpt/fs.h"
 #include "models/hf_checkpoint.h"
 #include "models/hf_llama.h"
-#include "models/safetensors.h"
+#include "io/safetensors.h"
 
 namespace {
 
@@ -57,7 +57,7 @@ TEST(LlamaCli, InitFromTrainAtStage3ConvertBackToHuggingFace) {
   const auto a = original->named_parameters(), b = back->named_parameters();
   ASSERT_EQ(a.size(), b.size());
   for (const auto& p : a) EXPECT_TRUE(torch::equal(p.value(), b[p.key()])) << p.key();
-  auto io = zt::models::load_safetensors(fixture + "/io.safetensors");
+  auto io = zt::io::load_safetensors(fixture + "/io.safetensors");
   torch::NoGradGuard no_grad;
   EXPECT_LE((back->forward(io.at("input_ids")) - io.at("logits")).abs().max().item<double>(), 1e-4);
   zt::ckpt::remove_tree(dir);

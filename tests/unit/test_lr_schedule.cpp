@@ -1,17 +1,32 @@
 // LR schedules against hand-computed values. Step convention: lr(k) is the lr of the
 // (k+1)-th applied optimizer step = DeepSpeed's get_lr() at last_batch_iteration k - 1.
+// Schedules are built as the engine builds them: the config layer parses and validates
+// scheduler.params once (defaults filled), src/optim reads the resolved values.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <numbers>
 
 #include "optim/lr_schedule.h"
+#include "zerotrain/config.h"
 #include "zerotrain/error.h"
 
 using nlohmann::json;
-using zt::optim::make_lr_schedule;
 
 namespace {
+
+// The schedule of a config with this scheduler section and optimizer lr (type "" or
+// "none": no scheduler.type).
+std::unique_ptr<zt::optim::LrSchedule> make_lr_schedule(const std::string& type, const json& params, double base_lr) {
+  json j = {{"train_batch_size", 1}, {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", base_lr}}}}}};
+  if (!type.empty() && type != "none") {
+    j["scheduler"] = {{"type", type}, {"params", params}};
+  } else if (!params.empty()) {
+    j["scheduler"] = {{"params", params}};
+  }
+  const zt::Config cfg = zt::Config::from_json(j, 1);
+  return zt::optim::make_lr_schedule(cfg.scheduler, cfg.optimizer.params.lr);
+}
 
 // Expects a ConfigError whose message contains `needle`.
 template <typename F>
@@ -34,7 +49,7 @@ TEST(LrSchedule, ConstantWhenNoneOrEmpty) {
     EXPECT_FALSE(s->momentum(3).has_value());
   }
   expect_config_error([] { make_lr_schedule("none", json{{"warmup_num_steps", 3}}, 1e-3); }, "scheduler.type");
-  expect_config_error([] { make_lr_schedule("Cosine", json::object(), 1e-3); }, "scheduler.type \"Cosine\"");
+  expect_config_error([] { make_lr_schedule("Cosine", json::object(), 1e-3); }, "scheduler.type: \"Cosine\"");
 }
 
 TEST(LrSchedule, WarmupLrLog) {
@@ -94,7 +109,7 @@ TEST(LrSchedule, WarmupDecayLr) {
   EXPECT_EQ(d->resolved_params()["warmup_max_lr"], 0.001);
   EXPECT_DOUBLE_EQ(d->lr(11), 0.001);
   expect_config_error([] { make_lr_schedule("WarmupDecayLR", json{{"warmup_num_steps", 10}}, 1.0); },
-                      "scheduler.params.total_num_steps is required");
+                      "scheduler.params.total_num_steps: missing");
 }
 
 TEST(LrSchedule, WarmupCosineLr) {
@@ -164,7 +179,7 @@ TEST(LrSchedule, OneCycleLrAndMomentum) {
   EXPECT_DOUBLE_EQ(*md->momentum(6), 0.9 * (1 + 0.1 * 2));  // lbi 5: 5 - 4 + 1 = 2 decay steps
   EXPECT_DOUBLE_EQ(md->lr(6), 0.1);                        // decay_lr_rate 0: no lr decay
   expect_config_error([] { make_lr_schedule("OneCycle", json{{"cycle_max_lr", 1.0}}, 1.0); },
-                      "scheduler.params.cycle_min_lr is required");
+                      "scheduler.params.cycle_min_lr: missing");
 }
 
 TEST(LrSchedule, OneCycleStairs) {
@@ -206,26 +221,42 @@ TEST(LrSchedule, LrRangeTest) {
   EXPECT_DOUBLE_EQ(st->lr(10), 0.03);
 }
 
+// The config layer's messages (src/config/scheduler.cpp): the schedule itself never sees
+// an unvalidated value.
 TEST(LrSchedule, BadParamsNameTheKey) {
   expect_config_error([] { make_lr_schedule("WarmupLR", json{{"warmup_max_lrr", 0.1}}, 1.0); },
-                      "scheduler.params.warmup_max_lrr is not a WarmupLR parameter; did you mean warmup_max_lr?");
-  expect_config_error([] { make_lr_schedule("WarmupLR", json{{"warmup_max_lr", "auto"}}, 1.0); },
-                      "scheduler.params.warmup_max_lr is \"auto\"");
+                      "unknown key scheduler.params.warmup_max_lrr: did you mean warmup_max_lr?");
   expect_config_error([] { make_lr_schedule("WarmupLR", json{{"warmup_num_steps", 0}}, 1.0); },
-                      "scheduler.params.warmup_num_steps must be >= 1");
+                      "scheduler.params.warmup_num_steps: must be >= 1");
   expect_config_error([] { make_lr_schedule("WarmupLR", json{{"warmup_num_steps", 10.5}}, 1.0); },
-                      "scheduler.params.warmup_num_steps must be an integer");
+                      "scheduler.params.warmup_num_steps: expected an integer");
   expect_config_error([] { make_lr_schedule("WarmupLR", json{{"warmup_min_lr", -1e-3}}, 1.0); },
-                      "scheduler.params.warmup_min_lr must be a finite number >= 0");
+                      "scheduler.params.warmup_min_lr: must be >= 0");
   expect_config_error([] { make_lr_schedule("WarmupLR", json{{"warmup_type", "cosine"}}, 1.0); },
-                      "scheduler.params.warmup_type must be \"log\" or \"linear\"");
+                      "scheduler.params.warmup_type: \"cosine\" is not a warmup type");
   expect_config_error([] { make_lr_schedule("OneCycle", json{{"cycle_min_lr", 0.1}, {"cycle_max_lr", 1.0},
                                                              {"cycle_momentum", 1}}, 1.0); },
-                      "scheduler.params.cycle_momentum must be true or false");
+                      "scheduler.params.cycle_momentum: expected a boolean");
   expect_config_error([] { make_lr_schedule("WarmupLR", json{{"last_batch_iteration", 99}}, 1.0); },
                       "scheduler.params.last_batch_iteration");
-  expect_config_error([] { make_lr_schedule("WarmupLR", json::array(), 1.0); }, "scheduler.params must be an object");
+  expect_config_error([] { make_lr_schedule("WarmupLR", json::array(), 1.0); }, "scheduler.params: expected an object");
+  // "auto" takes the default, as DeepSpeed's HF integration fills it (the config notes it).
+  EXPECT_EQ(make_lr_schedule("WarmupLR", json{{"warmup_max_lr", "auto"}}, 0.25)->resolved_params()["warmup_max_lr"],
+            0.25);
   // Accepted: last_batch_iteration -1 and integers written as floats.
   auto s = make_lr_schedule("WarmupLR", json{{"last_batch_iteration", -1}, {"warmup_num_steps", 1e3}}, 1.0);
   EXPECT_EQ(s->resolved_params()["warmup_num_steps"], 1000);
+}
+
+// scheduler.params is parsed once, by the config layer: a SchedulerConfig that did not come
+// from it (a key left out) is a bug, not a user error.
+TEST(LrSchedule, ReadsOnlyResolvedParams) {
+  zt::SchedulerConfig partial;
+  partial.type = "WarmupLR";
+  partial.params = json{{"warmup_min_lr", 0.0}};
+  EXPECT_THROW(zt::optim::make_lr_schedule(partial, 1.0), zt::InternalError);
+  // The config's own resolution builds it.
+  json j = {{"train_batch_size", 1}, {"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_min_lr", 0.0}}}}}};
+  const zt::Config cfg = zt::Config::from_json(j, 1);
+  EXPECT_EQ(zt::optim::make_lr_schedule(cfg.scheduler, cfg.optimizer.params.lr)->resolved_params(), cfg.scheduler.params);
 }

@@ -11,11 +11,12 @@
 
 #include "models/gpt2.h"
 #include "models/hf_gpt2.h"
-#include "models/safetensors.h"
+#include "io/safetensors.h"
 #include "zerotrain/error.h"
 
 namespace fs = std::filesystem;
 using namespace zt::models;
+using namespace zt::io;
 
 namespace {
 

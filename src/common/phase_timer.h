@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "zerotrain/engine.h"
+#include "zerotrain/report.h"
 
 namespace zt {
 

@@ -1,4 +1,4 @@
-#include "engine/phase_timer.h"
+#include "common/phase_timer.h"
 
 #ifdef ZT_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>

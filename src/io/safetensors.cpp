@@ -1,4 +1,4 @@
-#include "models/safetensors.h"
+#include "io/safetensors.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -11,7 +11,7 @@
 
 #include "zerotrain/error.h"
 
-namespace zt::models {
+namespace zt::io {
 namespace {
 
 // A header bigger than this is corruption, not a model (the Rust reader uses 100 MB too).
@@ -238,4 +238,4 @@ void save_safetensors(const std::string& path, const std::map<std::string, torch
   ZT_CHECK(!ec, "safetensors: cannot rename '", tmp, "' to '", path, "': ", ec.message());
 }
 
-}  // namespace zt::models
+}  // namespace zt::io

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace zt::models {
+namespace zt::io {
 
 struct SafetensorsEntry {
   at::ScalarType dtype;
@@ -54,4 +54,4 @@ void save_safetensors(const std::string& path, const std::map<std::string, torch
 std::string safetensors_dtype_name(at::ScalarType t);
 at::ScalarType safetensors_dtype(const std::string& name);
 
-}  // namespace zt::models
+}  // namespace zt::io
