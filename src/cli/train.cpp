@@ -20,6 +20,7 @@
 #include "data/token_dataset.h"
 #include "models/gpt2.h"
 #include "models/hf_gpt2.h"
+#include "parallel/topology.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
@@ -48,6 +49,9 @@ const char* kTrainUsage =
     "  --peak-tflops X     per-device peak for MFU (default: 989 on H100/H200, else none)\n"
     "  --seed N            model init and data order (default 1234)\n"
     "  --device cpu|cuda   where the ranks run (default: cuda:LOCAL_RANK when CUDA is available)\n"
+    "  --tp N / --pp N / --ep N   tensor-parallel, pipeline and expert-parallel degrees (the config's\n"
+    "                      tensor_parallel.autotp_size, pipeline.stages, expert_parallel.autoep_size;\n"
+    "                      dp = ranks / (tp x pp)); > 1 is not implemented yet (docs/parallel.md)\n"
     "  --profile STEP      profile that step (0-based) with Kineto: writes PATH.rank<R>.json (Chrome\n"
     "                      trace) and PATH.rank<R>.txt (GPU time by kernel kind, top kernels)\n"
     "  --profile-out PATH  where (default zerotrain-profile)\n"
@@ -66,7 +70,7 @@ struct Args {
   int64_t save_every = 0;
   int64_t profile_step = -1;
   int64_t steps = 20, seq = 0, micro = 0, accum = 0, layers = 0, embd = 0, heads = 0, vocab = 0, print_every = 0,
-          warmup = 2, seed = 1234;
+          warmup = 2, seed = 1234, tp = -1, pp = -1, ep = -1;  // -1: flag not given
   double clip = 1.0, peak_tflops = -1;
   bool checkpoint = false;
   bool no_decay_1d = false;
@@ -117,6 +121,9 @@ Args parse_args(int argc, char** argv) {
     else if (f == "--device") a.device = need(i);
     else if (f == "--profile") a.profile_step = num(i);
     else if (f == "--profile-out") a.profile_out = need(i);
+    else if (f == "--tp") a.tp = num(i);
+    else if (f == "--pp") a.pp = num(i);
+    else if (f == "--ep") a.ep = num(i);
     else throw ConfigError("train: unknown option '" + f + "' (see zerotrain train --help)");
   }
   ZT_CHECK_T(!a.config.empty(), ConfigError, "train: --config CONFIG.json is required (see zerotrain train --help)");
@@ -173,7 +180,13 @@ int cmd_train(int argc, char** argv) {
 
   nlohmann::json j = Config::read_json_file(a.config);
   fill_batch_auto(j, a.micro, a.accum, a.clip);
+  fill_parallel_flags(j, a.tp, a.pp, a.ep);
   Config cfg = Config::from_json(j, world, a.config);
+  if (rank == 0) {
+    // Every factor and rank 0's coordinates; Topology makes no group here.
+    std::printf("[zerotrain] %s\n", parallel::Topology(group, parallel::dims_of(cfg, world)).describe().c_str());
+    std::fflush(stdout);
+  }
 
   models::GPT2Config mc = models::named_gpt2(a.model);
   if (a.layers) mc.n_layer = a.layers;
