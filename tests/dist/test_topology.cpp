@@ -105,11 +105,15 @@ void check_topology(const ParallelDims& dims, Expected expected) {
     const std::vector<int> got = gather_world_ranks(g, me);
     EXPECT_EQ(got, want) << "rank " << me;
     EXPECT_LT(g->rank(), static_cast<int>(got.size()));
-    if (g->rank() < static_cast<int>(got.size())) EXPECT_EQ(got[static_cast<size_t>(g->rank())], me);
+    if (g->rank() < static_cast<int>(got.size())) {
+      EXPECT_EQ(got[static_cast<size_t>(g->rank())], me);
+    }
     at::Tensor sum = at::full({1}, me, at::kLong);
     g->all_reduce(sum);
     EXPECT_EQ(sum.item<int64_t>(), std::accumulate(want.begin(), want.end(), int64_t{0}));
-    if (g->size() == w->size()) EXPECT_EQ(g.get(), w.get()) << "a group of the whole world is the world";
+    if (g->size() == w->size()) {
+      EXPECT_EQ(g.get(), w.get()) << "a group of the whole world is the world";
+    }
     EXPECT_EQ(topo.group(kind).get(), g.get()) << "cached";
     if (kind == GroupKind::pp) {
       const int i = g->rank();

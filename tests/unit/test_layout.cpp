@@ -68,7 +68,9 @@ void check_layout(const ParallelDims& d) {
       ASSERT_EQ(static_cast<int>(m.size()), group_size(d, kind)) << "group " << g;
       EXPECT_TRUE(std::is_sorted(m.begin(), m.end()) && std::adjacent_find(m.begin(), m.end()) == m.end())
           << "group " << g << " is not strictly ascending";
-      if (g > 0) EXPECT_LT(groups[g - 1].front(), m.front()) << "groups are ordered by first member";
+      if (g > 0) {
+        EXPECT_LT(groups[g - 1].front(), m.front()) << "groups are ordered by first member";
+      }
       for (size_t i = 0; i < m.size(); ++i) {
         const int r = m[i];
         ASSERT_TRUE(r >= 0 && r < n);
@@ -87,7 +89,9 @@ void check_layout(const ParallelDims& d) {
       for (int s = 0; s < n; ++s)
         if (keys[static_cast<size_t>(s)] == keys[static_cast<size_t>(r)]) expected.push_back(s);
       ASSERT_EQ(l.members(kind, r), expected) << "rank " << r;
-      if (r % 97 == 0) EXPECT_EQ(group_members(d, kind, r), expected) << "rank " << r;
+      if (r % 97 == 0) {
+        EXPECT_EQ(group_members(d, kind, r), expected) << "rank " << r;
+      }
     }
   }
   for (int r = 0; r < n; ++r) {

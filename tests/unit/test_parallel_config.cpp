@@ -127,13 +127,13 @@ TEST(ParallelConfig, OtherKeysOfTheSectionsAtDeepSpeedDefaultsOnly) {
 
 // ---- the command line ------------------------------------------------------------------
 
-struct Run {
+struct CmdResult {
   int rc = -1;
   std::string out;
 };
 
-Run run(const std::string& cmd) {
-  Run r;
+CmdResult run(const std::string& cmd) {
+  CmdResult r;
   FILE* p = popen(("timeout -k 5 300 " + cmd + " 2>&1").c_str(), "r");
   if (!p) return r;
   char buf[4096];
@@ -155,7 +155,7 @@ const std::string kTiny = " --model gpt2-tiny --device cpu --steps 1 --warmup 0 
 
 TEST(ParallelCli, TrainPrintsTheTopology) {
   const fs::path cfg = write_config("plain", R"({"train_micro_batch_size_per_gpu": 1})");
-  const Run r = run(kZt + " train --config " + cfg.string() + kTiny + " --tp 1 --pp 1 --ep 1");
+  const CmdResult r = run(kZt + " train --config " + cfg.string() + kTiny + " --tp 1 --pp 1 --ep 1");
   EXPECT_EQ(r.rc, 0) << r.out;
   EXPECT_TRUE(contains(r.out, "[zerotrain] topology: dp 1 x tp 1 x pp 1 = 1 rank, ep 1 (rank = tp + 1*(dp + 1*pp)); "
                               "rank 0: dp 0, tp 0, pp 0, ep 0, expert_dp 0; pipeline prev -, next -"))
@@ -166,7 +166,7 @@ TEST(ParallelCli, TrainPrintsTheTopology) {
 TEST(ParallelCli, TrainRefusesDegreesAboveOne) {
   const fs::path cfg = write_config("refuse", R"({"train_micro_batch_size_per_gpu": 1})");
   const std::string launch2 = kZt + " launch -n 2 -- " + kZt + " train --config " + cfg.string() + kTiny;
-  Run r = run(launch2 + " --tp 2");
+  CmdResult r = run(launch2 + " --tp 2");
   EXPECT_NE(r.rc, 0) << r.out;
   EXPECT_TRUE(contains(r.out, "tensor_parallel.autotp_size = 2 is not supported yet by zerotrain: tensor parallelism "
                               "(tp 2) is not implemented yet"))
@@ -196,7 +196,7 @@ TEST(ParallelCli, TrainRefusesDegreesAboveOne) {
 TEST(ParallelCli, CheckConfigShowsTheDegrees) {
   const fs::path cfg = write_config("check", R"({"train_micro_batch_size_per_gpu": 2,
       "tensor_parallel": {"autotp_size": 2}})");
-  const Run r = run(kZt + " check-config " + cfg.string() + " --world 4");
+  const CmdResult r = run(kZt + " check-config " + cfg.string() + " --world 4");
   EXPECT_EQ(r.rc, 1) << r.out;  // parses, but tp 2 is not supported yet
   EXPECT_TRUE(contains(r.out, "parallel: dp 2 x tp 2 x pp 1 = 4 ranks, ep 1")) << r.out;
   EXPECT_TRUE(contains(r.out, "train_batch_size 4 = train_micro_batch_size_per_gpu 2 x gradient_accumulation_steps 1 "
