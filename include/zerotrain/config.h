@@ -252,6 +252,30 @@ struct WandbConfig {
   std::string project = "deepspeed";
 };
 
+// "tensor_parallel" (DeepSpeed's AutoTP training section). Other keys of the section are
+// accepted at DeepSpeed's defaults only. See docs/parallel.md.
+struct TensorParallelConfig {
+  /// Tensor-parallel degree; 0 (DeepSpeed: AutoTP off) and 1 both mean none. > 1 is not
+  /// supported yet (no tensor-parallel layers). 0.
+  int64_t autotp_size = 0;
+};
+
+// "pipeline" (DeepSpeed's pipeline engine section). See docs/parallel.md.
+struct PipelineConfig {
+  /// Pipeline stages. DeepSpeed's "auto" takes PipelineModule(num_stages); zerotrain has no
+  /// pipeline module yet, so "auto" is 1. > 1 is not supported yet. "auto" (1).
+  int64_t stages = 1;
+};
+
+// "expert_parallel" (DeepSpeed's AutoEP section). See docs/parallel.md.
+struct ExpertParallelConfig {
+  /// Expert parallelism on (not supported yet when true). false.
+  bool enabled = false;
+  /// Expert-parallel degree: ranks that split the experts of a layer, carved out of the
+  /// data-parallel ranks (must divide dp). Takes effect only with enabled. 1.
+  int64_t autoep_size = 1;
+};
+
 // An "auto" value found in a config (see Config::auto_keys).
 struct AutoKey {
   /// Full key path, e.g. "train_batch_size" or "zero_optimization.reduce_bucket_size".
@@ -262,7 +286,7 @@ struct AutoKey {
   bool needs_value = false;
 };
 
-// A whole DeepSpeed config, resolved for one data-parallel world size.
+// A whole DeepSpeed config, resolved for one world size.
 struct Config {
   /// Global batch = micro batch x accumulation steps x data-parallel ranks. Derived when
   /// not given (DeepSpeed's batch rule). DeepSpeed: none.
@@ -298,8 +322,14 @@ struct Config {
   MonitorOutputConfig tensorboard;                   ///< "tensorboard"
   MonitorOutputConfig csv_monitor;                   ///< "csv_monitor"
   WandbConfig wandb;                                 ///< "wandb"
+  TensorParallelConfig tensor_parallel;              ///< "tensor_parallel"
+  PipelineConfig pipeline;                           ///< "pipeline"
+  ExpertParallelConfig expert_parallel;              ///< "expert_parallel"
 
-  /// Not a DeepSpeed key: the data-parallel world size the batch sizes were resolved for.
+  /// Not a DeepSpeed key: all ranks (dp x tp x pp), as passed to parse().
+  int world_size = 1;
+  /// Not a DeepSpeed key: the data-parallel world size the batch sizes were resolved for,
+  /// world_size / (tp_size() x pp_size()).
   int dp_world_size = 1;
   /// Not a DeepSpeed key: "auto" values that fell back to DeepSpeed's default (paths).
   std::vector<std::string> auto_defaulted;
@@ -307,17 +337,20 @@ struct Config {
   /// parse(); from_json() throws when it is not empty.
   std::vector<std::string> not_supported_yet;
 
-  /// Parses and validates `json` for `dp_world_size` data-parallel ranks and throws one
-  /// ConfigError listing every problem, except "not supported yet" settings, which are
-  /// collected in `not_supported_yet` (so tests and check-config can show a config that
-  /// parses but cannot run yet). `origin` names the source in messages (a file path).
-  static Config parse(const nlohmann::json& json, int dp_world_size,
+  /// Parses and validates `json` for `world_size` ranks and throws one ConfigError listing
+  /// every problem, except "not supported yet" settings, which are collected in
+  /// `not_supported_yet` (so tests and check-config can show a config that parses but
+  /// cannot run yet). The batch sizes are resolved for the data-parallel ranks,
+  /// world_size / (tp x pp) (= world_size without tensor or pipeline parallelism); the
+  /// degrees are validated as parallel::ParallelDims (docs/parallel.md). `origin` names
+  /// the source in messages (a file path).
+  static Config parse(const nlohmann::json& json, int world_size,
                       const std::string& origin = "<json>");
   /// parse(), then throws a ConfigError listing `not_supported_yet` when it is not empty.
-  static Config from_json(const nlohmann::json& json, int dp_world_size,
+  static Config from_json(const nlohmann::json& json, int world_size,
                           const std::string& origin = "<json>");
   /// Reads the file (read_json_file) and calls from_json with the path as origin.
-  static Config from_file(const std::string& path, int dp_world_size);
+  static Config from_file(const std::string& path, int world_size);
   /// Reads a config file: JSON with comments allowed (DeepSpeed reads hjson). Errors name
   /// the path and, for syntax errors, the line and column; duplicate keys are errors; a
   /// directory, a file over kMaxJsonBytes or nesting over kMaxJsonDepth is an error.
@@ -340,6 +373,10 @@ struct Config {
   at::ScalarType compute_dtype() const;
   /// fp16 or bf16 enabled (fp32 master weights kept by the optimizer).
   bool mixed_precision() const;
+  /// The parallel degrees the config asks for (1 = off); dp is dp_world_size.
+  int tp_size() const { return tensor_parallel.autotp_size > 1 ? static_cast<int>(tensor_parallel.autotp_size) : 1; }
+  int pp_size() const { return static_cast<int>(pipeline.stages); }
+  int ep_size() const { return expert_parallel.enabled ? static_cast<int>(expert_parallel.autoep_size) : 1; }
 };
 
 }  // namespace zt

@@ -2,12 +2,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "ckpt/engine_checkpoint.h"
 #include "ckpt/fs.h"
@@ -113,6 +115,31 @@ void fill_batch_auto(nlohmann::json& j, int64_t micro, int64_t accum, double cli
   else if (accum > 0) j["gradient_accumulation_steps"] = accum;
   if (is_auto("train_batch_size") || (micro > 0 || accum > 0)) j.erase("train_batch_size");
   if (is_auto("gradient_clipping")) j["gradient_clipping"] = clip;
+}
+
+void fill_parallel_flags(nlohmann::json& j, int64_t tp, int64_t pp, int64_t ep) {
+  // The degree a config key already gives (nullopt: absent, null or "auto").
+  auto given = [&](const char* section, const char* key) -> std::optional<int64_t> {
+    if (!j.contains(section) || !j[section].is_object() || !j[section].contains(key)) return std::nullopt;
+    const auto& v = j[section][key];
+    if (!v.is_number_integer()) return std::nullopt;  // "auto", null or a wrong type: Config reports it
+    return v.get<int64_t>();
+  };
+  auto set = [&](const char* flag, int64_t degree, const char* section, const char* key, int64_t config_degree) {
+    if (degree < 0) return;  // not given
+    ZT_CHECK_T(degree >= 1, ConfigError, "train: ", flag, " must be at least 1");
+    const auto old = given(section, key);
+    ZT_CHECK_T(!old || config_degree == degree, ConfigError, "train: ", flag, " ", degree, " but the config sets ",
+               section, ".", key, " = ", *old, ": give the degree once (remove the key or the flag)");
+    if (!j.contains(section) || !j[section].is_object()) j[section] = nlohmann::json::object();
+    j[section][key] = degree;
+  };
+  const auto autotp = given("tensor_parallel", "autotp_size");
+  set("--tp", tp, "tensor_parallel", "autotp_size", autotp ? std::max<int64_t>(*autotp, 1) : 0);
+  const auto stages = given("pipeline", "stages");
+  set("--pp", pp, "pipeline", "stages", stages.value_or(0));
+  set("--ep", ep, "expert_parallel", "autoep_size", given("expert_parallel", "autoep_size").value_or(0));
+  if (ep > 1) j["expert_parallel"]["enabled"] = true;  // AutoEP's degree counts only when enabled
 }
 
 std::string self_exe() {

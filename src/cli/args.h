@@ -40,6 +40,12 @@ bool path_within(const std::string& path, const std::string& dir);
 // config, and train_batch_size is then derived instead of checked.
 void fill_batch_auto(nlohmann::json& j, int64_t micro, int64_t accum, double clip);
 
+// Writes the parallel degrees of `train --tp/--pp/--ep` (-1 = not given) into the config's
+// DeepSpeed keys (tensor_parallel.autotp_size, pipeline.stages, expert_parallel.enabled and
+// autoep_size), so that Config validates and reports them once. A flag whose degree differs
+// from one the config sets is a ConfigError naming both.
+void fill_parallel_flags(nlohmann::json& j, int64_t tp, int64_t pp, int64_t ep);
+
 // The path of the running `zerotrain` executable (/proc/self/exe).
 std::string self_exe();
 

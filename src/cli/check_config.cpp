@@ -1,6 +1,6 @@
 // zerotrain check-config CONFIG.json [--world N]: validates a DeepSpeed config the way
 // zerotrain reads it and prints it resolved (stdout: pretty JSON, every default filled;
-// stderr: batch sizes, precision, "auto" keys, settings not supported yet).
+// stderr: batch sizes, parallel degrees, precision, "auto" keys, settings not supported yet).
 // Exit 0: valid and runnable; 1: errors or settings not supported yet; 2: bad usage.
 #include <cstdio>
 #include <cstdlib>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "parallel/topology.h"
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
 
@@ -22,7 +23,8 @@ void usage(std::FILE* out) {
                "ranks). Errors name the key path and the fix. Keys left as \"auto\" for the launcher\n"
                "(batch sizes, gradient_clipping) are reported and shown as \"auto\".\n\n"
                "options:\n"
-               "  --world N   data-parallel world size used to derive batch sizes (default 1)\n"
+               "  --world N   ranks in all (default 1); the batch sizes count the data-parallel\n"
+               "              ones, N / (tp x pp) (tensor_parallel.autotp_size, pipeline.stages)\n"
                "  --help      this text\n\n"
                "exit status: 0 valid, 1 errors or settings not supported yet, 2 bad usage\n");
 }
@@ -129,10 +131,11 @@ int cmd_check_config(int argc, char** argv) {
   } else {
     std::fprintf(stderr,
                  "batch: train_batch_size %lld = train_micro_batch_size_per_gpu %lld x "
-                 "gradient_accumulation_steps %lld x world size %d\n",
+                 "gradient_accumulation_steps %lld x data-parallel ranks %d\n",
                  static_cast<long long>(c.train_batch_size), static_cast<long long>(c.train_micro_batch_size_per_gpu),
-                 static_cast<long long>(c.gradient_accumulation_steps), world);
+                 static_cast<long long>(c.gradient_accumulation_steps), c.dp_world_size);
   }
+  std::fprintf(stderr, "parallel: %s (docs/parallel.md)\n", parallel::dims_of(c, world).to_string().c_str());
   std::fprintf(stderr, "precision: %s; ZeRO stage %lld\n", dtype_name(c),
                static_cast<long long>(c.zero_optimization.stage));
   if (!left.empty()) std::fprintf(stderr, "\"auto\" keys left for the launcher: %s\n", join(left).c_str());

@@ -22,6 +22,7 @@
 #include "data/shards.h"
 #include "data/token_dataset.h"
 #include "monitor/device_peak.h"
+#include "parallel/topology.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
@@ -58,6 +59,9 @@ const char* kTrainUsage =
     "                      the table in docs/monitoring.md; an unknown GPU reports no MFU)\n"
     "  --seed N            model init and data order (default 1234)\n"
     "  --device cpu|cuda   where the ranks run (default: cuda:LOCAL_RANK when CUDA is available)\n"
+    "  --tp N / --pp N / --ep N   tensor-parallel, pipeline and expert-parallel degrees (the config's\n"
+    "                      tensor_parallel.autotp_size, pipeline.stages, expert_parallel.autoep_size;\n"
+    "                      dp = ranks / (tp x pp)); > 1 is not implemented yet (docs/parallel.md)\n"
     "  --profile STEP      profile that step (0-based) with Kineto: writes PATH.rank<R>.json (Chrome\n"
     "                      trace) and PATH.rank<R>.txt (GPU time by kernel kind, top kernels)\n"
     "  --profile-out PATH  where (default zerotrain-profile)\n"
@@ -82,7 +86,7 @@ struct Args {
   int64_t profile_step = -1;
   int64_t eval_every = 0, eval_batches = 20;
   int64_t steps = 20, seq = 0, micro = 0, accum = 0, layers = 0, embd = 0, heads = 0, vocab = 0, print_every = 0,
-          warmup = 2, seed = 1234;
+          warmup = 2, seed = 1234, tp = -1, pp = -1, ep = -1;  // -1: flag not given
   double clip = 1.0, peak_tflops = -1;
   bool checkpoint = false;
   bool no_decay_1d = false;
@@ -137,6 +141,9 @@ Args parse_args(int argc, char** argv) {
     else if (f == "--device") a.device = need(i);
     else if (f == "--profile") a.profile_step = num(i);
     else if (f == "--profile-out") a.profile_out = need(i);
+    else if (f == "--tp") a.tp = num(i);
+    else if (f == "--pp") a.pp = num(i);
+    else if (f == "--ep") a.ep = num(i);
     else throw UsageError("train: unknown option '" + f + "' (see zerotrain train --help)");
   }
   ZT_CHECK_T(!a.config.empty(), ConfigError, "train: --config CONFIG.json is required (see zerotrain train --help)");
@@ -232,7 +239,13 @@ int cmd_train(int argc, char** argv) {
 
   nlohmann::json j = Config::read_json_file(a.config);
   fill_batch_auto(j, a.micro, a.accum, a.clip);
+  fill_parallel_flags(j, a.tp, a.pp, a.ep);
   Config cfg = Config::from_json(j, world, a.config);
+  if (rank == 0) {
+    // Every factor and rank 0's coordinates; Topology makes no group here.
+    std::printf("[zerotrain] %s\n", parallel::Topology(group, parallel::dims_of(cfg, world)).describe().c_str());
+    std::fflush(stdout);
+  }
 
   torch::manual_seed(static_cast<uint64_t>(a.seed));
   TrainModel model = build_train_model({a.model, a.init_from, a.layers, a.embd, a.heads, a.vocab, a.checkpoint, rank}, cfg);

@@ -189,8 +189,14 @@ void check_json_depth(const json& root, const std::string& origin) {
   }
 }
 
-void parse_top_level(Section& top, Config& c, std::vector<std::string>& not_supported) {
+
+void parse_top_level(Section& top, Config& c, int world_size, std::vector<std::string>& not_supported) {
   Context& ctx = top.ctx();
+  // The degrees first: the batch rule counts data-parallel ranks, world / (tp x pp).
+  c.tensor_parallel = parse_tensor_parallel(top.sub("tensor_parallel"), not_supported);
+  c.pipeline = parse_pipeline(top.sub("pipeline"), not_supported);
+  c.expert_parallel = parse_expert_parallel(top.sub("expert_parallel"));
+  resolve_parallel(ctx, c, world_size);
   // "auto" at the top stays unresolved: the caller fills it (see AutoKey::needs_value).
   std::string unresolved;
   for (const char* key : kCallerAutoKeys) {
@@ -211,7 +217,7 @@ void parse_top_level(Section& top, Config& c, std::vector<std::string>& not_supp
   auto t = batch_key(kTrainBatch);
   auto m = batch_key(kMicroBatch);
   auto g = batch_key(kAccumulation);
-  if (unresolved.empty() && ctx.errors().size() == errors_before) resolve_batch(ctx, c, t, m, g);
+  if (unresolved.empty() && ctx.errors().size() == errors_before && c.dp_world_size > 0) resolve_batch(ctx, c, t, m, g);
 
   const json* clip = top.raw(kClipping);
   if (clip && !is_auto(*clip)) {
@@ -268,18 +274,16 @@ void collect_autos(const json& j, const std::string& path, const json& root, std
 }  // namespace
 }  // namespace config
 
-Config Config::parse(const nlohmann::json& json, int dp_world_size, const std::string& origin) {
-  ZT_CHECK_T(dp_world_size >= 1, ConfigError, origin, ": the data-parallel world size must be >= 1, got ",
-             dp_world_size);
+Config Config::parse(const nlohmann::json& json, int world_size, const std::string& origin) {
+  ZT_CHECK_T(world_size >= 1, ConfigError, origin, ": the world size must be >= 1, got ", world_size);
   ZT_CHECK_T(json.is_object(), ConfigError, origin, ": a DeepSpeed config is a JSON object ({...}), found ",
              config::type_name(json));
   config::check_json_depth(json, origin);
   config::Context ctx;
   config::Section top(ctx, "", &json);
   Config c;
-  c.dp_world_size = dp_world_size;
   std::vector<std::string> not_supported;
-  config::parse_top_level(top, c, not_supported);
+  config::parse_top_level(top, c, world_size, not_supported);
   config::check_cross_section(ctx, c);
   ctx.check_unknown_keys();
   const auto& errors = ctx.errors();
@@ -293,8 +297,8 @@ Config Config::parse(const nlohmann::json& json, int dp_world_size, const std::s
   return c;
 }
 
-Config Config::from_json(const nlohmann::json& json, int dp_world_size, const std::string& origin) {
-  Config c = parse(json, dp_world_size, origin);
+Config Config::from_json(const nlohmann::json& json, int world_size, const std::string& origin) {
+  Config c = parse(json, world_size, origin);
   const auto& ns = c.not_supported_yet;
   if (!ns.empty()) {
     throw ConfigError(origin + ": " + std::to_string(ns.size()) + " setting" + (ns.size() == 1 ? "" : "s") +
@@ -303,8 +307,8 @@ Config Config::from_json(const nlohmann::json& json, int dp_world_size, const st
   return c;
 }
 
-Config Config::from_file(const std::string& path, int dp_world_size) {
-  return from_json(read_json_file(path), dp_world_size, path);
+Config Config::from_file(const std::string& path, int world_size) {
+  return from_json(read_json_file(path), world_size, path);
 }
 
 nlohmann::json Config::read_json_file(const std::string& path) {
@@ -444,6 +448,7 @@ nlohmann::json Config::to_json() const {
   j["tensorboard"] = config::monitor_output_to_json(tensorboard);
   j["csv_monitor"] = config::monitor_output_to_json(csv_monitor);
   j["wandb"] = config::wandb_to_json(wandb);
+  j.update(config::parallel_to_json(*this));
   if (!optimizer.type.empty()) j["optimizer"] = config::optimizer_to_json(optimizer);
   if (!scheduler.type.empty()) j["scheduler"] = json{{"type", scheduler.type}, {"params", scheduler.params}};
   return j;

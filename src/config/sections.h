@@ -25,6 +25,15 @@ MonitorOutputConfig parse_monitor_output(Section s);
 WandbConfig parse_wandb(Section s);
 json monitor_output_to_json(const MonitorOutputConfig& m);
 json wandb_to_json(const WandbConfig& w);
+// parallel.cpp: the parallel degrees (docs/parallel.md).
+TensorParallelConfig parse_tensor_parallel(Section s, std::vector<std::string>& not_supported);
+PipelineConfig parse_pipeline(Section s, std::vector<std::string>& not_supported);
+ExpertParallelConfig parse_expert_parallel(Section s);
+// Sets c.world_size and c.dp_world_size = world / (tp x pp) after validating the degrees
+// as parallel::ParallelDims; on an error records it and sets dp_world_size 0.
+void resolve_parallel(Context& ctx, Config& c, int world_size);
+// {"tensor_parallel": {...}, "pipeline": {...}, "expert_parallel": {...}}.
+json parallel_to_json(const Config& c);
 // Errors between keys of different sections (fp16 + bf16, offload without its stage).
 void check_cross_section(Context& ctx, const Config& c);
 
@@ -52,7 +61,7 @@ std::string supported_optimizers();  // "Adam, AdamW, SGD"
 std::string supported_schedulers();
 // Keys DeepSpeed knows that zerotrain models only as "default or not supported yet":
 // reads them from `s` (tables keyed by s.path(): "", "optimizer", "zero_optimization",
-// "zero_optimization.offload_optimizer", "aio").
+// "zero_optimization.offload_optimizer", "aio", "tensor_parallel", "pipeline").
 void read_known_keys(Section& s, std::vector<std::string>& not_supported);
 // Typed settings away from their default that the engine cannot honour yet.
 void check_support(const Config& c, std::vector<std::string>& not_supported);

@@ -165,9 +165,6 @@ const KnownKey kKnownKeys[] = {
     {"", "nebula", Known::enabled_section},
     {"", "sparse_attention", Known::presence},
     {"", "compression_training", Known::presence},
-    {"", "pipeline", Known::presence},
-    {"", "tensor_parallel", Known::presence},
-    {"", "expert_parallel", Known::presence},
     {"", "weight_quantization", Known::presence},
     {"", "compile", Known::presence},
     {"", "checkpoint", Known::presence},
@@ -212,6 +209,21 @@ const KnownKey kKnownKeys[] = {
     {"zero_optimization.offload_optimizer", "convert_grad_on_cpu", Known::scalar, "true"},
     {"zero_optimization.offload_optimizer", "cpuadam_cores_perc", Known::scalar, "0.8"},
     {"aio", "io_backend", Known::scalar, "\"async_io\""},
+    // tensor_parallel (AutoTP training; autotp_size is typed) and pipeline (stages is typed):
+    // DeepSpeed's defaults (runtime/tensor_parallel/config.py, runtime/config.py)
+    {"tensor_parallel", "tp_overlap_comm", Known::scalar, "false"},
+    {"tensor_parallel", "dtype", Known::presence},
+    {"tensor_parallel", "tensor_parallel", Known::presence, nullptr, "tp"},
+    {"tensor_parallel", "injection_policy_tuple", Known::scalar, "null"},
+    {"tensor_parallel", "partition_config", Known::scalar, "null"},
+    {"tensor_parallel", "preset_model", Known::scalar, "null"},
+    {"tensor_parallel", "keep_module_on_host", Known::scalar, "false"},
+    {"tensor_parallel", "replace_with_kernel_inject", Known::scalar, "false", "kernel_inject"},
+    {"pipeline", "partition", Known::scalar, "\"best\""},
+    {"pipeline", "seed_layers", Known::scalar, "false"},
+    {"pipeline", "activation_checkpoint_interval", Known::scalar, "0"},
+    {"pipeline", "pipe_partitioned", Known::scalar, "true"},
+    {"pipeline", "grad_partitioned", Known::scalar, "true"},
 };
 
 bool equal_values(const json& a, const json& b) {
@@ -246,7 +258,8 @@ void read_known_keys(Section& s, std::vector<std::string>& not_supported) {
       }
       case Known::presence:
         if (v && !v->is_null() && !(v->is_object() && v->empty()))
-          not_supported.push_back(path + " is not supported yet by zerotrain: remove the section");
+          not_supported.push_back(path + " is not supported yet by zerotrain: remove " +
+                                  (v->is_object() ? "the section" : "it"));
         break;
       case Known::scalar: {
         json def = json::parse(k.def);
@@ -265,6 +278,24 @@ void check_support(const Config& c, std::vector<std::string>& not_supported) {
     if (f.supported) continue;
     std::string v = f.value(c);
     if (!v.empty()) not_supported.push_back(not_yet(f.key, v, f.meanwhile));
+  }
+  // The parallel degrees (docs/parallel.md): the layout and its groups exist
+  // (src/parallel), the engine runs data parallelism only.
+  const std::string dp_all = "; remove it (train data parallel over all ranks) until it lands";
+  if (c.tp_size() > 1) {
+    not_supported.push_back(not_yet("tensor_parallel.autotp_size", std::to_string(c.tensor_parallel.autotp_size),
+                                    "tensor parallelism (tp " + std::to_string(c.tp_size()) +
+                                        ") is not implemented yet" + dp_all + " (or drop --tp)"));
+  }
+  if (c.pp_size() > 1) {
+    not_supported.push_back(not_yet("pipeline.stages", std::to_string(c.pipeline.stages),
+                                    "pipeline parallelism (pp " + std::to_string(c.pp_size()) +
+                                        ") is not implemented yet" + dp_all + " (or drop --pp)"));
+  }
+  if (c.expert_parallel.enabled) {
+    not_supported.push_back(not_yet("expert_parallel.enabled", "true",
+                                    "expert parallelism (ep " + std::to_string(c.ep_size()) +
+                                        ") is not implemented yet (no MoE layers); set it false (or drop --ep)"));
   }
 }
 

@@ -1,0 +1,210 @@
+// The parallel degrees in the config and on the command line (docs/parallel.md):
+// tensor_parallel.autotp_size, pipeline.stages, expert_parallel.enabled/autoep_size and
+// `train --tp/--pp/--ep`. They are validated with the world size, change the
+// data-parallel size the batch rule counts, show in the resolved config, and any degree
+// above 1 is "not supported yet" (never silently ignored).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "zerotrain/config.h"
+#include "zerotrain/error.h"
+
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+std::string parse_error(const std::string& text, int world, bool full = false) {
+  try {
+    if (full) {
+      zt::Config::from_json(json::parse(text), world);
+    } else {
+      zt::Config::parse(json::parse(text), world);
+    }
+  } catch (const zt::ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a ConfigError for " << text;
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+TEST(ParallelConfig, DefaultsAreOneRankPerDegree) {
+  auto c = zt::Config::from_json(json::parse(R"({"train_micro_batch_size_per_gpu": 2})"), 4);
+  EXPECT_EQ(c.tp_size(), 1);
+  EXPECT_EQ(c.pp_size(), 1);
+  EXPECT_EQ(c.ep_size(), 1);
+  EXPECT_EQ(c.world_size, 4);
+  EXPECT_EQ(c.dp_world_size, 4);
+  EXPECT_EQ(c.train_batch_size, 8);
+  json j = c.to_json();
+  EXPECT_EQ(j.at("tensor_parallel"), json::parse(R"({"autotp_size": 0})"));
+  EXPECT_EQ(j.at("pipeline"), json::parse(R"({"stages": 1})"));
+  EXPECT_EQ(j.at("expert_parallel"), json::parse(R"({"enabled": false, "autoep_size": 1})"));
+  EXPECT_EQ(zt::Config::parse(j, 4).to_json(), j);
+}
+
+TEST(ParallelConfig, DegreesSetTheDataParallelSizeAndAreNotSupportedYet) {
+  // 8 ranks = tp 2 x pp 2 x dp 2: the batch counts 2 data-parallel ranks.
+  auto c = zt::Config::parse(json::parse(R"({"train_micro_batch_size_per_gpu": 4,
+      "tensor_parallel": {"autotp_size": 2}, "pipeline": {"stages": 2},
+      "expert_parallel": {"enabled": true, "autoep_size": 2}})"),
+                             8);
+  EXPECT_EQ(c.tp_size(), 2);
+  EXPECT_EQ(c.pp_size(), 2);
+  EXPECT_EQ(c.ep_size(), 2);
+  EXPECT_EQ(c.dp_world_size, 2);
+  EXPECT_EQ(c.world_size, 8);
+  EXPECT_EQ(c.train_batch_size, 8);
+  ASSERT_EQ(c.not_supported_yet.size(), 3u);
+  EXPECT_TRUE(contains(c.not_supported_yet[0], "tensor_parallel.autotp_size = 2 is not supported yet by zerotrain: "
+                                               "tensor parallelism (tp 2) is not implemented yet"))
+      << c.not_supported_yet[0];
+  EXPECT_TRUE(contains(c.not_supported_yet[1], "pipeline.stages = 2 is not supported yet by zerotrain: pipeline "
+                                               "parallelism (pp 2) is not implemented yet"))
+      << c.not_supported_yet[1];
+  EXPECT_TRUE(contains(c.not_supported_yet[2], "expert parallelism (ep 2) is not implemented yet"))
+      << c.not_supported_yet[2];
+  json j = c.to_json();
+  EXPECT_EQ(j.at("tensor_parallel").at("autotp_size"), 2);
+  EXPECT_EQ(j.at("pipeline").at("stages"), 2);
+  EXPECT_EQ(zt::Config::parse(j, 8).to_json(), j);
+  // from_json (what initialize and train use) refuses them.
+  const std::string e = parse_error(R"({"train_batch_size": 8, "tensor_parallel": {"autotp_size": 2}})", 2, true);
+  EXPECT_TRUE(contains(e, "tensor parallelism (tp 2) is not implemented yet")) << e;
+}
+
+TEST(ParallelConfig, OneMeansOff) {
+  auto c = zt::Config::from_json(json::parse(R"({"train_batch_size": 4, "tensor_parallel": {"autotp_size": 1},
+      "pipeline": {"stages": "auto"}, "expert_parallel": {"enabled": false}})"),
+                                 2);
+  EXPECT_EQ(c.tp_size(), 1);
+  EXPECT_EQ(c.pp_size(), 1);
+  EXPECT_EQ(c.dp_world_size, 2);
+  EXPECT_EQ(c.auto_defaulted, std::vector<std::string>{"pipeline.stages"});
+}
+
+TEST(ParallelConfig, BadDegreesNameTheFactorsAndTheKeys) {
+  std::string e = parse_error(R"({"train_batch_size": 8, "tensor_parallel": {"autotp_size": 3}})", 4);
+  EXPECT_TRUE(contains(e, "tp 3 x pp 1 = 3 does not divide world size 4")) << e;
+  EXPECT_TRUE(contains(e, "tensor_parallel.autotp_size 3, pipeline.stages 1")) << e;
+  EXPECT_FALSE(contains(e, "train_batch_size")) << "no batch error when dp is unknown: " << e;
+  e = parse_error(R"({"train_batch_size": 8, "expert_parallel": {"enabled": true, "autoep_size": 3}})", 4);
+  EXPECT_TRUE(contains(e, "ep 3 does not divide dp 4")) << e;
+  e = parse_error(R"({"train_batch_size": 8, "expert_parallel": {"autoep_size": 2}})", 4);
+  EXPECT_TRUE(contains(e, "expert_parallel.autoep_size = 2 takes effect only with expert_parallel.enabled true")) << e;
+  e = parse_error(R"({"train_batch_size": 8, "pipeline": {"stages": 0}})", 4);
+  EXPECT_TRUE(contains(e, "pipeline.stages")) << e;
+  e = parse_error(R"({"train_batch_size": 8, "pipeline": {"stagez": 2}})", 4);
+  EXPECT_TRUE(contains(e, "unknown key pipeline.stagez")) << e;
+}
+
+TEST(ParallelConfig, OtherKeysOfTheSectionsAtDeepSpeedDefaultsOnly) {
+  auto c = zt::Config::parse(json::parse(R"({"train_batch_size": 4,
+      "pipeline": {"partition": "best", "seed_layers": false, "activation_checkpoint_interval": 0,
+                   "pipe_partitioned": true, "grad_partitioned": true},
+      "tensor_parallel": {"autotp_size": 0, "tp_overlap_comm": false, "preset_model": null}})"),
+                             1);
+  EXPECT_TRUE(c.not_supported_yet.empty());
+  c = zt::Config::parse(json::parse(R"({"train_batch_size": 4, "pipeline": {"partition": "parameters"},
+      "tensor_parallel": {"preset_model": "llama", "tp": {"tp_size": 2}}})"),
+                        1);
+  ASSERT_EQ(c.not_supported_yet.size(), 3u);
+  std::string all;
+  for (const auto& m : c.not_supported_yet) all += m + "\n";
+  EXPECT_TRUE(contains(all, "pipeline.partition = \"parameters\" is not supported yet")) << all;
+  EXPECT_TRUE(contains(all, "tensor_parallel.preset_model = \"llama\" is not supported yet")) << all;
+  EXPECT_TRUE(contains(all, "tensor_parallel.tp is not supported yet")) << all;
+}
+
+// ---- the command line ------------------------------------------------------------------
+
+struct CmdResult {
+  int rc = -1;
+  std::string out;
+};
+
+CmdResult run(const std::string& cmd) {
+  CmdResult r;
+  FILE* p = popen(("timeout -k 5 300 " + cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+fs::path write_config(const std::string& name, const std::string& text) {
+  fs::path p = fs::path(ZT_BINARY_DIR) / ("parallel_config_" + std::to_string(::getpid()) + "_" + name + ".json");
+  std::ofstream(p) << text;
+  return p;
+}
+
+const std::string kZt = ZT_BINARY_DIR "/zerotrain";
+const std::string kTiny = " --model gpt2-tiny --device cpu --steps 1 --warmup 0 --seq 16 --micro-batch 1";
+
+TEST(ParallelCli, TrainPrintsTheTopology) {
+  const fs::path cfg = write_config("plain", R"({"train_micro_batch_size_per_gpu": 1})");
+  const CmdResult r = run(kZt + " train --config " + cfg.string() + kTiny + " --tp 1 --pp 1 --ep 1");
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "[zerotrain] topology: dp 1 x tp 1 x pp 1 = 1 rank, ep 1 (rank = tp + 1*(dp + 1*pp)); "
+                              "rank 0: dp 0, tp 0, pp 0, ep 0, expert_dp 0; pipeline prev -, next -"))
+      << r.out;
+  fs::remove(cfg);
+}
+
+TEST(ParallelCli, TrainRefusesDegreesAboveOne) {
+  const fs::path cfg = write_config("refuse", R"({"train_micro_batch_size_per_gpu": 1})");
+  const std::string launch2 = kZt + " launch -n 2 -- " + kZt + " train --config " + cfg.string() + kTiny;
+  CmdResult r = run(launch2 + " --tp 2");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "tensor_parallel.autotp_size = 2 is not supported yet by zerotrain: tensor parallelism "
+                              "(tp 2) is not implemented yet"))
+      << r.out;
+  r = run(launch2 + " --pp 2");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "pipeline parallelism (pp 2) is not implemented yet")) << r.out;
+  r = run(launch2 + " --ep 2");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "expert parallelism (ep 2) is not implemented yet")) << r.out;
+  // Degrees that do not fit the world: named, with the product.
+  r = run(kZt + " train --config " + cfg.string() + kTiny + " --tp 2");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "tp 2 x pp 1 = 2 does not divide world size 1")) << r.out;
+  // A flag that contradicts the config.
+  const fs::path tp4 = write_config("tp4", R"({"train_micro_batch_size_per_gpu": 1, "tensor_parallel": {"autotp_size": 4}})");
+  r = run(kZt + " train --config " + tp4.string() + kTiny + " --tp 2");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "train: --tp 2 but the config sets tensor_parallel.autotp_size = 4")) << r.out;
+  r = run(kZt + " train --config " + cfg.string() + kTiny + " --pp 0");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "--pp must be at least 1")) << r.out;
+  fs::remove(cfg);
+  fs::remove(tp4);
+}
+
+TEST(ParallelCli, CheckConfigShowsTheDegrees) {
+  const fs::path cfg = write_config("check", R"({"train_micro_batch_size_per_gpu": 2,
+      "tensor_parallel": {"autotp_size": 2}})");
+  const CmdResult r = run(kZt + " check-config " + cfg.string() + " --world 4");
+  EXPECT_EQ(r.rc, 1) << r.out;  // parses, but tp 2 is not supported yet
+  EXPECT_TRUE(contains(r.out, "parallel: dp 2 x tp 2 x pp 1 = 4 ranks, ep 1")) << r.out;
+  EXPECT_TRUE(contains(r.out, "train_batch_size 4 = train_micro_batch_size_per_gpu 2 x gradient_accumulation_steps 1 "
+                              "x data-parallel ranks 2"))
+      << r.out;
+  EXPECT_TRUE(contains(r.out, "\"autotp_size\": 2")) << r.out;
+  EXPECT_TRUE(contains(r.out, "tensor parallelism (tp 2) is not implemented yet")) << r.out;
+  fs::remove(cfg);
+}
+
+}  // namespace
