@@ -19,6 +19,7 @@
 
 namespace zt::models {
 
+using io::SafetensorsEntry;
 using io::SafetensorsFile;
 using io::load_safetensors;
 using io::save_safetensors;

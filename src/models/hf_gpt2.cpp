@@ -14,6 +14,7 @@ namespace zt::models {
 namespace fs = std::filesystem;
 using io::SafetensorsFile;
 using io::save_safetensors;
+using io::safetensors_dtype_name;
 namespace {
 
 constexpr const char* kPrefix = "transformer.";

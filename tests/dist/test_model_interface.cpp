@@ -13,6 +13,7 @@
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
+#include "zerotrain/error.h"
 #include "zerotrain/model.h"
 
 namespace {
@@ -111,7 +112,7 @@ nlohmann::json config(int stage) {
             {"stage3_prefetch_bucket_size", 0}}}};
 }
 
-struct Run {
+struct TrainRun {
   std::vector<double> losses;
   std::vector<int64_t> gathers;
   std::vector<std::string> unit_names;
@@ -119,13 +120,13 @@ struct Run {
 };
 
 // Trains kSteps on the same global batches at any world size.
-Run train(Tower& m, int stage, zt::EngineOptions o = {}) {
+TrainRun train(Tower& m, int stage, zt::EngineOptions o = {}) {
   auto group = zt::comm::world_group();
   const int world = group->size(), rank = group->rank();
   o.device = torch::Device(torch::kCPU);
   o.print = false;
   auto engine = zt::initialize(m.ptr(), zt::Config::from_json(config(stage), world), o);
-  Run r;
+  TrainRun r;
   r.unit_names = engine->unit_names();
   for (int s = 0; s < kSteps; ++s) {
     auto g = at::make_generator<at::CPUGeneratorImpl>(900 + s);
@@ -150,12 +151,12 @@ Run train(Tower& m, int stage, zt::EngineOptions o = {}) {
 TEST(ModelInterface, TowerTrainsAtStage3WithItsOwnUnits) {
   torch::manual_seed(3);
   Tower ref;
-  const Run z0 = train(ref, 0);
+  const TrainRun z0 = train(ref, 0);
   EXPECT_TRUE(z0.unit_names.empty());
   EXPECT_EQ(ref->hook_installs, 0) << "stage 0 installed unit hooks";
 
   Tower m;
-  const Run z3 = train(m, 3);
+  const TrainRun z3 = train(m, 3);
   EXPECT_EQ(z3.unit_names, (std::vector<std::string>{"tower.0", "tower.1", "tower.2"}));
   // Installed at initialize, cleared when the engine went away.
   EXPECT_EQ(m->hook_installs, 2);
@@ -175,7 +176,7 @@ TEST(ModelInterface, TowerTrainsAtStage3WithItsOwnUnits) {
   // fewer times and computes the same: the gathers above were the model's units.
   torch::manual_seed(3);
   Tower root_only(false, /*with_units=*/false);
-  const Run r3 = train(root_only, 3);
+  const TrainRun r3 = train(root_only, 3);
   EXPECT_TRUE(r3.unit_names.empty());
   EXPECT_EQ(root_only->hook_installs, 0);
   for (int s = 0; s < kSteps; ++s) {
@@ -196,7 +197,7 @@ TEST(ModelInterface, DeferredInitMaterialisesPlaceholders) {
     torch::manual_seed(4);
     Tower deferred(true);
     EXPECT_EQ(deferred->blocks[0]->fc1->weight.numel(), 1);
-    const Run a = train(eager, stage), b = train(deferred, stage);
+    const TrainRun a = train(eager, stage), b = train(deferred, stage);
     ASSERT_EQ(a.master.size(), b.master.size());
     for (size_t i = 0; i < a.master.size(); ++i) {
       EXPECT_TRUE(torch::equal(a.master[i], b.master[i])) << "parameter " << i;
