@@ -1,41 +1,12 @@
-// ZeRO stage 3: parameters partitioned, gathered per unit just in time.
-//
-// Units. Every managed parameter belongs to one bucket of the flat layout, and at stage 3
-// a bucket is a gather unit: a transformer block (or any group the user declares), the
-// "root" unit (parameters in no declared unit: embeddings, final norm), and the
-// "persistent" unit (parameters under stage3_param_persistence_threshold elements). A
-// unit is gathered with one all-gather of its shards into a fresh buffer, and its
-// gradients leave with one reduce-scatter, as soon as the last of them is ready.
-//
-// Life of a block unit in one step:
-//   forward   unit_pre_forward: gather (or wait for the prefetch), prefetch the next units
-//             of the recorded trace; unit_post_forward: release unless it is reused within
-//             stage3_max_reuse_distance elements and stage3_max_live_parameters allows.
-//   backward  the autograd node unit_output inserted after the unit runs first: gather
-//             again, prefetch the units before it; a recomputed (checkpointed) block finds
-//             it gathered; when its last gradient arrives: reduce-scatter, release.
-//   step      the fp32 shard is updated in place; nothing is all-gathered.
-// The root and persistent units are gathered at the start of forward; the root unit is
-// released with its gradients (the tied embedding's arrive last), the persistent one after
-// the step only (its copy is stale then).
+// ZeroOptimizer at stage 3: the shard group's construction (units, layout, the partition
+// of the parameters) and the gatherer's shard source. The gathering itself is the
+// ParamGatherer's (param_gatherer.cpp, where the life of a unit in one step is told).
 //
 // Memory. A rank keeps its fp32 master shard and optimizer state (12 bytes per parameter
 // / N with Adam) and, from the first reduction of a step to the step, its gradient shard
 // (2 / N in bf16): 14 Psi/N. The compute-dtype shard a gather sends is cast from the
 // master on the fly, so the 2 Psi/N of a standing bf16 copy are not held.
-//
-// Diagnosis. Every gather carries a tag (unit, sequence number) gathered from all ranks
-// alongside the data. On the CPU it is checked before the data moves; on the GPU the tags
-// are checked at the end of forward and of backward (no host sync per gather). Ranks that
-// disagree on the sequence get an error naming the gather, the units and the ranks.
-#include <ATen/native/Resize.h>
-#include <torch/csrc/autograd/custom_function.h>
-#ifdef ZT_WITH_CUDA
-#include <ATen/native/cuda/Resize.h>
-#endif
-
 #include <algorithm>
-#include <set>
 
 #include "zero/zero_optimizer.h"
 #include "zerotrain/error.h"
@@ -43,39 +14,6 @@
 namespace zt::zero {
 namespace {
 constexpr int64_t kAlign = 64;
-
-// Gives a storage `bytes` bytes (0 frees them). Every tensor that views the storage stays
-// valid as an object and sees the new bytes: autograd keeps views of a unit's weights
-// (e.g. the transposed weight a matmul saves for backward), and only freeing the bytes
-// under them releases the memory in forward; gathering into the same storage before the
-// unit's backward makes those saved views correct again.
-void resize_storage(const torch::Tensor& t, size_t bytes) {
-  c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
-  if (st->nbytes() == bytes) return;
-#ifdef ZT_WITH_CUDA
-  if (t.is_cuda()) {
-    at::native::resize_bytes_cuda(st, bytes);
-    return;
-  }
-#endif
-  at::native::resize_bytes_cpu(st, bytes);
-}
-
-// Identity in forward; in backward, gathers the unit before autograd enters it.
-struct PreBackward : public torch::autograd::Function<PreBackward> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t self,
-                               int64_t bucket) {
-    ctx->saved_data["self"] = self;
-    ctx->saved_data["bucket"] = bucket;
-    return x;
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto* z = reinterpret_cast<ZeroOptimizer*>(ctx->saved_data["self"].toInt());
-    z->on_pre_backward(static_cast<int>(ctx->saved_data["bucket"].toInt()));
-    return {grads[0], torch::Tensor(), torch::Tensor()};
-  }
-};
 }  // namespace
 
 void ZeroOptimizer::init_stage3(std::vector<torch::Tensor>& params) {
@@ -83,65 +21,27 @@ void ZeroOptimizer::init_stage3(std::vector<torch::Tensor>& params) {
   auto name_of = [&](int i) {
     return i < static_cast<int>(opt_.param_names.size()) ? opt_.param_names[i] : "parameter " + std::to_string(i);
   };
-  // Unit of every parameter: declared units first, the rest is root; small ones persist.
   auto deferred = [&](int i) {
     return i < static_cast<int>(opt_.deferred_shapes.size()) && !opt_.deferred_shapes[i].empty();
   };
   auto shape_of = [&](int i) { return deferred(i) ? opt_.deferred_shapes[i] : params[i].sizes().vec(); };
-  auto numel_of = [&](int i) {
+  std::vector<int64_t> numels(n);
+  for (int i = 0; i < n; ++i) {
     int64_t k = 1;
     for (int64_t d : shape_of(i)) k *= d;
-    return k;
-  };
-  std::vector<int> unit_of(n, -1);
-  for (size_t u = 0; u < opt_.units.size(); ++u) {
-    for (int i : opt_.units[u].params) {
-      ZT_CHECK_T(i >= 0 && i < n, ConfigError, "ZeRO-3 unit '", opt_.units[u].name, "' names parameter ", i,
-                 " but there are ", n, " managed parameters");
-      ZT_CHECK_T(unit_of[i] < 0, ConfigError, "ZeRO-3: ", name_of(i), " is in two units ('",
-                 opt_.units[unit_of[i]].name, "' and '", opt_.units[u].name, "')");
-      unit_of[i] = static_cast<int>(u);
-    }
+    numels[i] = k;
   }
-  std::vector<std::vector<int>> members(opt_.units.size());
-  std::vector<int> root, persistent;
-  for (int i = 0; i < n; ++i) {
-    if (numel_of(i) < opt_.persistence_threshold) {
-      persistent.push_back(i);
-    } else if (unit_of[i] < 0) {
-      root.push_back(i);
-    } else {
-      members[unit_of[i]].push_back(i);
-    }
+  std::vector<DeclaredUnit> units;
+  for (const auto& u : opt_.units) units.push_back({u.name, u.params});
+  const UnitPlan plan = plan_units(numels, units, opt_.persistence_threshold,
+                                   [&](int i) { return group_of_user(i); }, name_of);
+  for (int i : plan.order) {
+    params_.push_back(params[i]);
+    user_index_.push_back(i);
+    shapes_.push_back(shape_of(i));
   }
-  // Buckets: root, declared units in forward order, persistent.
-  std::vector<std::vector<int64_t>> numels;
-  auto add_unit = [&](const std::vector<int>& idx, const std::string& name, UnitKind kind) {
-    if (idx.empty()) return -1;
-    // Parameter groups: each group's parameters contiguous in the unit (see [Group Runs]).
-    std::vector<int> order = idx;
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return group_of_user(a) < group_of_user(b); });
-    std::vector<int64_t> sizes;
-    for (int i : order) {
-      params_.push_back(params[i]);
-      user_index_.push_back(i);
-      shapes_.push_back(shape_of(i));
-      sizes.push_back(numel_of(i));
-    }
-    numels.push_back(sizes);
-    UnitState st;
-    st.name = name;
-    st.kind = kind;
-    units_.push_back(st);
-    return static_cast<int>(units_.size()) - 1;
-  };
-  root_ = add_unit(root, "root", UnitKind::kRoot);
-  for (size_t u = 0; u < opt_.units.size(); ++u) {
-    unit_bucket_.push_back(add_unit(members[u], opt_.units[u].name, UnitKind::kBlock));
-  }
-  persistent_ = add_unit(persistent, "persistent", UnitKind::kPersistent);
-  layout_ = make_unit_layout(numels, world_, kAlign);
-  for (const auto& B : layout_.buckets) z3_.max_unit_numel = std::max(z3_.max_unit_numel, B.numel);
+  L_.flat = make_unit_layout(plan.numels, world_, kAlign);
+  make_reducer();
   check_host_memory();  // before the host shard (offload_param cpu) is allocated
 
   // Partition one unit at a time: only one unit is ever full-size on the device.
@@ -149,18 +49,18 @@ void ZeroOptimizer::init_stage3(std::vector<torch::Tensor>& params) {
   if (opt_.param_nvme) {
     ZT_CHECK_T(opt_.offload_optimizer && opt_.offload_param, InternalError, "offload_param nvme needs offload_optimizer");
     // The shard goes to its swap file unit by unit below; no host copy of it is kept.
-    init_param_nvme(max_owned_numel());
+    init_param_nvme(L_.max_owned_numel());
   } else {
-    param_shard_ = opt_.offload_param ? host_buffer(layout_.shard_numel) : torch::zeros({layout_.shard_numel}, topt);
+    param_shard_ = opt_.offload_param ? host_buffer(L_.flat.shard_numel) : torch::zeros({L_.flat.shard_numel}, topt);
   }
-  empty_ = torch::empty({0}, topt);
-  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
-    const Bucket& B = layout_.buckets[b];
+  make_gatherer(plan);
+  for (size_t b = 0; b < L_.flat.buckets.size(); ++b) {
+    const Bucket& B = L_.flat.buckets[b];
     auto full = torch::zeros({B.numel}, topt);
     for (int k = 0; k < B.num_params; ++k) {
       const int i = B.first_param + k;
       auto& p = params_[i];
-      auto view = full.narrow(0, layout_.params[i].offset - B.offset, layout_.params[i].numel);
+      auto view = full.narrow(0, L_.flat.params[i].offset - B.offset, L_.flat.params[i].numel);
       if (deferred(user_index_[i])) {
         ZT_CHECK_T(opt_.deferred_init != nullptr, ConfigError, "ZeRO-3: ", name_of(user_index_[i]),
                    " is a placeholder but no EngineOptions.param_init was given");
@@ -177,252 +77,73 @@ void ZeroOptimizer::init_stage3(std::vector<torch::Tensor>& params) {
       // dtype or device would drop the node (and the hook with it).
       p.set_data(view.view(shapes_[i]));
     }
-    init_hooks(B.first_param, B.first_param + B.num_params);
-    for (int k = 0; k < B.num_params; ++k) params_[B.first_param + k].set_data(empty_);
+    reducer_->install_hooks(B.first_param, B.first_param + B.num_params);
+    gatherer_->detach(static_cast<int>(b));
     // Every rank starts from rank 0's parameters (as DeepSpeed does at initialize).
     if (world_ > 1) group_->broadcast(full, 0);
     auto mine = full.narrow(0, static_cast<int64_t>(rank_) * B.shard_numel, B.shard_numel);
     if (param_nvme_) {
-      param_nvme_write(owned_begin(static_cast<int>(b)), mine.to(torch::kCPU).contiguous());
+      param_nvme_write(L_.owned_begin(static_cast<int>(b)), mine.to(torch::kCPU).contiguous());
     } else {
-      owned_view(param_shard_, b).copy_(mine);
+      L_.owned_view(param_shard_, b).copy_(mine);
     }
   }
 }
 
-std::string ZeroOptimizer::unit_label(int b) const {
-  if (b < 0 || b >= static_cast<int>(units_.size())) return "unknown unit " + std::to_string(b);
-  return "unit " + std::to_string(b) + " '" + units_[b].name + "'";
-}
-
-void ZeroOptimizer::gather(int b, bool prefetch) {
-  UnitState& U = units_[b];
-  if (U.live) return;  // gathered or in flight
-  const Bucket& B = layout_.buckets[b];
-  torch::NoGradGuard no_grad;
-  const int64_t seq = gather_seq_++;
-  if (world_ > 1) {
-    auto mine = torch::tensor({static_cast<int64_t>(b), seq}, torch::TensorOptions().dtype(at::kLong));
-    if (opt_.device.is_cuda()) mine = mine.to(opt_.device, /*non_blocking=*/true);
-    auto tags = torch::empty({world_ * 2}, mine.options());
-    auto w = group_->all_gather(tags, mine, /*async=*/!opt_.device.is_cpu());
-    tag_checks_.push_back({b, seq, tags});
-    // On the CPU the check costs nothing: do it before the data moves, so ranks that
-    // disagree stop here instead of issuing collectives of different sizes.
-    if (opt_.device.is_cpu()) check_tags(/*all=*/true);
-  }
-  // One buffer per unit for the whole run; between gathers its storage holds no bytes.
-  if (!U.full.defined()) {
-    U.full = torch::empty({B.numel}, torch::TensorOptions().device(opt_.device).dtype(opt_.dtype));
-  } else {
-    resize_storage(U.full, static_cast<size_t>(B.numel) * U.full.element_size());
-  }
-  U.live = true;
+void ZeroOptimizer::make_gatherer(const UnitPlan& plan) {
+  GathererOptions go;
+  go.device = opt_.device;
+  go.dtype = opt_.dtype;
+  go.prefetch_numel = opt_.prefetch_numel;
+  go.max_live_numel = opt_.max_live_numel;
+  go.max_reuse_distance = opt_.max_reuse_distance;
+  gatherer_ = std::make_unique<ParamGatherer>(L_, params_, shapes_, plan, group_, go);
   // The rank's shard in the compute dtype, cast from the fp32 master as it is sent: no
   // separate compute-dtype copy of the shard is kept between steps.
-  torch::Tensor mine;
-  if (param_nvme_) {
-    // offload_param nvme: the unit's shard is read from the swap file into a staging slot
-    // and uploaded from there; the slot is refilled only after that upload.
-    auto [host, slot] = param_nvme_read(owned_begin(b), B.shard_numel);
-    // (On the CPU the all-gather reads it synchronously, before the slot can be reused.)
-    mine = opt_.device.is_cuda() ? host.to(opt_.device, /*non_blocking=*/true) : host;
-    param_nvme_uploaded(slot);
-  } else if (param_shard_.defined()) {
-    // Offload: the compute-dtype shard the CPU step wrote (host memory with offload_param:
-    // uploaded here, asynchronously from page-locked memory, ahead of the gather).
-    mine = owned_view(param_shard_, b);
-    if (mine.device() != opt_.device) mine = mine.to(opt_.device, /*non_blocking=*/true);
-  } else {
-    auto master = owned_view(master_, b);
-    mine = opt_.dtype == at::kFloat ? master : master.to(opt_.dtype);
-  }
-  U.work = world_ > 1 ? group_->all_gather(U.full, mine, /*async=*/true) : nullptr;
-  if (world_ == 1) U.full.copy_(mine);
-  U.prefetched = prefetch;
-  ++z3_.gathers;
-  if (prefetch) ++z3_.prefetched;
-  z3_.live_numel += B.numel;
-  z3_.peak_live_numel = std::max(z3_.peak_live_numel, z3_.live_numel);
+  gatherer_->shard_source = [this](int b) {
+    const int64_t numel = L_.flat.buckets[b].shard_numel;
+    torch::Tensor mine;
+    if (param_nvme_) {
+      // offload_param nvme: the unit's shard is read from the swap file into a staging slot
+      // and uploaded from there; the slot is refilled only after that upload.
+      auto [host, slot] = param_nvme_read(L_.owned_begin(b), numel);
+      // (On the CPU the all-gather reads it synchronously, before the slot can be reused.)
+      mine = opt_.device.is_cuda() ? host.to(opt_.device, /*non_blocking=*/true) : host;
+      param_nvme_uploaded(slot);
+    } else if (param_shard_.defined()) {
+      // Offload: the compute-dtype shard the CPU step wrote (host memory with offload_param:
+      // uploaded here, asynchronously from page-locked memory, ahead of the gather).
+      mine = L_.owned_view(param_shard_, b);
+      if (mine.device() != opt_.device) mine = mine.to(opt_.device, /*non_blocking=*/true);
+    } else {
+      auto master = L_.owned_view(state_.master, b);
+      mine = opt_.dtype == at::kFloat ? master : master.to(opt_.dtype);
+    }
+    return mine;
+  };
 }
 
-void ZeroOptimizer::ensure_gathered(int b) {
-  UnitState& U = units_[b];
-  if (!U.live) gather(b, /*prefetch=*/false);
-  if (U.work) {
-    U.work->wait();  // the compute stream waits; the host does not (CUDA)
-    U.work.reset();
-  }
-  if (U.attached) return;
-  const Bucket& B = layout_.buckets[b];
-  for (int k = 0; k < B.num_params; ++k) {
-    const int i = B.first_param + k;
-    params_[i].set_data(U.full.narrow(0, layout_.params[i].offset - B.offset, layout_.params[i].numel).view(shapes_[i]));
-  }
-  U.attached = true;
-}
-
-void ZeroOptimizer::release(int b) {
-  UnitState& U = units_[b];
-  if (!U.live || hold_all_) return;
-  if (U.work) {
-    U.work->wait();  // a prefetch nobody used: finish it before the buffer goes back
-    U.work.reset();
-  }
-  const Bucket& B = layout_.buckets[b];
-  for (int k = 0; k < B.num_params; ++k) params_[B.first_param + k].set_data(empty_);
-  resize_storage(U.full, 0);
-  U.live = false;
-  U.prefetched = false;
-  U.attached = false;
-  z3_.live_numel -= B.numel;
-  ++z3_.releases;
-}
-
-void ZeroOptimizer::release_all(bool persistent_too) {
-  if (opt_.stage != 3) return;
-  hold_all_ = false;
-  for (size_t b = 0; b < units_.size(); ++b) {
-    if (persistent_too || units_[b].kind != UnitKind::kPersistent) release(static_cast<int>(b));
-  }
-}
-
-void ZeroOptimizer::gather_all() {
-  if (opt_.stage != 3) return;
-  for (size_t b = 0; b < units_.size(); ++b) gather(static_cast<int>(b), false);
-  for (size_t b = 0; b < units_.size(); ++b) ensure_gathered(static_cast<int>(b));
-  check_tags(true);
-  hold_all_ = true;
-}
-
-void ZeroOptimizer::prefetch_after(const std::vector<int>& order, int64_t pos, int dir) {
-  // Units following position `pos` of `order` (in direction dir), up to
-  // stage3_prefetch_bucket_size elements, never beyond stage3_max_live_parameters.
-  // Units already gathered or in flight count against the window, so it never grows
-  // beyond stage3_prefetch_bucket_size elements ahead of the running unit.
-  int64_t budget = opt_.prefetch_numel;
-  for (int64_t k = pos + dir; k >= 0 && k < static_cast<int64_t>(order.size()); k += dir) {
-    const int b = order[k];
-    const int64_t n = layout_.buckets[b].numel;
-    if (n > budget) break;
-    budget -= n;
-    if (units_[b].live) continue;
-    if (z3_.live_numel + n > opt_.max_live_numel) break;
-    gather(b, /*prefetch=*/true);
-  }
-}
-
+// The engine's stage-3 calls: no-ops at stages 0-2 (no gatherer).
 void ZeroOptimizer::begin_forward() {
-  if (opt_.stage != 3) return;
-  rec_.clear();
-  if (root_ >= 0) gather(root_, false);
-  if (persistent_ >= 0) gather(persistent_, false);
-  if (trace_valid_) prefetch_after(trace_, -1, +1);
-  if (root_ >= 0) ensure_gathered(root_);
-  if (persistent_ >= 0) ensure_gathered(persistent_);
+  if (gatherer_) gatherer_->begin_forward();
 }
-
 void ZeroOptimizer::end_forward() {
-  if (opt_.stage != 3) return;
-  // The recorded order becomes the trace the next forwards prefetch from.
-  if (!trace_valid_ || rec_ != trace_) {
-    trace_ = rec_;
-    trace_valid_ = !rec_.empty();
-  }
-  bwd_pos_ = static_cast<int64_t>(rec_.size());
-  if (!torch::GradMode::is_enabled() && !hold_all_) release_all(/*persistent_too=*/false);  // no backward follows
-  check_tags(/*all=*/true);
+  if (gatherer_) gatherer_->end_forward();
 }
-
 void ZeroOptimizer::unit_pre_forward(int unit, bool recompute) {
-  if (opt_.stage != 3) return;
-  ZT_CHECK_T(unit >= 0 && unit < num_units(), InternalError, "ZeRO-3 unit ", unit, " does not exist (", num_units(),
-             " units)");
-  const int b = unit_bucket_[unit];
-  if (b < 0) return;
-  if (recompute) {
-    ensure_gathered(b);
-    return;
-  }
-  const int64_t pos = static_cast<int64_t>(rec_.size());
-  rec_.push_back(b);
-  const bool on_trace = trace_valid_ && pos < static_cast<int64_t>(trace_.size()) && trace_[pos] == b;
-  if (trace_valid_ && !on_trace) trace_valid_ = false;  // the order changed: stop prefetching
-  ensure_gathered(b);
-  if (trace_valid_) prefetch_after(trace_, pos, +1);
+  if (gatherer_) gatherer_->unit_pre_forward(unit, recompute);
 }
-
 void ZeroOptimizer::unit_post_forward(int unit, bool recompute) {
-  if (opt_.stage != 3 || recompute) return;
-  const int b = unit_bucket_[unit];
-  if (b < 0) return;
-  if (!torch::GradMode::is_enabled()) {
-    release(b);
-    return;
-  }
-  // Next use of this unit: its own backward, after the rest of forward and the backward
-  // of every unit after it. Keep it when that is within the reuse distance and the live
-  // budget allows; without a trace the distance is unknown: release.
-  bool keep = false;
-  if (trace_valid_) {
-    const int64_t pos = static_cast<int64_t>(rec_.size()) - 1;
-    int64_t distance = 0;
-    for (size_t k = static_cast<size_t>(pos) + 1; k < trace_.size(); ++k) distance += 2 * layout_.buckets[trace_[k]].numel;
-    keep = distance <= opt_.max_reuse_distance && z3_.live_numel <= opt_.max_live_numel;
-  }
-  if (!keep) release(b);
+  if (gatherer_) gatherer_->unit_post_forward(unit, recompute);
 }
-
 torch::Tensor ZeroOptimizer::unit_output(int unit, const torch::Tensor& y) {
-  if (opt_.stage != 3 || !torch::GradMode::is_enabled() || !y.requires_grad()) return y;
-  const int b = unit_bucket_[unit];
-  if (b < 0) return y;
-  return PreBackward::apply(y, reinterpret_cast<int64_t>(this), static_cast<int64_t>(b));
+  return gatherer_ ? gatherer_->unit_output(unit, y) : y;
 }
-
-void ZeroOptimizer::on_pre_backward(int b) {
-  // Where this unit ran in forward (the latest occurrence not yet back-propagated).
-  int64_t pos = -1;
-  for (int64_t k = std::min<int64_t>(bwd_pos_, static_cast<int64_t>(rec_.size())) - 1; k >= 0; --k) {
-    if (rec_[k] == b) {
-      pos = k;
-      break;
-    }
-  }
-  ensure_gathered(b);
-  if (pos >= 0) {
-    bwd_pos_ = pos;
-    prefetch_after(rec_, pos, -1);
-  }
+void ZeroOptimizer::gather_all() {
+  if (gatherer_) gatherer_->gather_all();
 }
-
-void ZeroOptimizer::check_tags(bool /*all*/) {
-  if (tag_checks_.empty()) return;
-  std::vector<torch::Tensor> ts;
-  for (auto& t : tag_checks_) ts.push_back(t.tags);
-  // One copy for all pending checks (on the GPU this is the only host sync they cost).
-  auto host = torch::stack(ts).to(torch::kCPU).contiguous();  // (checks, world*2)
-  auto acc = host.accessor<int64_t, 2>();
-  std::vector<TagCheck> checks = std::move(tag_checks_);
-  tag_checks_.clear();
-  for (size_t c = 0; c < checks.size(); ++c) {
-    bool ok = true;
-    for (int r = 0; r < world_; ++r) {
-      ok = ok && acc[c][2 * r] == checks[c].bucket && acc[c][2 * r + 1] == checks[c].seq;
-    }
-    if (ok) continue;
-    std::string who;
-    for (int r = 0; r < world_; ++r) {
-      who += detail::cat("\n  rank ", r, ": gather #", acc[c][2 * r + 1], " of ",
-                         unit_label(static_cast<int>(acc[c][2 * r])));
-    }
-    throw TrainingError(detail::cat(
-        "ZeRO-3: ranks disagree on the sequence of parameter gathers at gather #", checks[c].seq,
-        " (this is rank ", rank_, ", which gathered ", unit_label(checks[c].bucket), "):", who,
-        "\nEvery rank must run the same units in the same order in each forward and backward. A branch that "
-        "depends on the data (or the rank) changes that order; take the same branch on every rank, or give "
-        "the parameters of the optional path to a unit that is always run."));
-  }
+void ZeroOptimizer::release_all(bool persistent_too) {
+  if (gatherer_) gatherer_->release_all(persistent_too);
 }
 
 }  // namespace zt::zero

@@ -41,7 +41,7 @@
 namespace zt::zero {
 
 void ZeroOptimizer::init_offload() {
-  const int64_t owned = owns_all_ ? layout_.total_numel : layout_.shard_numel;
+  const int64_t owned = L_.owned_numel();
   host_grad_ = host_buffer(owned);
   // Stage 3 with offload_param: the CPU step writes the host-resident shard directly; with
   // offload_param nvme it writes one bucket at a time into a scratch buffer and from there
@@ -52,7 +52,7 @@ void ZeroOptimizer::init_offload() {
   } else if (const int64_t n = upload_buffer_numel()) {
     host_param_ = host_buffer(n);
   }
-  streamed_.assign(layout_.buckets.size(), false);
+  streamed_.assign(L_.flat.buckets.size(), false);
 #ifdef ZT_WITH_CUDA
   if (opt_.device.is_cuda()) {
     streams_ = std::make_shared<CopyStreams>(CopyStreams{c10::cuda::getStreamFromPool(false, opt_.device.index()),
@@ -69,14 +69,14 @@ void ZeroOptimizer::init_offload() {
   if (rank_ == 0 && !opt_.nvme) {  // NVMe: init_nvme says where the state is
     std::fprintf(stderr, "[zerotrain] offload_optimizer: %.3f GiB of fp32 state in %s host memory, CPU Adam kernel %s, "
                  "%d threads per rank\n",
-                 3.0 * static_cast<double>(master_.nbytes()) / (1024.0 * 1024.0 * 1024.0), master_.is_pinned() ? "page-locked" : "pageable",
+                 3.0 * static_cast<double>(state_.master.nbytes()) / (1024.0 * 1024.0 * 1024.0), state_.master.is_pinned() ? "page-locked" : "pageable",
                  optim::kernel_name(optim::best_cpu_kernel()), omp_get_max_threads());
   }
 }
 
 torch::Tensor ZeroOptimizer::param_dst(int b) {
-  if (opt_.stage == 3) return opt_.offload_param ? torch::Tensor() : owned_view(param_shard_, b);
-  return owns_all_ ? bucket_view(flat_param_, b) : shard_view(flat_param_, b);
+  if (opt_.stage == 3) return opt_.offload_param ? torch::Tensor() : L_.owned_view(param_shard_, b);
+  return L_.owned_in_flat(flat_param_, b);
 }
 
 void ZeroOptimizer::stream_grad_to_host(int b, const comm::WorkPtr& reduce) {
@@ -84,7 +84,7 @@ void ZeroOptimizer::stream_grad_to_host(int b, const comm::WorkPtr& reduce) {
   if (!opt_.device.is_cuda() || !streams_) return;
   c10::cuda::CUDAStreamGuard guard(copy_streams(streams_)->d2h);
   reduce->wait();  // the copy stream waits for the reduce-scatter, not the host
-  owned_view(host_grad_, b).copy_(owned_view(grad_shard_, b), /*non_blocking=*/true);
+  L_.owned_view(host_grad_, b).copy_(reducer_->grad(b), /*non_blocking=*/true);
   streamed_[b] = true;
 #else
   (void)b;
@@ -94,14 +94,14 @@ void ZeroOptimizer::stream_grad_to_host(int b, const comm::WorkPtr& reduce) {
 
 void ZeroOptimizer::offload_step(double factor, const StepInputs& in) {
   torch::NoGradGuard no_grad;
-  const int nb = static_cast<int>(layout_.buckets.size());
+  const int nb = static_cast<int>(L_.flat.buckets.size());
   // Delayed update: first apply the previous step's CPU update (it ran, and uploaded its
   // result to the device, while this step's forward/backward computed); refresh_params()
   // after this call all-gathers it.
   if (opt_.delayed_update && worker_.joinable()) apply_delayed_update();
   // Gradients on the host: what backward did not stream yet is copied now.
   for (int b = 0; b < nb; ++b) {
-    if (!streamed_[b]) owned_view(host_grad_, b).copy_(grad_view(b));
+    if (!streamed_[b]) L_.owned_view(host_grad_, b).copy_(reducer_->grad(b));
   }
 #ifdef ZT_WITH_CUDA
   if (streams_) copy_streams(streams_)->d2h.synchronize();
@@ -151,20 +151,20 @@ void ZeroOptimizer::offload_step(double factor, const StepInputs& in) {
 int64_t ZeroOptimizer::host_bytes_planned() const {
   if (!opt_.offload_optimizer) return 0;
   const int64_t d = static_cast<int64_t>(c10::elementSize(opt_.dtype));
-  const int64_t owned = owns_all_ ? layout_.total_numel : layout_.shard_numel;
+  const int64_t owned = L_.owned_numel();
   int64_t b = d * owned;                    // host_grad_
-  if (!opt_.nvme) b += 12 * owned;          // master_, exp_avg_, exp_avg_sq_ (Adam only)
+  if (!opt_.nvme) b += 12 * owned;          // state_.master, state_.exp_avg, state_.exp_avg_sq (Adam only)
   if (opt_.delayed_update) b += d * owned;  // host_grad_spare_
   if (opt_.stage == 3 && opt_.offload_param && !opt_.param_nvme) {
-    b += d * layout_.shard_numel;  // param_shard_, which is also host_param_
+    b += d * L_.flat.shard_numel;  // param_shard_, which is also host_param_
   }
   return b + d * upload_buffer_numel();  // host_param_ when it is a buffer of its own
 }
 
 int64_t ZeroOptimizer::upload_buffer_numel() const {
-  if (opt_.param_nvme) return opt_.nvme ? 0 : max_owned_numel();  // one bucket's scratch for the file
+  if (opt_.param_nvme) return opt_.nvme ? 0 : L_.max_owned_numel();  // one bucket's scratch for the file
   if (opt_.stage == 3 && opt_.offload_param) return 0;              // the step writes the host shard
-  return opt_.nvme ? 0 : (owns_all_ ? layout_.total_numel : layout_.shard_numel);
+  return opt_.nvme ? 0 : L_.owned_numel();
 }
 
 void ZeroOptimizer::check_host_memory() const {
@@ -200,9 +200,9 @@ void ZeroOptimizer::apply_delayed_update() {
 #ifdef ZT_WITH_CUDA
   if (delayed_stage_.defined()) {
     compute_waits_for_uploads(*copy_streams(streams_), opt_.device.index());
-    for (size_t k = 0; k < layout_.buckets.size(); ++k) {
+    for (size_t k = 0; k < L_.flat.buckets.size(); ++k) {
       auto dst = param_dst(static_cast<int>(k));
-      if (dst.defined()) dst.copy_(owned_view(delayed_stage_, static_cast<int>(k)));
+      if (dst.defined()) dst.copy_(L_.owned_view(delayed_stage_, static_cast<int>(k)));
     }
     return;
   }
@@ -219,58 +219,43 @@ void ZeroOptimizer::flush_delayed_update() {
 
 void ZeroOptimizer::upload_bucket(int k, Upload to) {
   if (to == Upload::kNone) return;
-  auto dst = to == Upload::kDelayedStage ? owned_view(delayed_stage_, k) : param_dst(k);
-  if (dst.defined()) dst.copy_(owned_view(host_param_, k), /*non_blocking=*/true);  // on the current stream
+  auto dst = to == Upload::kDelayedStage ? L_.owned_view(delayed_stage_, k) : param_dst(k);
+  if (dst.defined()) dst.copy_(L_.owned_view(host_param_, k), /*non_blocking=*/true);  // on the current stream
 }
 
 void ZeroOptimizer::upload_all() {
-  for (size_t k = 0; k < layout_.buckets.size(); ++k) upload_bucket(static_cast<int>(k), Upload::kParams);
-}
-
-optim::AdamHyper ZeroOptimizer::adam_hyper(double factor, const StepInputs& in, int group) const {
-  const auto& P = opt_.optimizer.params;
-  optim::AdamHyper h;
-  h.lr = static_cast<float>(in.lr * groups_[group].lr_scale);
-  h.beta1 = static_cast<float>(in.momentum.value_or(P.betas[0]));
-  h.beta2 = static_cast<float>(P.betas[1]);
-  h.eps = static_cast<float>(P.eps);
-  h.weight_decay = static_cast<float>(groups_[group].weight_decay);
-  h.adamw = adamw_;
-  h.bias_correction = P.bias_correction;
-  h.step = in.step;
-  h.grad_scale = static_cast<float>(factor);
-  return h;
+  for (size_t k = 0; k < L_.flat.buckets.size(); ++k) upload_bucket(static_cast<int>(k), Upload::kParams);
 }
 
 void ZeroOptimizer::cpu_update(const torch::Tensor& grads, double factor, const StepInputs& in, Upload upload) {
   torch::NoGradGuard no_grad;
-  const int nb = static_cast<int>(layout_.buckets.size());
+  const int nb = static_cast<int>(L_.flat.buckets.size());
 #ifdef ZT_WITH_CUDA
   CopyStreams* cs = upload != Upload::kNone && streams_ ? copy_streams(streams_) : nullptr;
 #endif
   // CPU Adam per sub-group; each sub-group's upload overlaps the next one's compute.
   std::vector<optim::AdamHyper> hs;
-  for (size_t g = 0; g < groups_.size(); ++g) hs.push_back(adam_hyper(factor, in, static_cast<int>(g)));
+  for (int g = 0; g < rule_.num_groups(); ++g) hs.push_back(rule_.adam_hyper(factor, in, g));
   const bool half_out = opt_.dtype != at::kFloat;
   int b = 0;
   while (b < nb) {
     int end = b;
     int64_t n = 0;
-    while (end < nb && (end == b || n + owned_view(master_, end).numel() <= opt_.sub_group_numel)) {
-      n += owned_view(master_, end).numel();
+    while (end < nb && (end == b || n + L_.owned_view(state_.master, end).numel() <= opt_.sub_group_numel)) {
+      n += L_.owned_view(state_.master, end).numel();
       ++end;
     }
     for (int k = b; k < end; ++k) {
-      auto master = owned_view(master_, k), m = owned_view(exp_avg_, k), v = owned_view(exp_avg_sq_, k);
-      auto out = param_nvme_ ? host_param_.narrow(0, 0, master.numel()) : owned_view(host_param_, k);
-      auto g = owned_view(grads, k);
+      auto master = L_.owned_view(state_.master, k), m = L_.owned_view(state_.exp_avg, k), v = L_.owned_view(state_.exp_avg_sq, k);
+      auto out = param_nvme_ ? host_param_.narrow(0, 0, master.numel()) : L_.owned_view(host_param_, k);
+      auto g = L_.owned_view(grads, k);
       // One call per parameter-group run of the bucket (one call with one group).
-      for_group_runs(owned_begin(k), master.numel(), [&](int64_t at, int64_t len, int grp) {
+      rule_.for_group_runs(L_.owned_begin(k), master.numel(), [&](int64_t at, int64_t len, int grp) {
         optim::cpu_adam_step(master.narrow(0, at, len), m.narrow(0, at, len), v.narrow(0, at, len),
                              g.narrow(0, at, len), hs[grp], half_out ? out.narrow(0, at, len) : torch::Tensor());
       });
       if (!half_out) out.copy_(master);
-      if (param_nvme_) param_nvme_write(owned_begin(k), out);  // read back when its unit is next gathered
+      if (param_nvme_) param_nvme_write(L_.owned_begin(k), out);  // read back when its unit is next gathered
     }
     // Upload the sub-group on the upload stream (stage 3 with offload_param: it stays on
     // the host).

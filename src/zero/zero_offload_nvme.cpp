@@ -94,17 +94,6 @@ struct LogSink {
 
 }  // namespace
 
-void ZeroOptimizer::owned_pieces(int64_t begin, int64_t n,
-                                 const std::function<void(int b, int64_t at, int64_t in_bucket, int64_t len)>& fn) const {
-  for (size_t k = 0; k < layout_.buckets.size(); ++k) {
-    const int b = static_cast<int>(k);
-    const Bucket& B = layout_.buckets[k];
-    const int64_t ob = owned_begin(b);
-    const Range r = intersect({begin, begin + n}, {ob, ob + (owns_all_ ? B.numel : B.shard_numel)});
-    if (r.size() > 0) fn(b, r.begin - begin, r.begin - ob, r.size());
-  }
-}
-
 void ZeroOptimizer::check_nvme(int64_t owned) {
   const auto groups = offload::NvmeOptimizerState::split(owned, std::max<int64_t>(1, opt_.sub_group_numel));
   const int64_t bytes = offload::NvmeOptimizerState::file_bytes_for(groups);
@@ -174,13 +163,13 @@ void ZeroOptimizer::init_nvme(int64_t owned) {
     st.pass(offload::NvmeOptimizerState::Mode::kWrite, [&](const offload::NvmeOptimizerState::Staged& s) {
       auto master = torch::from_blob(s.master, {s.numel}, torch::kFloat);
       if (param_nvme_) {  // the shard is in the parameter file, read a unit's piece at a time (slot size)
-        owned_pieces(s.begin, s.numel, [&](int, int64_t at, int64_t, int64_t len) {
+        L_.owned_pieces(s.begin, s.numel, [&](int, int64_t at, int64_t, int64_t len) {
           master.narrow(0, at, len).copy_(param_nvme_read(s.begin + at, len).first);
         });
       } else {
-        owned_pieces(s.begin, s.numel, [&](int b, int64_t at, int64_t in_bucket, int64_t len) {
-          auto src = opt_.stage == 3 ? owned_view(param_shard_, b)
-                                     : (owns_all_ ? bucket_view(flat_param_, b) : shard_view(flat_param_, b));
+        L_.owned_pieces(s.begin, s.numel, [&](int b, int64_t at, int64_t in_bucket, int64_t len) {
+          auto src = opt_.stage == 3 ? L_.owned_view(param_shard_, b)
+                                     : L_.owned_in_flat(flat_param_, b);
           master.narrow(0, at, len).copy_(src.narrow(0, in_bucket, len));
         });
       }
@@ -193,7 +182,7 @@ void ZeroOptimizer::init_nvme(int64_t owned) {
 void ZeroOptimizer::nvme_update(const torch::Tensor& grads, double factor, const StepInputs& in) {
   torch::NoGradGuard no_grad;
   std::vector<optim::AdamHyper> hs;
-  for (size_t g = 0; g < groups_.size(); ++g) hs.push_back(adam_hyper(factor, in, static_cast<int>(g)));
+  for (int g = 0; g < rule_.num_groups(); ++g) hs.push_back(rule_.adam_hyper(factor, in, g));
   const bool half = opt_.dtype != at::kFloat;
   const bool host_shard = opt_.stage == 3 && opt_.offload_param && !param_nvme_;
   const auto esize = static_cast<int64_t>(grads.element_size());
@@ -207,7 +196,7 @@ void ZeroOptimizer::nvme_update(const torch::Tensor& grads, double factor, const
     void* out = nullptr;
     if (half) out = host_shard ? static_cast<char*>(param_shard_.data_ptr()) + s.begin * esize : s.scratch;
     // One call per parameter-group run of the sub-group (one call with one group).
-    for_group_runs(s.begin, s.numel, [&](int64_t at, int64_t len, int grp) {
+    rule_.for_group_runs(s.begin, s.numel, [&](int64_t at, int64_t len, int grp) {
       optim::cpu_adam_step(s.master + at, s.exp_avg + at, s.exp_avg_sq + at, g0 + (s.begin + at) * esize, opt_.dtype,
                            len, hs[grp], out ? static_cast<char*>(out) + at * esize : nullptr,
                            half ? opt_.dtype : at::ScalarType::Undefined);
@@ -226,7 +215,7 @@ void ZeroOptimizer::nvme_update(const torch::Tensor& grads, double factor, const
     std::optional<c10::cuda::CUDAStreamGuard> guard;
     if (cs) guard.emplace(cs->h2d);
 #endif
-    owned_pieces(s.begin, s.numel, [&](int b, int64_t at, int64_t in_bucket, int64_t len) {
+    L_.owned_pieces(s.begin, s.numel, [&](int b, int64_t at, int64_t in_bucket, int64_t len) {
       param_dst(b).narrow(0, in_bucket, len).copy_(src.narrow(0, at, len), /*non_blocking=*/true);
     });
 #ifdef ZT_WITH_CUDA
@@ -245,7 +234,7 @@ void ZeroOptimizer::nvme_update(const torch::Tensor& grads, double factor, const
 }
 
 std::vector<torch::Tensor> ZeroOptimizer::nvme_read_state(bool master_only) {
-  const int64_t owned = owns_all_ ? layout_.total_numel : layout_.shard_numel;
+  const int64_t owned = L_.owned_numel();
   std::vector<torch::Tensor> out;
   for (int k = 0; k < (master_only ? 1 : 3); ++k) out.push_back(torch::empty({owned}, torch::kFloat));
   nvme_->state->pass(offload::NvmeOptimizerState::Mode::kRead, [&](const offload::NvmeOptimizerState::Staged& s) {
@@ -263,12 +252,12 @@ void ZeroOptimizer::nvme_import(const StateFetch& fetch) {
   // Read-modify-write: elements no parameter covers (padding) keep what the file holds.
   nvme_->state->pass(offload::NvmeOptimizerState::Mode::kReadWrite, [&](const offload::NvmeOptimizerState::Staged& s) {
     float* dst[3] = {s.master, s.exp_avg, s.exp_avg_sq};
-    owned_pieces(s.begin, s.numel, [&](int b, int64_t at, int64_t in_bucket, int64_t len) {
-      const Bucket& B = layout_.buckets[b];
-      const int64_t own0 = owns_all_ ? B.offset : B.shard_offset(rank_);  // flat index of the bucket's owned part
+    L_.owned_pieces(s.begin, s.numel, [&](int b, int64_t at, int64_t in_bucket, int64_t len) {
+      const Bucket& B = L_.flat.buckets[b];
+      const int64_t own0 = L_.owns_all ? B.offset : B.shard_offset(rank_);  // flat index of the bucket's owned part
       const Range flat{own0 + in_bucket, own0 + in_bucket + len};
       for (int i = B.first_param; i < B.first_param + B.num_params; ++i) {
-        const ParamSlot& p = layout_.params[i];
+        const ParamSlot& p = L_.flat.params[i];
         const Range piece = intersect(flat, {p.offset, p.offset + p.numel});
         if (piece.size() == 0) continue;
         for (size_t k = 0; k < kinds.size(); ++k) {
@@ -297,16 +286,16 @@ void ZeroOptimizer::nvme_finish_import() {
       return;
     }
     // Blocking copies: the buffer is refilled right after this visit.
-    owned_pieces(s.begin, s.numel, [&](int b, int64_t at, int64_t in_bucket, int64_t len) {
+    L_.owned_pieces(s.begin, s.numel, [&](int b, int64_t at, int64_t in_bucket, int64_t len) {
       param_dst(b).narrow(0, in_bucket, len).copy_(master.narrow(0, at, len));
     });
   });
 }
 
 void ZeroOptimizer::nvme_state_bytes(ModelStateBytes& m) const {
-  // master_ and the Adam buffers do not exist: the state is on the drive. host already
+  // state_.master and the Adam buffers do not exist: the state is on the drive. host already
   // counts the gradient buffer (and the host shard with offload_param).
-  const int64_t owned = owns_all_ ? layout_.total_numel : layout_.shard_numel;
+  const int64_t owned = L_.owned_numel();
   m.master = owned * static_cast<int64_t>(sizeof(float));
   m.optimizer = 2 * owned * static_cast<int64_t>(sizeof(float));
   m.nvme = nvme_->state->file_bytes();
@@ -315,14 +304,14 @@ void ZeroOptimizer::nvme_state_bytes(ModelStateBytes& m) const {
 
 void ZeroOptimizer::param_nvme_state_bytes(ModelStateBytes& m) const {
   // The compute-dtype shard is a model state like any other, kept on the drive.
-  m.params += layout_.shard_numel * static_cast<int64_t>(c10::elementSize(opt_.dtype));
+  m.params += L_.flat.shard_numel * static_cast<int64_t>(c10::elementSize(opt_.dtype));
   m.nvme += param_nvme_->state->file_bytes();
   m.host += param_nvme_->state->staging_bytes();
 }
 
 void ZeroOptimizer::init_param_nvme(int64_t max_unit_shard) {
   const int64_t esize = static_cast<int64_t>(c10::elementSize(opt_.dtype));
-  const int64_t bytes = std::max<int64_t>(1, layout_.shard_numel) * esize;
+  const int64_t bytes = std::max<int64_t>(1, L_.flat.shard_numel) * esize;
   ZT_CHECK_T(max_unit_shard <= opt_.param_buffer_size, ConfigError, "zero_optimization.offload_param.buffer_size = ",
              opt_.param_buffer_size, " elements, but the largest unit's shard on this rank has ", max_unit_shard,
              ": raise buffer_size to at least ", max_unit_shard, " (each staging buffer holds one unit's shard)");

@@ -1,6 +1,14 @@
-// ZeroOptimizer: flat parameter/gradient buffers, gradient reduction per bucket, and the
-// partitioned optimizer step for ZeRO stages 0, 1 and 2. The engine (src/engine) drives
-// it; it holds no timing or reporting logic.
+// ZeroOptimizer: one SHARD GROUP of ZeRO -- a set of parameters with its own communicator
+// -- composed of parts that each own one concern (docs/zero-parts.md):
+//   ShardLayout    (shard_layout.h)    the flat layout and this rank's views of it
+//   GradReducer    (grad_reducer.h)    hooks, buckets, all-reduce / reduce-scatter
+//   ParamGatherer  (param_gatherer.h)  stage 3: units, prefetch, reuse, persistence
+//   OptimizerRule, OwnedState (optimizer_state.h)  the rule, parameter groups, fp32 state
+//   DeviceStep     (step_device.h)     the device step backend (fused kernel / ATen)
+//   the CPU Adam step with the delayed update and the NVMe-swapped CPU Adam step are
+//                  still this class's (zero_offload*.cpp)
+// The engine (src/engine) drives it; it holds no timing or reporting logic. Partial
+// gradient norms combine over shard groups and the model-parallel group (grad_norm.h).
 //
 // Who holds what (Ψ = parameters, N = ranks, compute dtype of 2 bytes):
 //   stage 0: params Ψ, grads Ψ (all-reduced per bucket in backward), master+m+v Ψ
@@ -30,7 +38,12 @@
 #include "common/phase_timer.h"
 #include "offload/aio.h"
 #include "optim/cpu_adam.h"
+#include "zero/grad_reducer.h"
+#include "zero/optimizer_state.h"
+#include "zero/param_gatherer.h"
 #include "zero/partition.h"
+#include "zero/shard_layout.h"
+#include "zero/step_device.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/report.h"
@@ -49,11 +62,7 @@ struct ZeroOptions {
   OptimizerConfig optimizer;
   // Parameter groups: the step uses lr x lr_scale and weight_decay of the parameter's
   // group. Empty = one group {1, optimizer.params.weight_decay}.
-  struct Group {
-    std::string name;
-    double lr_scale = 1.0;
-    double weight_decay = 0.0;
-  };
+  using Group = ParamGroupSpec;
   std::vector<Group> groups;
   std::vector<int> param_group;  // user index -> index into groups; empty = all in group 0
 
@@ -96,31 +105,16 @@ struct ZeroOptions {
   std::string param_nvme_path;
   int64_t param_buffer_count = 5;           // offload_param.buffer_count
   int64_t param_buffer_size = 100000000;    // offload_param.buffer_size: the largest unit shard must fit
+  // The model-parallel group (tensor x pipeline ranks holding disjoint parameters): the
+  // partial squared gradient norms, and with them the overflow flag, are summed over it
+  // as well (zero/grad_norm.h). Null or size 1: this group's norm is the global one.
+  comm::GroupPtr model_parallel;
 };
 
 struct NvmeOffload;  // zero_offload_nvme.cpp
 struct NvmeParams;   // zero_offload_nvme.cpp
 
-// Stage 3 counters of one optimizer step.
-struct Zero3Stats {
-  int64_t gathers = 0;            // unit all-gathers issued
-  int64_t prefetched = 0;         // of those, issued before the unit was needed
-  int64_t releases = 0;
-  int64_t live_numel = 0;         // gathered elements right now
-  int64_t peak_live_numel = 0;    // most gathered elements at once (in flight included)
-  int64_t max_unit_numel = 0;     // largest unit (the "plus one unit" of the bound)
-};
-
-// Per-step inputs of the optimizer step.
-struct StepInputs {
-  double lr = 0;
-  double loss_scale = 1;     // gradients are divided by this
-  double clip = 0;           // global-norm clip, 0 = off
-  int64_t step = 1;          // 1-based optimizer step (bias correction)
-  std::optional<double> momentum;  // schedule-driven beta1 / SGD momentum (OneCycle)
-  // Allow the step to decide overflow and clipping on the device (see StepOutcome).
-  bool defer = false;
-};
+// StepInputs: zero/optimizer_state.h.
 struct StepOutcome {
   bool overflow = false;
   double grad_norm = 0;  // before clipping, after unscaling
@@ -158,20 +152,19 @@ class ZeroOptimizer {
   void unit_post_forward(int unit, bool recompute);
   // Returns y wrapped so that the unit is gathered again just before its backward.
   torch::Tensor unit_output(int unit, const torch::Tensor& y);
-  void on_pre_backward(int bucket);  // called from the autograd node unit_output inserted
   void gather_all();                 // every unit full-size (collective)
   void release_all(bool persistent_too);
-  const Zero3Stats& zero3_stats() const { return z3_; }
-  int num_units() const { return static_cast<int>(unit_bucket_.size()); }
+  const Zero3Stats& zero3_stats() const { return gatherer_ ? gatherer_->stats() : no_z3_; }
+  int num_units() const { return gatherer_ ? gatherer_->num_units() : 0; }
 
   ModelStateBytes state_bytes() const;
   // NVMe: the swap file of this rank ("" without NVMe offload), and the last step's swap.
   std::string nvme_file() const;
   StepReport::Nvme nvme_step_stats() const { return nvme_step_; }
   std::vector<torch::Tensor> gather_master_params();
-  const FlatLayout& layout() const { return layout_; }
-  int64_t buckets_launched() const { return buckets_launched_; }
-  int64_t buckets_launched_in_backward() const { return buckets_in_backward_; }
+  const FlatLayout& layout() const { return L_.flat; }
+  int64_t buckets_launched() const { return reducer_->buckets_launched(); }
+  int64_t buckets_launched_in_backward() const { return reducer_->buckets_launched_in_backward(); }
   void reset_counters();
 
   // ---- Checkpoint state (src/zero/zero_state.cpp; see docs/checkpoints.md) ----
@@ -207,16 +200,11 @@ class ZeroOptimizer {
   void finish_state_import();
 
  private:
-  void on_grad_ready(int layout_index);
-  void launch_bucket(int b);
-  torch::Tensor grad_view(int b);  // this rank's reduced gradient of bucket b (compute dtype)
-  // Updates the owned shards of `buckets` with their gradients times `factor`.
-  void apply_optimizer(const std::vector<int>& buckets, double factor, const StepInputs& in);
-  // Whether step() can keep its overflow check and clipping on the device.
-  bool can_defer() const;
-  // Whether the step runs zerotrain's fused kernel ([Fused Step], zero_optimizer.cpp).
-  bool use_kernel() const;
-  void kernel_step(double factor, const StepInputs& in);
+  // This shard group's partial sum of squared gradients (1 element, fp64, on the device),
+  // summed over group_ where the gradients are sharded (after the reduction).
+  torch::Tensor grad_norm_sq();
+  // Makes reducer_ over params_ and L_ (the layout must exist).
+  void make_reducer();
   // ZeRO-Offload (zero_offload.cpp).
   void init_offload();
   void offload_step(double factor, const StepInputs& in);
@@ -241,28 +229,9 @@ class ZeroOptimizer {
   // A ConfigError on every rank, before any of it is allocated, when the ranks of this host
   // together need more than the host has available (offload/host_memory.h).
   void check_host_memory() const;
-  int64_t max_owned_numel() const;  // the largest bucket's owned part (its shard; all of it at stage 0)
-  // The CPU Adam hyper-parameters of parameter group `group`.
-  optim::AdamHyper adam_hyper(double factor, const StepInputs& in, int group) const;
-  // The optimizer update of lists of (fp32 master, fp32 gradient, state) tensors with one
-  // lr and weight decay (fused Adam/AdamW kernels, or the SGD loop).
-  void update_tensors(std::vector<at::Tensor>& ps, std::vector<at::Tensor>& gs, std::vector<at::Tensor>& ms,
-                      std::vector<at::Tensor>& vs, const StepInputs& in, double lr, double weight_decay);
-  // [Group Runs] The owned elements are cut into runs of one parameter group each
-  // (group_runs_, covering [0, owned) in order; padding joins a neighbouring run). Every
-  // optimizer update over an owned range calls fn(offset in the range, length, group) for
-  // the range's parts in order: one call covering the range when there is one group.
-  void build_group_runs(int64_t owned);
-  void for_group_runs(int64_t begin, int64_t n,
-                      const std::function<void(int64_t at, int64_t len, int group)>& fn) const;
   int group_of_user(int user_index) const {
     return opt_.param_group.empty() ? 0 : opt_.param_group[user_index];
   }
-  int64_t owned_begin(int b) const;  // bucket b's first element in the owned buffers
-  // The buckets' parts of owned elements [begin, begin + n): fn(bucket, offset in the range,
-  // offset in the bucket's owned part, length), in bucket order.
-  void owned_pieces(int64_t begin, int64_t n,
-                    const std::function<void(int b, int64_t at, int64_t in_bucket, int64_t len)>& fn) const;
   // NVMe (zero_offload_nvme.cpp). check_nvme runs before any state exists; init_nvme
   // creates the swap file and writes the initial state into it.
   void check_nvme(int64_t owned);
@@ -290,64 +259,29 @@ class ZeroOptimizer {
   void stream_grad_to_host(int b, const comm::WorkPtr& reduce);
   torch::Tensor param_dst(int b);  // where bucket b's updated compute-dtype shard goes
   void refresh_params();
-  torch::Tensor bucket_view(const torch::Tensor& flat, int b) const;
-  torch::Tensor shard_view(const torch::Tensor& flat, int b) const;        // rank's shard inside a full flat
-  torch::Tensor owned_view(const torch::Tensor& owned, int b) const;       // bucket b inside an owned buffer
 
-  // Stage 3 internals (zero3.cpp).
+  // Stage 3 (zero3.cpp): units, layout and partition of the parameters; the gatherer.
   void init_stage3(std::vector<torch::Tensor>& params);
-  void gather(int b, bool prefetch);
-  void ensure_gathered(int b);
-  void release(int b);
-  void prefetch_after(const std::vector<int>& order, int64_t pos, int dir);
-  void check_tags(bool all);
-  std::string unit_label(int b) const;
-  void init_hooks(size_t begin, size_t end);  // layout indices
+  void make_gatherer(const UnitPlan& plan);
 
   ZeroOptions opt_;
   comm::GroupPtr group_;
+  OptimizerRule rule_;                       // the update rule, parameter groups, [Group Runs]
   int rank_ = 0, world_ = 1;
   std::vector<torch::Tensor> params_;        // layout order
   std::vector<int> user_index_;              // layout index -> user index
-  FlatLayout layout_;
-  bool owns_all_ = true;                     // stage 0: this rank updates everything
-  bool sgd_ = false;                         // optimizer.type SGD (else Adam / AdamW)
-  bool adamw_ = true;                        // decoupled weight decay (AdamW / adam_w_mode)
-  // A deferred step (StepOutcome::norm_sq): 1-element fp32 device tensors the fused
-  // kernels read. ATen's divide the gradients by grad_scale_; found_inf_ = 1 skips.
-  torch::Tensor grad_scale_, found_inf_;
-  bool params_written_ = false;  // the step's kernel already wrote the compute-dtype parameters
-  std::vector<ZeroOptions::Group> groups_;   // parameter groups (at least one)
-  struct GroupRun {
-    int64_t begin = 0, len = 0;  // owned coordinates
-    int group = 0;
-  };
-  std::vector<GroupRun> group_runs_;         // see [Group Runs]
+  ShardLayout L_;                            // the layout and this rank's views of it (owns_all: stage 0)
+  std::unique_ptr<GradReducer> reducer_;     // gradients: hooks, buckets, reductions
+  bool params_written_ = false;  // the step already wrote the compute-dtype parameters (fused kernel)
 
   torch::Tensor flat_param_;   // (total) compute dtype: every param is a view into it
-  torch::Tensor flat_grad_;    // (total) compute dtype, stages 0-1: every .grad is a view
-  torch::Tensor grad_shard_;   // (shard) compute dtype, stages 2-3, from the first reduction to the step
-  torch::Tensor master_;       // (owned) fp32
-  torch::Tensor exp_avg_, exp_avg_sq_;  // (owned) fp32, Adam
-  torch::Tensor momentum_buf_;          // (owned) fp32, SGD with momentum
-  torch::Tensor step_t_;                // () fp32 on device, for the fused Adam kernels
-
-  // Backward bookkeeping.
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-  std::vector<int> pending_;              // per bucket: params still to arrive
-  std::vector<bool> launched_;            // per bucket: reduced in this micro-step
-  std::vector<torch::Tensor> staging_;    // stage 2: per bucket full-size grads until reduced
-  std::vector<torch::Tensor> deferred_;   // stage 2: reduce-scatter outputs to add at the end
-  std::vector<comm::WorkPtr> works_;
-  bool reducing_ = false;                 // hooks reduce in this micro-step
-  bool first_micro_ = true;
-  bool in_backward_ = false;
+  OwnedState state_;           // fp32 master and moments of the owned elements (device or host; none with NVMe)
+  std::unique_ptr<DeviceStep> device_;  // the device step backend; null with offload (zero_offload*.cpp)
 
   // Offload state.
   torch::Tensor host_grad_;              // (owned) compute dtype, host: gradients for the CPU step
   torch::Tensor host_param_;             // (owned) compute dtype, host: the CPU step's output
   std::vector<bool> streamed_;           // per bucket: gradient already copied to host in backward
-  bool boundary_ = true;                 // this backward ends the accumulation window
   std::shared_ptr<void> streams_;        // CUDA copy streams (zero_offload.cpp)
   torch::Tensor host_grad_spare_;        // delayed update: backward fills one while the CPU reads the other
   torch::Tensor delayed_stage_;          // delayed update (CUDA): the worker's uploads, (owned) compute dtype
@@ -358,36 +292,10 @@ class ZeroOptimizer {
   StepReport::Nvme nvme_step_;           // NVMe: the last step's swap (nvme_update)
 
   // Stage 3 state.
-  enum class UnitKind { kBlock, kRoot, kPersistent };
-  struct UnitState {
-    std::string name;
-    UnitKind kind = UnitKind::kBlock;
-    torch::Tensor full;        // gathered buffer (numel of the bucket); its storage is empty when released
-    bool live = false;         // `full` holds (or is receiving) the unit's parameters
-    comm::WorkPtr work;        // pending all-gather into `full`
-    bool prefetched = false;
-    bool attached = false;     // the parameters point into `full`
-  };
-  struct TagCheck {
-    int bucket;
-    int64_t seq;
-    torch::Tensor tags;        // (world, 2) int64: what every rank gathered as gather #seq
-  };
+  std::unique_ptr<ParamGatherer> gatherer_;  // null at stages 0-2
   torch::Tensor param_shard_;            // (shard) compute dtype: only while initialize() partitions
-  torch::Tensor empty_;                  // what released parameters point at
   std::vector<std::vector<int64_t>> shapes_;  // layout index -> full shape
-  std::vector<UnitState> units_;         // per bucket
-  std::vector<int> unit_bucket_;         // engine unit id -> bucket, -1 when all persistent
-  int root_ = -1, persistent_ = -1;      // buckets of the root / persistent units
-  std::vector<int> trace_;               // forward order of block units (last complete forward)
-  bool trace_valid_ = false;
-  bool hold_all_ = false;                // gather_all(): nothing is released until release_all()
-  std::vector<int> rec_;                 // this forward's order
-  int64_t bwd_pos_ = 0;
-  int64_t gather_seq_ = 0;
-  std::vector<TagCheck> tag_checks_;
-  Zero3Stats z3_;
-  int64_t buckets_launched_ = 0, buckets_in_backward_ = 0;
+  Zero3Stats no_z3_;                     // stages 0-2: no gathers
 };
 
 }  // namespace zt::zero

@@ -5,12 +5,7 @@
 
 namespace zt::zero {
 
-std::vector<std::string> ZeroOptimizer::state_kinds() const {
-  std::vector<std::string> k{"master"};
-  if (exp_avg_.defined() || nvme_) k.insert(k.end(), {"exp_avg", "exp_avg_sq"});  // NVMe: Adam only
-  if (momentum_buf_.defined()) k.push_back("momentum");
-  return k;
-}
+std::vector<std::string> ZeroOptimizer::state_kinds() const { return rule_.state_kinds(); }
 
 std::vector<torch::Tensor> ZeroOptimizer::user_params() const {
   std::vector<torch::Tensor> out(params_.size());
@@ -27,37 +22,26 @@ std::vector<std::vector<int64_t>> ZeroOptimizer::user_param_shapes() const {
   return out;
 }
 
-namespace {
-// The owned buffers in state_kinds() order.
-std::vector<torch::Tensor> kind_buffers(const torch::Tensor& master, const torch::Tensor& m, const torch::Tensor& v,
-                                        const torch::Tensor& mom) {
-  std::vector<torch::Tensor> b{master};
-  if (m.defined()) b.insert(b.end(), {m, v});
-  if (mom.defined()) b.push_back(mom);
-  return b;
-}
-}  // namespace
-
 std::vector<ZeroOptimizer::StateFragment> ZeroOptimizer::state_fragments() {
   flush_delayed_update();  // a delayed CPU step still writing the master: finish it first
   // NVMe: a host copy of the state read back from the swap file; the fragments are views
   // into it and keep it alive until the checkpoint is written.
   const auto bufs = nvme_ ? nvme_read_state(/*master_only=*/false)
-                          : kind_buffers(master_, exp_avg_, exp_avg_sq_, momentum_buf_);
+                          : state_.buffers();
   std::vector<StateFragment> out;
-  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
-    const Bucket& B = layout_.buckets[b];
+  for (size_t b = 0; b < L_.flat.buckets.size(); ++b) {
+    const Bucket& B = L_.flat.buckets[b];
     const Range write{B.shard_offset(rank_), B.shard_offset(rank_) + B.shard_numel};
-    const int64_t own_base = owns_all_ ? B.offset : B.shard_offset(rank_);
+    const int64_t own_base = L_.owns_all ? B.offset : B.shard_offset(rank_);
     for (int i = B.first_param; i < B.first_param + B.num_params; ++i) {
-      const ParamSlot& s = layout_.params[i];
+      const ParamSlot& s = L_.flat.params[i];
       const Range piece = intersect(write, {s.offset, s.offset + s.numel});
       if (piece.size() == 0) continue;
       StateFragment f;
       f.param = user_index_[i];
       f.begin = piece.begin - s.offset;
       f.end = piece.end - s.offset;
-      for (const auto& t : bufs) f.state.push_back(owned_view(t, b).narrow(0, piece.begin - own_base, piece.size()));
+      for (const auto& t : bufs) f.state.push_back(L_.owned_view(t, b).narrow(0, piece.begin - own_base, piece.size()));
       out.push_back(std::move(f));
     }
   }
@@ -73,19 +57,19 @@ void ZeroOptimizer::import_state(const StateFetch& fetch) {
     return;
   }
   const auto kinds = state_kinds();
-  const auto bufs = kind_buffers(master_, exp_avg_, exp_avg_sq_, momentum_buf_);
-  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
-    const Bucket& B = layout_.buckets[b];
-    const Range own = owns_all_ ? Range{B.offset, B.offset + B.numel}
+  const auto bufs = state_.buffers();
+  for (size_t b = 0; b < L_.flat.buckets.size(); ++b) {
+    const Bucket& B = L_.flat.buckets[b];
+    const Range own = L_.owns_all ? Range{B.offset, B.offset + B.numel}
                                 : Range{B.shard_offset(rank_), B.shard_offset(rank_) + B.shard_numel};
     for (int i = B.first_param; i < B.first_param + B.num_params; ++i) {
-      const ParamSlot& s = layout_.params[i];
+      const ParamSlot& s = L_.flat.params[i];
       const Range piece = intersect(own, {s.offset, s.offset + s.numel});
       if (piece.size() == 0) continue;
       for (size_t k = 0; k < kinds.size(); ++k) {
         torch::Tensor v = fetch(user_index_[i], piece.begin - s.offset, piece.end - s.offset, kinds[k]);
         ZT_ASSERT(v.numel() == piece.size(), "state fetch returned ", v.numel(), " values for ", piece.size());
-        owned_view(bufs[k], b).narrow(0, piece.begin - own.begin, piece.size()).copy_(v.reshape(-1));
+        L_.owned_view(bufs[k], b).narrow(0, piece.begin - own.begin, piece.size()).copy_(v.reshape(-1));
       }
     }
   }
@@ -98,14 +82,14 @@ void ZeroOptimizer::finish_state_import() {
   } else if (opt_.offload_optimizer) {
     // With offload the step writes the compute-dtype copy itself (refresh_params does not
     // cast the master): bring this rank's copy in line with the loaded master here.
-    for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    for (size_t b = 0; b < L_.flat.buckets.size(); ++b) {
       const int bi = static_cast<int>(b);
-      auto master = owned_view(master_, bi);
+      auto master = L_.owned_view(state_.master, bi);
       if (param_nvme_) {
-        param_nvme_write(owned_begin(bi), master.to(opt_.dtype));
+        param_nvme_write(L_.owned_begin(bi), master.to(opt_.dtype));
         continue;
       }
-      owned_view(host_param_, bi).copy_(master);
+      L_.owned_view(host_param_, bi).copy_(master);
       auto dst = param_dst(bi);
       if (dst.defined()) dst.copy_(master);
     }

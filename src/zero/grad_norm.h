@@ -1,0 +1,22 @@
+// Combining partial gradient norms (docs/zero-parts.md). One number carries both the
+// overflow check and the clipping norm: the sum of squares of the gradients, inf/NaN
+// exactly when some gradient is. Each shard group contributes its partial sum (already
+// summed over its own communicator where its gradients are sharded); the partials of all
+// shard groups of this rank are added, then summed over the model-parallel group (tensor
+// x pipeline ranks), whose ranks hold disjoint parameters. The result is the same on every
+// rank of the model, so every rank takes the same overflow and clipping decision.
+#pragma once
+#include <torch/types.h>
+
+#include <vector>
+
+#include "zerotrain/comm.h"
+
+namespace zt::zero {
+
+// partials: 1-element fp64 tensors on one device (at least one). model_parallel: null or
+// a group of size 1 adds nothing (no operation is issued at all with one partial and no
+// model-parallel group); otherwise one blocking all-reduce (sum) of the 1-element sum.
+torch::Tensor combine_norm_sq(const std::vector<torch::Tensor>& partials, const comm::GroupPtr& model_parallel);
+
+}  // namespace zt::zero
