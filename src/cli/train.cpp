@@ -247,6 +247,26 @@ int cmd_train(int argc, char** argv) {
     std::fflush(stdout);
   }
 
+  // --init-from: the data must fit the weights' tokenizer. Checked from their config.json
+  // before any weights are read (building the model reads them).
+  if (!a.init_from.empty() && a.data != "random") {
+    const std::string hf_config = a.init_from + "/config.json";
+    const std::vector<std::string> files = expand_glob_or_self(a.data);
+    if (!files.empty() && !data::looks_like_shard(files[0])) {
+      ZT_CHECK_T(false, ConfigError, "train: --data '", a.data, "' is a text file, fed as byte tokens, but the "
+                 "--init-from weights have a vocabulary of their own tokenizer; tokenize the text with that tokenizer "
+                 "first (zerotrain tokenize --tokenizer DIR/tokenizer.json --out SHARDS FILE) and pass --data "
+                 "'SHARDS/data_train_*.bin'");
+    }
+    std::ifstream f(hf_config);
+    if (f.good() && !files.empty()) {
+      const nlohmann::json hc = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+      if (hc.is_object() && hc.contains("vocab_size") && hc["vocab_size"].is_number_integer()) {
+        open_shards(files, "--data", a.seq > 0 ? a.seq : 1, hc["vocab_size"].get<int64_t>(), true, /*rank=*/-1);  // quiet
+      }
+    }
+  }
+
   torch::manual_seed(static_cast<uint64_t>(a.seed));
   TrainModel model = build_train_model({a.model, a.init_from, a.layers, a.embd, a.heads, a.vocab, a.checkpoint, rank}, cfg);
   const int64_t seq = a.seq > 0 ? a.seq : std::min<int64_t>(1024, model.max_seq);

@@ -48,7 +48,9 @@ int steps_until_stop(zt::Engine& e, Mlp& m, int limit, std::string& message) {
   for (int s = 1; s <= limit; ++s) {
     try {
       auto [x, y] = global_batch(s, kMicro);
-      auto loss = e.forward([&] { return torch::mse_loss(m->forward(x), y) * nan; });
+      auto loss = e.forward([&] {
+        return torch::mse_loss(m->forward(x.to(e.compute_dtype())).to(torch::kFloat), y) * nan;
+      });
       e.backward(loss);
       e.step();
       (void)e.take_reports(true);
@@ -95,17 +97,18 @@ TEST(Divergence, LatestNeverMovesOntoNonFiniteWeights) {
     auto e = engine_for(good, config(2, "fp32", group->size()), 50);
     e->save_checkpoint(dir.path, "good");
   }
-  // A model with one NaN weight (the state a diverged run reaches); every rank's copy is
-  // rank 0's, so every rank holds it.
-  torch::manual_seed(3);
-  Mlp bad;
-  {
-    torch::NoGradGuard ng;
-    bad->fc2->weight[1][2] = std::numeric_limits<float>::quiet_NaN();
-  }
   for (int stage : {0, 3}) {
     for (const std::string tag : {"bad", "good"}) {  // a new tag, and re-saving a finite one
       SCOPED_TRACE("stage " + std::to_string(stage) + " tag " + tag);
+      // A model with one NaN weight (the state a diverged run reaches); every rank's copy
+      // is rank 0's, so every rank holds it. A fresh one per engine: the engine owns (and
+      // at stage 3 partitions) the parameters it was given.
+      torch::manual_seed(3);
+      Mlp bad;
+      {
+        torch::NoGradGuard ng;
+        bad->fc2->weight[1][2] = std::numeric_limits<float>::quiet_NaN();
+      }
       auto e = engine_for(bad, config(stage, "fp32", group->size()), 50);
       try {
         e->save_checkpoint(dir.path, tag);

@@ -162,8 +162,9 @@ TEST(ModelInterface, TowerTrainsAtStage3WithItsOwnUnits) {
   EXPECT_EQ(m->hook_installs, 2);
   EXPECT_FALSE(m->hooks_.pre_forward);
   for (int s = 0; s < kSteps; ++s) {
-    // kDepth units in forward and again in backward (reuse distance 0), plus the root unit.
-    EXPECT_GE(z3.gathers[s], 2 * kDepth + 1) << "step " << s;
+    // Each of the kDepth units once in forward and once in backward; the root's small
+    // parameters are below the persistence threshold and stay gathered (no gather a step).
+    EXPECT_EQ(z3.gathers[s], 2 * kDepth) << "step " << s;
     // fp32; stage 3 reduce-scatters where stage 0 all-reduces, so sums may round
     // differently: 1e-5 relative.
     EXPECT_NEAR(z3.losses[s], z0.losses[s], 1e-5 * std::abs(z0.losses[s])) << "step " << s;
@@ -180,8 +181,8 @@ TEST(ModelInterface, TowerTrainsAtStage3WithItsOwnUnits) {
   EXPECT_TRUE(r3.unit_names.empty());
   EXPECT_EQ(root_only->hook_installs, 0);
   for (int s = 0; s < kSteps; ++s) {
-    EXPECT_LT(r3.gathers[s], z3.gathers[s]) << "step " << s;
-    EXPECT_GE(z3.gathers[s] - r3.gathers[s], 2 * kDepth) << "step " << s;
+    // One root unit holding everything: one gather a step, kept for forward and backward.
+    EXPECT_EQ(r3.gathers[s], 1) << "step " << s;
     EXPECT_NEAR(r3.losses[s], z3.losses[s], 1e-5 * std::abs(z3.losses[s])) << "step " << s;
   }
 }

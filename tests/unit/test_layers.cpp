@@ -4,27 +4,40 @@
 
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
 
 namespace {
 
-// The project headers a file includes ("dir/name.h" and "zerotrain/name.h"), with line numbers.
+// The project headers a file includes ("dir/name.h" and "zerotrain/name.h"), with line
+// numbers: lines of the form  [spaces] # [spaces] include [spaces] "header".
 std::vector<std::pair<int, std::string>> project_includes(const fs::path& file) {
-  static const std::regex inc(R"(^\s*#\s*include\s*"([^"]+)\")");
   std::vector<std::pair<int, std::string>> out;
   std::ifstream in(file);
   std::string line;
   for (int n = 1; std::getline(in, line); ++n) {
-    std::smatch m;
-    if (std::regex_search(line, m, inc)) out.emplace_back(n, m[1].str());
+    size_t i = line.find_first_not_of(" \t");
+    if (i == std::string::npos || line[i] != '#') continue;
+    i = line.find_first_not_of(" \t", i + 1);
+    if (i == std::string::npos || line.compare(i, 7, "include") != 0) continue;
+    i = line.find_first_not_of(" \t", i + 7);
+    if (i == std::string::npos || line[i] != '"') continue;
+    const size_t end = line.find('"', i + 1);
+    if (end == std::string::npos || end == i + 1) continue;
+    out.emplace_back(n, line.substr(i + 1, end - i - 1));
   }
   return out;
+}
+
+void write_file(const fs::path& p, const std::string& text) {
+  std::ofstream f(p);
+  f << text;
+  ASSERT_TRUE(f.good()) << p;
 }
 
 struct Rule {
@@ -96,16 +109,16 @@ TEST(Layers, LowerLayersIncludeNothingAbove) {
 
 TEST(Layers, ScannerFindsAForbiddenInclude) {
   // The check above can fail: a planted upward include in a scratch tree is reported.
-  const fs::path root = fs::temp_directory_path() / ("zt_layers_" + std::to_string(::getpid()));
-  fs::create_directories(root / "src" / "zero");
-  fs::create_directories(root / "src" / "io");
-  {
-    std::ofstream(root / "src" / "zero" / "bad.h") << "#pragma once\n#include <vector>\n#include \"zero/ok.h\"\n"
-                                                   << "  #  include \"engine/phase_timer.h\"\n";
-    std::ofstream(root / "src" / "io" / "bad.cpp") << "#include \"io/safetensors.h\"\n#include \"zerotrain/engine.h\"\n";
-  }
-  const auto v = violations(root / "src", rules());
-  fs::remove_all(root);
+  std::string tmpl = std::string(ZT_BINARY_DIR) + "/zt_layers_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr) << tmpl;
+  const std::string root = tmpl;
+  for (const char* d : {"/src", "/src/zero", "/src/io"}) ASSERT_EQ(::mkdir((root + d).c_str(), 0755), 0) << root << d;
+  write_file(root + "/src/zero/bad.h",
+             "#pragma once\n#include <vector>\n#include \"zero/ok.h\"\n  #  include \"engine/phase_timer.h\"\n");
+  write_file(root + "/src/io/bad.cpp", "#include \"io/safetensors.h\"\n#include \"zerotrain/engine.h\"\n");
+  const auto v = violations(fs::path(root) / "src", rules());
+  for (const char* f : {"/src/zero/bad.h", "/src/io/bad.cpp"}) ::unlink((root + f).c_str());
+  for (const char* d : {"/src/zero", "/src/io", "/src", ""}) ::rmdir((root + d).c_str());
   ASSERT_EQ(v.size(), 2u);
   EXPECT_NE(v[0].find("src/zero/bad.h:4 includes \"engine/phase_timer.h\""), std::string::npos) << v[0];
   EXPECT_NE(v[1].find("src/io/bad.cpp:2 includes \"zerotrain/engine.h\""), std::string::npos) << v[1];
