@@ -1,0 +1,203 @@
+#include "models/moe.h"
+
+#include <cmath>
+#include <limits>
+
+#include "zerotrain/error.h"
+
+namespace zt::models {
+namespace {
+
+void check_logits(const torch::Tensor& logits, const GateOptions& opt, int64_t k) {
+  ZT_CHECK_T(logits.dim() == 2 && logits.size(0) > 0 && logits.size(1) > 0, ConfigError,
+             "MoE gating: logits must be [tokens > 0, experts > 0], got ", logits.sizes());
+  ZT_CHECK_T(opt.capacity_factor > 0.0, ConfigError, "MoE gating: capacity_factor must be > 0, got ",
+             opt.capacity_factor);
+  ZT_CHECK_T(opt.min_capacity >= 0, ConfigError, "MoE gating: min_capacity must be >= 0, got ",
+             opt.min_capacity);
+  ZT_CHECK_T(k == 1 || logits.size(1) >= 2, ConfigError,
+             "MoE gating: top-2 needs at least 2 experts, got ", logits.size(1));
+}
+
+// one_hot(loc, C) as [T, 1, C] for the slot of each token; rows of dropped assignments are
+// zeroed by the mask they are multiplied with.
+torch::Tensor slot_one_hot(const torch::Tensor& loc_s, int64_t capacity) {
+  return torch::one_hot(loc_s, capacity).unsqueeze(1);
+}
+
+GateResult finish(GateResult r, const torch::Tensor& routed, const torch::Tensor& kept) {
+  r.tokens_per_expert = routed;
+  r.kept_per_expert = kept;
+  const auto total = routed.sum().item<int64_t>();
+  const auto k = kept.sum().item<int64_t>();
+  r.dropped_fraction = total > 0 ? static_cast<double>(total - k) / static_cast<double>(total) : 0.0;
+  return r;
+}
+
+}  // namespace
+
+NoisyGatePolicy parse_noisy_gate_policy(const std::string& s) {
+  if (s.empty() || s == "None" || s == "none") return NoisyGatePolicy::None;
+  if (s == "Jitter") return NoisyGatePolicy::Jitter;
+  if (s == "RSample") return NoisyGatePolicy::RSample;
+  throw ConfigError("noisy_gate_policy: unknown value '" + s + "'; use None, Jitter or RSample");
+}
+
+int64_t moe_capacity(int64_t tokens, int64_t experts, double capacity_factor, int64_t min_capacity) {
+  ZT_CHECK_T(tokens >= 0 && experts > 0, ConfigError, "moe_capacity: tokens ", tokens, ", experts ",
+             experts);
+  const auto c = static_cast<int64_t>(
+      std::ceil(static_cast<double>(tokens) / static_cast<double>(experts) * capacity_factor));
+  return std::max(c, min_capacity);
+}
+
+torch::Tensor multiplicative_jitter(const torch::Tensor& x, double eps, std::optional<torch::Generator> gen) {
+  auto u = torch::empty_like(x).uniform_(1.0 - eps, 1.0 + eps, gen);
+  return x * u;
+}
+
+torch::Tensor gumbel_sample(at::IntArrayRef shape, const torch::TensorOptions& o,
+                            std::optional<torch::Generator> gen) {
+  // -log(Exp(1)) is Gumbel(0, 1).
+  return torch::empty(shape, o).exponential_(1.0, gen).log().neg();
+}
+
+GateResult top1_gating(const torch::Tensor& logits, const GateOptions& opt, std::optional<torch::Generator> gen) {
+  check_logits(logits, opt, 1);
+  const auto lg = logits.to(torch::kFloat);
+  const int64_t T = lg.size(0), E = lg.size(1);
+  const auto gates = torch::softmax(lg, 1);
+  const auto choice = opt.noisy_gate_policy == NoisyGatePolicy::RSample
+                          ? lg.detach() + gumbel_sample(lg.sizes(), lg.options(), gen)
+                          : gates.detach();
+  auto mask1 = torch::one_hot(choice.argmax(1), E);  // [T, E] int64
+  const auto routed = mask1.sum(0);
+  GateResult r;
+  r.capacity = opt.drop_tokens ? moe_capacity(T, E, opt.capacity_factor, opt.min_capacity)
+                               : routed.max().item<int64_t>();
+  const auto me = gates.mean(0);
+  const auto ce = mask1.to(torch::kFloat).mean(0);
+  r.aux_loss = (me * ce).sum() * static_cast<double>(E);
+  if (opt.drop_tokens && r.capacity < T) {
+    // Priority per (token, expert): random under use_rts, else earlier tokens first.
+    const auto prio = opt.use_rts
+                          ? mask1.to(torch::kFloat) * torch::rand({T, E}, gen, lg.options())
+                          : mask1.to(torch::kFloat) *
+                                torch::arange(T, 0, -1, lg.options()).unsqueeze(1);
+    const auto top = std::get<1>(prio.topk(r.capacity, 0));
+    mask1 = mask1 * torch::zeros_like(mask1).scatter_(0, top, 1);
+  }
+  const auto loc_s = ((mask1.cumsum(0) - 1) * mask1).sum(1);
+  const auto oh = slot_one_hot(loc_s, r.capacity);  // [T, 1, C]
+  r.combine_weights = (gates * mask1.to(torch::kFloat)).unsqueeze(2) * oh.to(torch::kFloat);
+  r.dispatch_mask = (mask1.unsqueeze(2) * oh).to(torch::kBool);
+  return finish(std::move(r), routed, mask1.sum(0));
+}
+
+GateResult top2_gating(const torch::Tensor& logits, const GateOptions& opt, std::optional<torch::Generator> gen) {
+  check_logits(logits, opt, 2);
+  ZT_CHECK_T(opt.noisy_gate_policy != NoisyGatePolicy::RSample, ConfigError,
+             "noisy_gate_policy RSample applies to top-1 gating only (DeepSpeed ignores it for k=2); "
+             "for k=2 use None or Jitter (second_expert_sampling adds Gumbel noise to the second choice)");
+  const auto lg = logits.to(torch::kFloat);
+  const int64_t T = lg.size(0), E = lg.size(1);
+  const auto gates = torch::softmax(lg, 1);
+  auto mask1 = torch::one_hot(gates.detach().argmax(1), E);
+  auto lg2 = lg.detach();
+  if (opt.second_expert_sampling) lg2 = lg2 + gumbel_sample(lg.sizes(), lg.options(), gen);
+  auto mask2 = torch::one_hot(
+      lg2.masked_fill(mask1.to(torch::kBool), -std::numeric_limits<float>::infinity()).argmax(1), E);
+  const auto loc1 = mask1.cumsum(0) - 1;
+  const auto loc2 = mask2.cumsum(0) - 1 + mask1.sum(0, /*keepdim=*/true);
+  const auto me = gates.mean(0);
+  const auto ce = mask1.to(torch::kFloat).mean(0);
+  GateResult r;
+  r.aux_loss = (me * ce).mean() * static_cast<double>(E * E);
+  const auto routed = (mask1 + mask2).sum(0);
+  if (opt.drop_tokens) {
+    r.capacity = moe_capacity(T, E, 2.0 * opt.capacity_factor, opt.min_capacity);
+    mask1 = mask1 * loc1.lt(r.capacity);
+    mask2 = mask2 * loc2.lt(r.capacity);
+  } else {
+    r.capacity = routed.max().item<int64_t>();
+  }
+  const auto loc1_s = (loc1 * mask1).sum(1);
+  const auto loc2_s = (loc2 * mask2).sum(1);
+  const auto m1f = mask1.to(torch::kFloat), m2f = mask2.to(torch::kFloat);
+  auto g1 = (gates * m1f).sum(1);
+  auto g2 = (gates * m2f).sum(1);
+  const auto denom = (g1 + g2).clamp_min(std::numeric_limits<float>::epsilon());
+  g1 = g1 / denom;
+  g2 = g2 / denom;
+  const auto oh1 = slot_one_hot(loc1_s, r.capacity), oh2 = slot_one_hot(loc2_s, r.capacity);
+  r.combine_weights = (g1.unsqueeze(1) * m1f).unsqueeze(2) * oh1.to(torch::kFloat) +
+                      (g2.unsqueeze(1) * m2f).unsqueeze(2) * oh2.to(torch::kFloat);
+  r.dispatch_mask = (mask1.unsqueeze(2) * oh1 + mask2.unsqueeze(2) * oh2).to(torch::kBool);
+  return finish(std::move(r), routed, (mask1 + mask2).sum(0));
+}
+
+GateResult topk_gating(const torch::Tensor& logits, const GateOptions& opt, std::optional<torch::Generator> gen) {
+  ZT_CHECK_T(opt.k == 1 || opt.k == 2, ConfigError, "MoE: k must be 1 or 2, got ", opt.k);
+  return opt.k == 1 ? top1_gating(logits, opt, gen) : top2_gating(logits, opt, gen);
+}
+
+MoEImpl::MoEImpl(MoEOptions opt, const ExpertFactory& make_expert) : opt_(std::move(opt)) {
+  ZT_CHECK_T(opt_.hidden > 0, ConfigError, "MoE: hidden must be > 0, got ", opt_.hidden);
+  ZT_CHECK_T(opt_.num_experts >= 1, ConfigError, "MoE: num_experts must be >= 1, got ", opt_.num_experts);
+  ZT_CHECK_T(opt_.gate.k == 1 || opt_.gate.k == 2, ConfigError, "MoE: k must be 1 or 2, got ", opt_.gate.k);
+  ZT_CHECK_T(opt_.gate.k == 1 || opt_.num_experts >= 2, ConfigError,
+             "MoE: k=2 needs num_experts >= 2, got ", opt_.num_experts);
+  ZT_CHECK_T(opt_.gate.k == 1 || opt_.gate.noisy_gate_policy != NoisyGatePolicy::RSample, ConfigError,
+             "MoE: noisy_gate_policy RSample applies to k=1 only; use None or Jitter with k=2");
+  ZT_CHECK_T(opt_.eval_capacity_factor > 0.0, ConfigError, "MoE: eval_capacity_factor must be > 0, got ",
+             opt_.eval_capacity_factor);
+  gate = register_module("gate", torch::nn::Linear(torch::nn::LinearOptions(opt_.hidden, opt_.num_experts).bias(false)));
+  experts = register_module("experts", torch::nn::ModuleList());
+  for (int64_t e = 0; e < opt_.num_experts; ++e) {
+    auto m = make_expert();
+    ZT_CHECK_T(!m.is_empty(), ConfigError, "MoE: the expert factory returned an empty module");
+    experts->push_back(m.ptr());
+    expert_fns.push_back(std::move(m));
+  }
+  if (opt_.use_residual) {
+    mlp = make_expert();
+    register_module("mlp", mlp.ptr());
+    coefficient = register_module("coefficient", torch::nn::Linear(opt_.hidden, 2));
+  }
+}
+
+MoEOutput MoEImpl::forward(const torch::Tensor& x) {
+  ZT_CHECK_T(x.dim() >= 1 && x.size(-1) == opt_.hidden, ConfigError, "MoE: input's last dim must be ",
+             opt_.hidden, ", got shape ", x.sizes());
+  const auto flat = x.reshape({-1, opt_.hidden});  // [S, d]
+  GateOptions g = opt_.gate;
+  // The gate runs in fp32 (DeepSpeed's TopKGate); noise only in training.
+  auto gin = flat.to(torch::kFloat);
+  if (!is_training()) {
+    g.capacity_factor = opt_.eval_capacity_factor;
+    g.noisy_gate_policy = NoisyGatePolicy::None;
+  } else if (g.noisy_gate_policy == NoisyGatePolicy::Jitter) {
+    gin = multiplicative_jitter(gin, 1e-2, gen_);
+  }
+  const auto logits = torch::nn::functional::linear(gin, gate->weight.to(torch::kFloat));
+  MoEOutput out;
+  out.gate = topk_gating(logits, g, gen_);
+  out.aux_loss = out.gate.aux_loss;
+  // dispatch: [E, C, d] = sum_s dispatch[s, e, c] * x[s, :]
+  const auto dispatched = torch::einsum("sec,sm->ecm", {out.gate.dispatch_mask.to(x.dtype()), flat});
+  std::vector<torch::Tensor> outs;
+  outs.reserve(expert_fns.size());
+  for (size_t e = 0; e < expert_fns.size(); ++e)
+    outs.push_back(expert_fns[e].forward(dispatched[static_cast<int64_t>(e)]));
+  const auto expert_out = torch::stack(outs);  // [E, C, d]
+  auto y = torch::einsum("sec,ecm->sm", {out.gate.combine_weights.to(x.dtype()), expert_out}).reshape(x.sizes());
+  if (opt_.use_residual) {
+    const auto mlp_out = mlp.forward(x);
+    const auto coef = torch::softmax(coefficient(x), -1);
+    y = y * coef.narrow(-1, 0, 1) + mlp_out * coef.narrow(-1, 1, 1);
+  }
+  out.output = y;
+  return out;
+}
+
+}  // namespace zt::models

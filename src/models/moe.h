@@ -1,0 +1,118 @@
+// Mixture of Experts with DeepSpeed-MoE's gating semantics (deepspeed/moe/sharded_moe.py
+// top1gating / top2gating, moe/layer.py MoE), on one process: no expert parallelism yet
+// (docs/moe.md says what is left).
+//
+// [Gating Rules] (T tokens, E experts, C capacity)
+// - gates = softmax(logits) in fp32. Top-1 picks argmax (of logits + Gumbel noise under
+//   RSample; the gate values stay softmax(logits)). Top-2 picks argmax(gates) first, then
+//   argmax of the logits with the first choice masked to -inf (plus Gumbel noise on the
+//   logits when second_expert_sampling, DeepSpeed's top2_2nd_expert_sampling).
+// - capacity = ceil(T / E * f), at least min_capacity, f = capacity_factor for top-1 and
+//   2 * capacity_factor for top-2 (DeepSpeed doubles it). drop_tokens = false: C = the
+//   most (token, choice) assignments routed to any expert, nothing drops.
+// - Slots: a token's slot in expert e is its position among the tokens routed to e, in
+//   token order; top-2 second choices take the slots after all first choices of e.
+//   Assignments whose slot would be >= C drop. Top-1 with use_rts keeps a random subset
+//   of C tokens per expert instead (random token selection, uniform priorities from the
+//   generator), then slots are again in token order among the kept ones.
+// - aux loss = E * sum_e me_e * ce_e, me = mean over tokens of gates[:, e], ce = fraction
+//   of tokens whose FIRST choice is e, counted before drops (top-2 writes it as
+//   mean(me*ce)*E*E, the same number). Only me carries gradient.
+// - Top-2 combine weights: the kept choices' gates divided by their sum (clamped below
+//   by fp32 eps), so a token whose second choice dropped gets weight 1 on its first.
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace zt::models {
+
+enum class NoisyGatePolicy { None, Jitter, RSample };
+// "None" / "none" / "" , "Jitter", "RSample"; ConfigError naming the value otherwise.
+NoisyGatePolicy parse_noisy_gate_policy(const std::string& s);
+
+struct GateOptions {
+  int64_t k = 1;                 // 1 or 2
+  double capacity_factor = 1.0;  // > 0
+  int64_t min_capacity = 4;      // >= 0 (DeepSpeed's MoE default)
+  bool drop_tokens = true;
+  bool use_rts = true;           // top-1 only (DeepSpeed ignores it for top-2, so do we)
+  // RSample: Gumbel noise on the logits for the top-1 choice (top-2 rejects it: DeepSpeed
+  // would silently ignore it). Jitter acts on the gate's input (multiplicative_jitter),
+  // so the gating functions treat it as None.
+  NoisyGatePolicy noisy_gate_policy = NoisyGatePolicy::None;
+  bool second_expert_sampling = true;  // top-2 only; DeepSpeed's default
+};
+
+struct GateResult {
+  torch::Tensor combine_weights;     // [T, E, C] fp32, differentiable w.r.t. the logits
+  torch::Tensor dispatch_mask;       // [T, E, C] bool, one true per kept assignment
+  torch::Tensor aux_loss;            // scalar fp32
+  torch::Tensor tokens_per_expert;   // [E] int64: assignments routed, before drops
+  torch::Tensor kept_per_expert;     // [E] int64: assignments kept
+  int64_t capacity = 0;
+  double dropped_fraction = 0.0;     // dropped assignments / routed assignments
+};
+
+int64_t moe_capacity(int64_t tokens, int64_t experts, double capacity_factor, int64_t min_capacity);
+
+// logits [T, E]; gen is used for RSample, use_rts and second_expert_sampling (the
+// default CPU/CUDA generator when absent).
+GateResult top1_gating(const torch::Tensor& logits, const GateOptions& opt,
+                       std::optional<torch::Generator> gen = std::nullopt);
+GateResult top2_gating(const torch::Tensor& logits, const GateOptions& opt,
+                       std::optional<torch::Generator> gen = std::nullopt);
+GateResult topk_gating(const torch::Tensor& logits, const GateOptions& opt,
+                       std::optional<torch::Generator> gen = std::nullopt);
+
+// x * U(1 - eps, 1 + eps), elementwise (DeepSpeed's multiplicative_jitter, eps 1e-2).
+torch::Tensor multiplicative_jitter(const torch::Tensor& x, double eps,
+                                    std::optional<torch::Generator> gen = std::nullopt);
+// Standard Gumbel(0, 1) samples of `shape`.
+torch::Tensor gumbel_sample(at::IntArrayRef shape, const torch::TensorOptions& o,
+                            std::optional<torch::Generator> gen = std::nullopt);
+
+struct MoEOptions {
+  int64_t hidden = 0;
+  int64_t num_experts = 1;
+  GateOptions gate;                    // capacity_factor is the training one
+  double eval_capacity_factor = 1.0;   // used when !is_training()
+  bool use_residual = false;           // PR-MoE
+};
+
+struct MoEOutput {
+  torch::Tensor output;   // shape of the input
+  torch::Tensor aux_loss; // scalar
+  GateResult gate;        // routing of this call (counters, capacity, dropped fraction)
+};
+
+// Builds one expert: a module whose forward maps [..., hidden] -> [..., hidden].
+using ExpertFactory = std::function<torch::nn::AnyModule()>;
+
+// DeepSpeed's MoE layer on one process (ep_size 1). Parameters: gate.weight [E, hidden]
+// (no bias), experts.<i>.*, and with use_residual mlp.* (one more expert) and
+// coefficient.{weight,bias} (Linear(hidden, 2)). In training Jitter/RSample apply and
+// capacity_factor is used; in eval no noise and eval_capacity_factor.
+struct MoEImpl : torch::nn::Module {
+  MoEImpl(MoEOptions opt, const ExpertFactory& make_expert);
+  MoEOutput forward(const torch::Tensor& x);
+  // Generator for the gate's noise and random token selection (default when unset).
+  void set_generator(std::optional<torch::Generator> gen) { gen_ = std::move(gen); }
+
+  MoEOptions opt_;
+  torch::nn::Linear gate{nullptr};
+  torch::nn::ModuleList experts{nullptr};
+  std::vector<torch::nn::AnyModule> expert_fns;
+  torch::nn::AnyModule mlp;
+  torch::nn::Linear coefficient{nullptr};
+
+ private:
+  std::optional<torch::Generator> gen_;
+};
+TORCH_MODULE(MoE);
+
+}  // namespace zt::models
