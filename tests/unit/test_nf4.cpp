@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "models/safetensors.h"
+#include "io/safetensors.h"
 #include "quant/nf4.h"
 
 using namespace zt::quant;
@@ -93,7 +93,7 @@ TEST(Nf4, BlocksAreIndependent) {
 }
 
 TEST(Nf4, MatchesBitsandbytesByteForByte) {
-  const auto f = zt::models::load_safetensors(fixture_path());
+  const auto f = zt::io::load_safetensors(fixture_path());
   const int cases = 6;
   for (int i = 0; i < cases; ++i) {
     SCOPED_TRACE("case " + std::to_string(i));
