@@ -13,6 +13,12 @@ source scripts/device/common.sh speed_ab zerotrain_cli ${EXTRA_TARGETS:-}
 wait
 [ -x /tmp/base/build-gpu/zerotrain ] || { tail -20 /tmp/base_build.log; exit 1; }
 echo "both built: $(( $(date +%s) - T0 )) s"
+# Optional quick CPU-rank checks before timing (CHECK="unit filter|dist filter").
+if [ -n "${CHECK:-}" ]; then
+  ( export CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=1
+    $B/zt_unit --gtest_filter="${CHECK%%|*}" 2>&1 | grep -E "^\[  (PASSED|FAILED) |Failure|Expected|actual|Which is|error" | head -30
+    $Z launch -n 2 -- $B/zt_dist --gtest_filter="${CHECK##*|}" 2>&1 | grep -E "\[  (PASSED|FAILED) |Failure|Expected|actual|Which is" | head -30 )
+fi
 for r in $(seq 1 ${ROUNDS:-2}); do
   for c in ${ONLY:-z0-bf16 z1-bf16 z2-bf16 z3-bf16 z2-offopt}; do
     for v in base new; do
