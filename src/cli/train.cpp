@@ -11,12 +11,15 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <sys/statvfs.h>
 #include <string>
 
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/profile.h"
 #include "cli/train_model.h"
+#include "ckpt/dir_lock.h"
 #include "data/loader.h"
 #include "data/sampler.h"
 #include "data/shards.h"
@@ -243,6 +246,20 @@ int cmd_train(int argc, char** argv) {
   check_save_dir(a.save, a.load);  // an unusable --save fails now, not after the last step
   auto group = comm::world_group();
   const int rank = group->rank(), world = group->size();
+  // [Save Dir Lock]: one job per --save directory, taken by rank 0 for the whole run.
+  std::unique_ptr<ckpt::DirLock> save_lock;
+  if (!a.save.empty()) {
+    std::string err;
+    if (rank == 0) {
+      try {
+        save_lock = ckpt::DirLock::acquire(a.save);
+      } catch (const std::exception& ex) {
+        err = ex.what();
+      }
+    }
+    const auto failure = comm::lowest_failure(group, err);
+    ZT_CHECK_T(!failure, ConfigError, "train: --save ", a.save, ": ", failure->message);
+  }
 
   nlohmann::json j = Config::read_json_file(a.config);
   fill_batch_auto(j, a.micro, a.accum, a.clip);
@@ -369,6 +386,44 @@ int cmd_train(int argc, char** argv) {
         std::printf("[zerotrain] checkpoint save: %.1f ms (training stalled for all of it)\n", ms);
       }
       std::fflush(stdout);
+    }
+  };
+  // Room for one checkpoint before the first step: the fp32 master weights and optimizer
+  // state of every rank (what a checkpoint holds), against the free space of --save.
+  if (!a.save.empty()) {
+    const ModelStateBytes msb = engine->model_state_bytes();
+    auto need = torch::full({1}, static_cast<double>(msb.master + msb.optimizer), torch::kDouble);
+    group->all_reduce(need, comm::ReduceOp::kSum);
+    std::string err;
+    if (rank == 0) {
+      struct statvfs st{};
+      if (::statvfs(a.save.c_str(), &st) == 0) {
+        const double free_bytes = static_cast<double>(st.f_bavail) * static_cast<double>(st.f_frsize);
+        const double want = need.item<double>();
+        if (free_bytes < want) {
+          err = detail::cat("train: --save ", a.save, " has ", free_bytes / 1048576.0, " MiB free but one checkpoint "
+                            "needs about ", want / 1048576.0, " MiB (fp32 master weights and optimizer state of ",
+                            world, " rank(s)): free space or give another directory");
+        }
+      }
+    }
+    const auto failure = comm::lowest_failure(group, err);
+    ZT_CHECK_T(!failure, ConfigError, failure->message);
+  }
+  // A failed periodic save (a full disk) is reported and cleaned up (no partial files),
+  // training goes on and the next save point tries again; the run then exits with code 3.
+  // The last save of the run must succeed (its failure ends the run with an error).
+  std::vector<std::string> failed_saves;
+  auto periodic = [&](const std::function<void()>& fn, int64_t step) {
+    try {
+      fn();
+    } catch (const CheckpointError& e) {
+      failed_saves.push_back(detail::cat("step ", step, ": ", e.what()));
+      if (rank == 0) {
+        std::printf("[zerotrain] error: checkpoint save at step %lld failed: %s -- training goes on; the next save "
+                    "point tries again\n", static_cast<long long>(step), e.what());
+        std::fflush(stdout);
+      }
     }
   };
   int64_t start = 0;
@@ -515,7 +570,9 @@ int cmd_train(int argc, char** argv) {
       auto [x, y] = loader.next();
       auto loss = engine->forward([&] { return model.loss(x, y); });
       engine->backward(loss);
-      engine->step();
+      // step() publishes an asynchronous save whose files are written: its failure
+      // surfaces here, after the step itself is done.
+      periodic([&] { engine->step(); }, engine->global_steps());
     }
     if (s == a.profile_step) sync_device();  // the profiled step's device work, all of it
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -536,7 +593,7 @@ int cmd_train(int argc, char** argv) {
     }
     if (a.save_every > 0 && (s + 1) % a.save_every == 0 && s + 1 < a.steps) {
       const auto ts = std::chrono::steady_clock::now();
-      save();
+      periodic(save, s + 1);
       // Iteration time excludes the saves (they are reported on their own).
       if (s >= first_timed) save_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count();
     }
@@ -652,6 +709,16 @@ int cmd_train(int argc, char** argv) {
     for (const auto& e : evals) {
       f << nlohmann::json({{"step", e["step"]}, {"val_loss", e["val_loss"]}, {"val_ppl", e["val_ppl"]}}).dump() << "\n";
     }
+  }
+  if (!failed_saves.empty()) {
+    if (rank == 0) {
+      std::printf("[zerotrain] %zu checkpoint save(s) failed during the run (the last one succeeded):\n",
+                  failed_saves.size());
+      for (const auto& f : failed_saves) std::printf("  %s\n", f.c_str());
+      std::fflush(stdout);
+    }
+    comm::finalize();
+    return 3;
   }
   comm::finalize();
   return 0;

@@ -14,6 +14,8 @@
 #include <fstream>
 #include <string>
 
+#include "ckpt/dir_lock.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -213,6 +215,54 @@ TEST(CliInputs, AutoPrecisionAndLrAreFilledByFlagsOrNamed) {
   EXPECT_TRUE(contains(lr.output, "--lr 0.002 but the config sets optimizer.params.lr = 0.001")) << lr.output;
   Ran both = run(eb + " --fp16 --bf16");
   EXPECT_TRUE(contains(both.output, "--bf16 and --fp16 together")) << both.output;
+  rm_rf(d);
+}
+
+// A periodic save that fails (a full disk, injected on rank 0 by ZT_CKPT_TEST_FAIL) is
+// reported, leaves no partial files, and the next save point succeeds; the run goes on to
+// the end and exits with code 3. Synchronous and asynchronous saves.
+TEST(CliInputs, FailedPeriodicSaveIsReportedCleanedAndRetried) {
+  for (const std::string mode : {"", " --save-async"}) {
+    const fs::path d = temp_dir("failsave");
+    const fs::path cfg = write(d / "c.json", R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})");
+    const fs::path save = d / "ckpt";
+    ::setenv("ZT_CKPT_TEST_FAIL", "global_step2:0", 1);
+    Ran r = run("train --config " + cfg.string() + " --model gpt2-tiny --layers 1 --seq 16 --steps 6 --device cpu --save " +
+                save.string() + " --save-every 2" + mode);
+    ::unsetenv("ZT_CKPT_TEST_FAIL");
+    EXPECT_EQ(r.code, 3) << mode << r.output;
+    EXPECT_TRUE(contains(r.output, "checkpoint save at step")) << mode << r.output;
+    EXPECT_TRUE(contains(r.output, "No space left on device (injected")) << mode << r.output;
+    EXPECT_TRUE(contains(r.output, "1 checkpoint save(s) failed during the run")) << mode << r.output;
+    EXPECT_FALSE(fs::exists(save / ".global_step2.partial")) << mode;
+    EXPECT_FALSE(fs::exists(save / "global_step2")) << mode;
+    EXPECT_TRUE(fs::exists(save / "global_step4" / "manifest.json")) << mode;
+    std::ifstream latest(save / "latest");
+    std::string tag;
+    latest >> tag;
+    EXPECT_EQ(tag, "global_step6") << mode;
+    rm_rf(d);
+  }
+}
+
+// Two jobs never save into one directory: while another job holds the lock (here: this
+// test process), `train --save DIR` stops before the first step naming the holder.
+TEST(CliInputs, SaveDirInUseByAnotherJobIsNamed) {
+  const fs::path d = temp_dir("lock");
+  const fs::path save = d / "ckpt";
+  auto lock = zt::ckpt::DirLock::acquire(save.string());
+  const fs::path cfg = write(d / "c.json", R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"}})");
+  Ran r = run("train --config " + cfg.string() + " --model gpt2-tiny --layers 1 --seq 16 --steps 1 --device cpu --save " +
+              save.string());
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "is in use by another zerotrain job (host ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "pid " + std::to_string(::getpid()))) << r.output;
+  EXPECT_FALSE(contains(r.output, "Step 0")) << "no step may run: " << r.output;
+  lock.reset();
+  Ran ok = run("train --config " + cfg.string() + " --model gpt2-tiny --layers 1 --seq 16 --steps 1 --device cpu --save " +
+               save.string());
+  EXPECT_EQ(ok.code, 0) << "the lock is released with its holder: " << ok.output;
   rm_rf(d);
 }
 
