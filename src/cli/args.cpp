@@ -117,6 +117,37 @@ void fill_batch_auto(nlohmann::json& j, int64_t micro, int64_t accum, double cli
   if (is_auto("gradient_clipping")) j["gradient_clipping"] = clip;
 }
 
+void apply_set_overrides(nlohmann::json& j, const std::vector<std::string>& sets, const std::string& command) {
+  for (const auto& set : sets) {
+    const auto eq = set.find('=');
+    ZT_CHECK_T(eq != std::string::npos && eq > 0, UsageError, command, ": --set '", set,
+               "' needs KEY.PATH=VALUE, e.g. --set zero_optimization.stage=3");
+    const std::string path = set.substr(0, eq), text = set.substr(eq + 1);
+    nlohmann::json value = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (value.is_discarded()) value = text;  // a bare word: a string
+    ZT_CHECK_T(j.is_object(), ConfigError, command, ": --set ", path, ": the config is not a JSON object");
+    nlohmann::json* at = &j;
+    std::string walked;
+    size_t begin = 0;
+    while (true) {
+      const auto dot = path.find('.', begin);
+      const std::string key = path.substr(begin, dot == std::string::npos ? std::string::npos : dot - begin);
+      ZT_CHECK_T(!key.empty(), UsageError, command, ": --set '", set, "': an empty key in '", path, "'");
+      walked += (walked.empty() ? "" : ".") + key;
+      if (dot == std::string::npos) {
+        (*at)[key] = value;
+        break;
+      }
+      nlohmann::json& next = (*at)[key];
+      if (next.is_null()) next = nlohmann::json::object();
+      ZT_CHECK_T(next.is_object(), ConfigError, command, ": --set ", path, ": ", walked, " is ", next.dump(),
+                 " in the config, not a section: set ", walked, " itself");
+      at = &next;
+      begin = dot + 1;
+    }
+  }
+}
+
 std::vector<std::string> fill_precision_auto(nlohmann::json& j, bool bf16, bool fp16, double lr) {
   std::vector<std::string> unflagged;
   ZT_CHECK_T(!(bf16 && fp16), ConfigError, "train: --bf16 and --fp16 together: choose one precision");

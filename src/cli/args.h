@@ -50,6 +50,14 @@ void fill_batch_auto(nlohmann::json& j, int64_t micro, int64_t accum, double cli
 // keys it set to false for want of a flag (for the run's warning).
 std::vector<std::string> fill_precision_auto(nlohmann::json& j, bool bf16, bool fp16, double lr);
 
+// Applies `--set KEY.PATH=VALUE` overrides to a config, in order, before it is validated
+// (so an override is checked exactly like the file: a misspelt key is named with a
+// suggestion). VALUE is read as JSON when it parses (3, 1e-4, true, null, {"a": 1},
+// "auto" with its quotes), else as a string (auto, cpu). Missing objects on the path are
+// created. An override without '=' or with an empty key is a UsageError naming it; a path
+// through a value that is not an object is a ConfigError naming the path.
+void apply_set_overrides(nlohmann::json& j, const std::vector<std::string>& sets, const std::string& command);
+
 // Writes the parallel degrees of `train --tp/--pp/--ep` (-1 = not given) into the config's
 // DeepSpeed keys (tensor_parallel.autotp_size, pipeline.stages, expert_parallel.enabled and
 // autoep_size), so that Config validates and reports them once. A flag whose degree differs

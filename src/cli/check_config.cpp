@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "parallel/topology.h"
 #include "zerotrain/config.h"
@@ -17,12 +18,13 @@ namespace {
 
 void usage(std::FILE* out) {
   std::fprintf(out,
-               "usage: zerotrain check-config CONFIG.json [--world N]\n\n"
+               "usage: zerotrain check-config CONFIG.json [--world N] [--set KEY.PATH=VALUE ...]\n\n"
                "Validates a DeepSpeed JSON config and prints it resolved: every key with the value\n"
                "zerotrain uses (DeepSpeed's defaults filled, batch sizes derived for N data-parallel\n"
                "ranks). Errors name the key path and the fix. Keys left as \"auto\" for the launcher\n"
                "(batch sizes, gradient_clipping) are reported and shown as \"auto\".\n\n"
                "options:\n"
+               "  --set K=V   override a key before the check (repeatable; V is JSON, or a string)\n"
                "  --world N   ranks in all (default 1); the batch sizes count the data-parallel\n"
                "              ones, N / (tp x pp) (tensor_parallel.autotp_size, pipeline.stages)\n"
                "  --help      this text\n\n"
@@ -60,6 +62,7 @@ const char* dtype_name(const Config& c) {
 int cmd_check_config(int argc, char** argv) {
   std::string path;
   int world = 1;
+  std::vector<std::string> sets;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -67,6 +70,14 @@ int cmd_check_config(int argc, char** argv) {
       return 0;
     }
     std::string value;
+    if (a == "--set" || a.rfind("--set=", 0) == 0) {
+      if (a == "--set" && i + 1 >= argc) {
+        std::fprintf(stderr, "check-config: --set needs KEY.PATH=VALUE\n");
+        return 2;
+      }
+      sets.push_back(a == "--set" ? std::string(argv[++i]) : a.substr(6));
+      continue;
+    }
     if (a == "--world" || a == "-n") {
       if (i + 1 >= argc) {
         std::fprintf(stderr, "check-config: %s needs a number\n", a.c_str());
@@ -101,6 +112,7 @@ int cmd_check_config(int argc, char** argv) {
 
   nlohmann::json json = Config::read_json_file(path);
   ZT_CHECK_T(json.is_object(), ConfigError, path, ": a DeepSpeed config is a JSON object ({...})");
+  apply_set_overrides(json, sets, "check-config");
   // "auto" keys that need a value from the launcher get placeholders so that everything
   // else can still be checked; they print as "auto".
   std::vector<std::string> left, defaulted;

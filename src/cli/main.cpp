@@ -5,9 +5,12 @@
 #include <exception>
 #include <string>
 
+#include <torch/headeronly/version.h>
+
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "zerotrain/error.h"
+#include "zerotrain_version.h"
 
 namespace {
 struct Subcommand {
@@ -31,11 +34,30 @@ const Subcommand kSubcommands[] = {
 void usage(std::FILE* out) {
   std::fprintf(out, "zerotrain: DeepSpeed's ZeRO training engine in C++\n\nusage: zerotrain <command> [args]\n\ncommands:\n");
   for (const auto& s : kSubcommands) std::fprintf(out, "  %-14s %s\n", s.name, s.help);
-  std::fprintf(out, "\nzerotrain <command> --help shows a command's options.\n");
+  std::fprintf(out, "\nzerotrain <command> --help (or zerotrain help <command>) shows a command's options;\n"
+                   "zerotrain --version prints the version.\n");
 }
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 2 && (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "version"))) {
+    std::printf("zerotrain %s (LibTorch %s, %s)\n", ZT_VERSION, TORCH_VERSION,
+                ZT_TORCH_CUDA[0] ? "CUDA " ZT_TORCH_CUDA : "CPU only");
+    return 0;
+  }
+  // `zerotrain help CMD` = `zerotrain CMD --help`.
+  if (argc == 3 && !std::strcmp(argv[1], "help")) {
+    for (const auto& s : kSubcommands) {
+      if (std::strcmp(argv[2], s.name) == 0) {
+        char help[] = "--help";
+        char* args[] = {argv[2], help, nullptr};
+        return s.fn(2, args);
+      }
+    }
+    std::fprintf(stderr, "zerotrain: unknown command '%s'\n\n", argv[2]);
+    usage(stderr);
+    return 2;
+  }
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
     usage(stdout);
     return argc < 2 ? 2 : 0;

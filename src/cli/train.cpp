@@ -54,6 +54,8 @@ const char* kTrainUsage =
     "  --bf16 / --fp16     fill bf16.enabled / fp16.enabled when \"auto\" or absent (an \"auto\"\n"
     "                      without its flag is false: fp32, as the Hugging Face trainer)\n"
     "  --lr X              fills optimizer.params.lr when \"auto\" or absent\n"
+    "  --set KEY.PATH=V    override a config key before it is checked (repeatable), e.g.\n"
+    "                      --set zero_optimization.stage=3 --set optimizer.params.lr=1e-4\n"
     "  --checkpoint-activations   recompute each block in backward (activation_checkpointing section applies)\n"
     "  --no-decay-1d       no weight decay for biases and LayerNorm weights (parameters with fewer\n"
     "                      than 2 dims); the others keep optimizer.params.weight_decay\n"
@@ -95,6 +97,7 @@ struct Args {
           warmup = 2, seed = 1234, tp = -1, pp = -1, ep = -1;  // -1: flag not given
   double clip = 1.0, peak_tflops = -1, lr = -1;
   bool bf16 = false, fp16 = false;
+  std::vector<std::string> sets;  // --set KEY.PATH=VALUE, in order
   bool checkpoint = false;
   bool no_decay_1d = false;
   bool save_async = false;
@@ -138,6 +141,7 @@ Args parse_args(int argc, char** argv) {
     else if (f == "--clip") a.clip = parse_number("train", f, need(i), 0.0);
     else if (f == "--peak-tflops") a.peak_tflops = parse_number("train", f, need(i), 0.0);
     else if (f == "--lr") a.lr = parse_number("train", f, need(i), 0.0);
+    else if (f == "--set") a.sets.push_back(need(i));
     else if (f == "--bf16") a.bf16 = true;
     else if (f == "--fp16") a.fp16 = true;
     else if (f == "--checkpoint-activations") a.checkpoint = true;
@@ -262,6 +266,7 @@ int cmd_train(int argc, char** argv) {
   }
 
   nlohmann::json j = Config::read_json_file(a.config);
+  apply_set_overrides(j, a.sets, "train");
   fill_batch_auto(j, a.micro, a.accum, a.clip);
   const auto unflagged = fill_precision_auto(j, a.bf16, a.fp16, a.lr);
   fill_parallel_flags(j, a.tp, a.pp, a.ep);

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "ckpt/dir_lock.h"
@@ -263,6 +264,48 @@ TEST(CliInputs, SaveDirInUseByAnotherJobIsNamed) {
   Ran ok = run("train --config " + cfg.string() + " --model gpt2-tiny --layers 1 --seq 16 --steps 1 --device cpu --save " +
                save.string());
   EXPECT_EQ(ok.code, 0) << "the lock is released with its holder: " << ok.output;
+  rm_rf(d);
+}
+
+// --set overrides are checked like the file; --version and `help CMD` work.
+TEST(CliInputs, SetOverridesVersionAndHelp) {
+  const fs::path d = temp_dir("set");
+  const fs::path cfg = write(d / "c.json", R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1},
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})");
+  const std::string cc = "check-config " + cfg.string();
+  Ran stage = run(cc + " --set zero_optimization.stage=3 --set optimizer.params.lr=2e-4 --set=bf16.enabled=true");
+  EXPECT_EQ(stage.code, 0) << stage.output;
+  EXPECT_TRUE(contains(stage.output, "\"stage\": 3")) << stage.output;
+  EXPECT_TRUE(contains(stage.output, "\"lr\": 0.0002")) << stage.output;
+  EXPECT_TRUE(contains(stage.output, "precision: bf16")) << stage.output;
+  Ran word = run(cc + " --set zero_optimization.offload_optimizer.device=cpu --set zero_optimization.stage=2");
+  EXPECT_EQ(word.code, 0) << word.output;
+  EXPECT_TRUE(contains(word.output, "\"device\": \"cpu\"")) << word.output;
+  Ran typo = run(cc + " --set zero_optimization.stgae=3");
+  EXPECT_EQ(typo.code, 1) << typo.output;
+  EXPECT_TRUE(contains(typo.output, "zero_optimization.stgae")) << typo.output;
+  Ran no_eq = run(cc + " --set zero_optimization.stage");
+  EXPECT_EQ(no_eq.code, 2) << no_eq.output;
+  EXPECT_TRUE(contains(no_eq.output, "needs KEY.PATH=VALUE")) << no_eq.output;
+  Ran through = run(cc + " --set zero_optimization.stage.x=1");
+  EXPECT_EQ(through.code, 1) << through.output;
+  EXPECT_TRUE(contains(through.output, "zero_optimization.stage is 1 in the config, not a section")) << through.output;
+  Ran train = run("train --config " + cfg.string() +
+                  " --model gpt2-tiny --layers 1 --seq 16 --steps 1 --device cpu --set zero_optimization.stage=2");
+  EXPECT_EQ(train.code, 0) << train.output;
+  EXPECT_TRUE(contains(train.output, "ZeRO stage 2")) << train.output;
+  // The version is CMake's project version.
+  std::ifstream cmake(std::string(ZT_SOURCE_DIR) + "/CMakeLists.txt");
+  const std::string cm((std::istreambuf_iterator<char>(cmake)), std::istreambuf_iterator<char>());
+  const auto at = cm.find("project(zerotrain VERSION ");
+  ASSERT_NE(at, std::string::npos);
+  const std::string want = cm.substr(at + 26, cm.find(' ', at + 26) - (at + 26));
+  Ran version = run("--version");
+  EXPECT_EQ(version.code, 0) << version.output;
+  EXPECT_TRUE(contains(version.output, "zerotrain " + want + " (LibTorch 2.")) << want << ": " << version.output;
+  Ran help = run("help check-config");
+  EXPECT_EQ(help.code, 0) << help.output;
+  EXPECT_TRUE(contains(help.output, "usage: zerotrain check-config")) << help.output;
   rm_rf(d);
 }
 
