@@ -25,6 +25,14 @@ torch::Tensor slot_one_hot(const torch::Tensor& loc_s, int64_t capacity) {
   return torch::one_hot(loc_s, capacity).unsqueeze(1);
 }
 
+// [Expert Parallel]: every rank of the ep group uses the largest rank's capacity.
+int64_t agree_capacity(int64_t c, const GateOptions& opt) {
+  if (!opt.ep_group || opt.ep_group->size() == 1) return c;
+  auto t = torch::full({1}, c, torch::kLong);
+  opt.ep_group->all_reduce(t, comm::ReduceOp::kMax);
+  return t.item<int64_t>();
+}
+
 GateResult finish(GateResult r, const torch::Tensor& routed, const torch::Tensor& kept) {
   r.tokens_per_expert = routed;
   r.kept_per_expert = kept;
@@ -73,8 +81,9 @@ GateResult top1_gating(const torch::Tensor& logits, const GateOptions& opt, std:
   auto mask1 = torch::one_hot(choice.argmax(1), E);  // [T, E] int64
   const auto routed = mask1.sum(0);
   GateResult r;
-  r.capacity = opt.drop_tokens ? moe_capacity(T, E, opt.capacity_factor, opt.min_capacity)
-                               : routed.max().item<int64_t>();
+  r.capacity = agree_capacity(opt.drop_tokens ? moe_capacity(T, E, opt.capacity_factor, opt.min_capacity)
+                                              : routed.max().item<int64_t>(),
+                              opt);
   const auto me = gates.mean(0);
   const auto ce = mask1.to(torch::kFloat).mean(0);
   r.aux_loss = (me * ce).sum() * static_cast<double>(E);
@@ -115,11 +124,11 @@ GateResult top2_gating(const torch::Tensor& logits, const GateOptions& opt, std:
   r.aux_loss = (me * ce).mean() * static_cast<double>(E * E);
   const auto routed = (mask1 + mask2).sum(0);
   if (opt.drop_tokens) {
-    r.capacity = moe_capacity(T, E, 2.0 * opt.capacity_factor, opt.min_capacity);
+    r.capacity = agree_capacity(moe_capacity(T, E, 2.0 * opt.capacity_factor, opt.min_capacity), opt);
     mask1 = mask1 * loc1.lt(r.capacity);
     mask2 = mask2 * loc2.lt(r.capacity);
   } else {
-    r.capacity = routed.max().item<int64_t>();
+    r.capacity = agree_capacity(routed.max().item<int64_t>(), opt);
   }
   const auto loc1_s = (loc1 * mask1).sum(1);
   const auto loc2_s = (loc2 * mask2).sum(1);
@@ -141,6 +150,38 @@ GateResult topk_gating(const torch::Tensor& logits, const GateOptions& opt, std:
   return opt.k == 1 ? top1_gating(logits, opt, gen) : top2_gating(logits, opt, gen);
 }
 
+namespace {
+
+// all_to_all_dim0 as an autograd function. The group travels as a raw pointer in the
+// saved data: the MoE layer that calls it holds the group for as long as its graph lives.
+struct AllToAll : torch::autograd::Function<AllToAll> {
+  static torch::Tensor run(const torch::Tensor& x, comm::Group* g) {
+    auto in = x.contiguous();
+    auto out = torch::empty_like(in);
+    g->all_to_all(out, in);
+    return out;
+  }
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    return run(x, reinterpret_cast<comm::Group*>(group));
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    auto* g = reinterpret_cast<comm::Group*>(ctx->saved_data["group"].toInt());
+    return {run(grad[0], g), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor all_to_all_dim0(const torch::Tensor& x, const comm::GroupPtr& g) {
+  ZT_CHECK_T(g != nullptr, InternalError, "all_to_all_dim0 without a group");
+  if (g->size() == 1) return x;
+  ZT_CHECK_T(x.dim() >= 1 && x.size(0) % g->size() == 0, ConfigError, "all_to_all over ", g->size(),
+             " ranks: dim 0 of shape ", x.sizes(), " does not divide into equal chunks");
+  return AllToAll::apply(x, static_cast<int64_t>(reinterpret_cast<intptr_t>(g.get())));
+}
+
 MoEImpl::MoEImpl(MoEOptions opt, const ExpertFactory& make_expert) : opt_(std::move(opt)) {
   ZT_CHECK_T(opt_.hidden > 0, ConfigError, "MoE: hidden must be > 0, got ", opt_.hidden);
   ZT_CHECK_T(opt_.num_experts >= 1, ConfigError, "MoE: num_experts must be >= 1, got ", opt_.num_experts);
@@ -151,9 +192,17 @@ MoEImpl::MoEImpl(MoEOptions opt, const ExpertFactory& make_expert) : opt_(std::m
              "MoE: noisy_gate_policy RSample applies to k=1 only; use None or Jitter with k=2");
   ZT_CHECK_T(opt_.eval_capacity_factor > 0.0, ConfigError, "MoE: eval_capacity_factor must be > 0, got ",
              opt_.eval_capacity_factor);
+  if (opt_.ep_group && opt_.ep_group->size() > 1) {
+    ep_size_ = opt_.ep_group->size();
+    ZT_CHECK_T(opt_.num_experts % ep_size_ == 0, ConfigError, "MoE: num_experts ", opt_.num_experts,
+               " does not divide by the expert-parallel size ", ep_size_,
+               ": choose an ep size that divides the experts (expert_parallel.autoep_size, --ep)");
+    first_expert_ = opt_.num_experts / ep_size_ * opt_.ep_group->rank();
+  }
+  opt_.gate.ep_group = ep_size_ > 1 ? opt_.ep_group : nullptr;
   gate = register_module("gate", torch::nn::Linear(torch::nn::LinearOptions(opt_.hidden, opt_.num_experts).bias(false)));
   experts = register_module("experts", torch::nn::ModuleList());
-  for (int64_t e = 0; e < opt_.num_experts; ++e) {
+  for (int64_t e = 0; e < opt_.num_experts / ep_size_; ++e) {
     auto m = make_expert();
     ZT_CHECK_T(!m.is_empty(), ConfigError, "MoE: the expert factory returned an empty module");
     experts->push_back(m.ptr());
@@ -187,9 +236,22 @@ MoEOutput MoEImpl::forward(const torch::Tensor& x) {
   const auto dispatched = torch::einsum("sec,sm->ecm", {out.gate.dispatch_mask.to(x.dtype()), flat});
   std::vector<torch::Tensor> outs;
   outs.reserve(expert_fns.size());
-  for (size_t e = 0; e < expert_fns.size(); ++e)
-    outs.push_back(expert_fns[e].forward(dispatched[static_cast<int64_t>(e)]));
-  const auto expert_out = torch::stack(outs);  // [E, C, d]
+  torch::Tensor expert_out;
+  if (ep_size_ == 1) {
+    for (size_t e = 0; e < expert_fns.size(); ++e)
+      outs.push_back(expert_fns[e].forward(dispatched[static_cast<int64_t>(e)]));
+    expert_out = torch::stack(outs);  // [E, C, d]
+  } else {
+    // [Expert Parallel]: chunk j of [E, C, d] (experts of rank j) goes to rank j.
+    const int64_t P = ep_size_, El = local_experts(), C = out.gate.capacity, d = opt_.hidden;
+    const auto received = all_to_all_dim0(dispatched, opt_.ep_group).view({P, El, C, d});
+    for (int64_t i = 0; i < El; ++i) {
+      const auto slots = received.select(1, i).reshape({P * C, d});  // every rank's slots for expert i
+      outs.push_back(expert_fns[static_cast<size_t>(i)].forward(slots).view({P, C, d}));
+    }
+    const auto local = torch::stack(outs, 1).reshape({P * El, C, d});  // [P, El, C, d]: back by source rank
+    expert_out = all_to_all_dim0(local, opt_.ep_group);                // [E, C, d] of this rank's tokens
+  }
   auto y = torch::einsum("sec,ecm->sm", {out.gate.combine_weights.to(x.dtype()), expert_out}).reshape(x.sizes());
   if (opt_.use_residual) {
     const auto mlp_out = mlp.forward(x);

@@ -1,6 +1,6 @@
 // Mixture of Experts with DeepSpeed-MoE's gating semantics (deepspeed/moe/sharded_moe.py
-// top1gating / top2gating, moe/layer.py MoE), on one process: no expert parallelism yet
-// (docs/moe.md says what is left).
+// top1gating / top2gating, moe/layer.py MoE), with expert parallelism over an ep group
+// ([Expert Parallel] below; docs/moe.md says what is left).
 //
 // [Gating Rules] (T tokens, E experts, C capacity)
 // - gates = softmax(logits) in fp32. Top-1 picks argmax (of logits + Gumbel noise under
@@ -20,8 +20,22 @@
 //   mean(me*ce)*E*E, the same number). Only me carries gradient.
 // - Top-2 combine weights: the kept choices' gates divided by their sum (clamped below
 //   by fp32 eps), so a token whose second choice dropped gets weight 1 on its first.
+//
+// [Expert Parallel] (ep = the ep group's size P, E experts, E_l = E / P per rank)
+// - Rank r of the ep group holds experts r*E_l .. (r+1)*E_l - 1; every rank holds the gate.
+// - Each rank gates its own tokens. The capacity C is agreed across the group (the largest
+//   rank's, one all-reduce): with drop_tokens it is the same on every rank whose token
+//   count is the same, and without it DeepSpeed agrees on the largest count the same way.
+// - The dispatched [E, C, d] goes through one all-to-all: rank j receives the slots every
+//   rank routed to j's experts, [P, E_l, C, d]; local expert i runs once on its P*C slots;
+//   a second all-to-all returns each rank its own [E, C, d], which it combines. Backward
+//   runs the same two all-to-alls in reverse (the all-to-all of equal chunks is its own
+//   adjoint). So each rank's output equals the one-process layer's on its tokens, and an
+//   expert's gradient on its owner is the sum over every rank's tokens.
 #pragma once
 #include <torch/torch.h>
+
+#include "zerotrain/comm.h"
 
 #include <cstdint>
 #include <functional>
@@ -46,6 +60,8 @@ struct GateOptions {
   // so the gating functions treat it as None.
   NoisyGatePolicy noisy_gate_policy = NoisyGatePolicy::None;
   bool second_expert_sampling = true;  // top-2 only; DeepSpeed's default
+  // Expert parallelism: the capacity is agreed (max) over this group ([Expert Parallel]).
+  comm::GroupPtr ep_group;
 };
 
 struct GateResult {
@@ -82,6 +98,9 @@ struct MoEOptions {
   GateOptions gate;                    // capacity_factor is the training one
   double eval_capacity_factor = 1.0;   // used when !is_training()
   bool use_residual = false;           // PR-MoE
+  // Expert parallelism ([Expert Parallel]): null or size 1 = every expert on this rank.
+  // num_experts must divide by its size (ConfigError naming both).
+  comm::GroupPtr ep_group;
 };
 
 struct MoEOutput {
@@ -93,8 +112,12 @@ struct MoEOutput {
 // Builds one expert: a module whose forward maps [..., hidden] -> [..., hidden].
 using ExpertFactory = std::function<torch::nn::AnyModule()>;
 
-// DeepSpeed's MoE layer on one process (ep_size 1). Parameters: gate.weight [E, hidden]
-// (no bias), experts.<i>.*, and with use_residual mlp.* (one more expert) and
+// The all-to-all of equal chunks along dim 0 over `g`, differentiable (its backward is
+// the same all-to-all of the gradient). x.size(0) must divide by g's size.
+torch::Tensor all_to_all_dim0(const torch::Tensor& x, const comm::GroupPtr& g);
+
+// DeepSpeed's MoE layer. Parameters: gate.weight [E, hidden] (no bias), experts.<i>.* for
+// this rank's experts (i local; global index first_expert() + i), and with use_residual mlp.* (one more expert) and
 // coefficient.{weight,bias} (Linear(hidden, 2)). In training Jitter/RSample apply and
 // capacity_factor is used; in eval no noise and eval_capacity_factor.
 struct MoEImpl : torch::nn::Module {
@@ -102,6 +125,9 @@ struct MoEImpl : torch::nn::Module {
   MoEOutput forward(const torch::Tensor& x);
   // Generator for the gate's noise and random token selection (default when unset).
   void set_generator(std::optional<torch::Generator> gen) { gen_ = std::move(gen); }
+  // Experts on this rank, and the global index of the first ([Expert Parallel]).
+  int64_t local_experts() const { return static_cast<int64_t>(expert_fns.size()); }
+  int64_t first_expert() const { return first_expert_; }
 
   MoEOptions opt_;
   torch::nn::Linear gate{nullptr};
@@ -112,6 +138,8 @@ struct MoEImpl : torch::nn::Module {
 
  private:
   std::optional<torch::Generator> gen_;
+  int64_t first_expert_ = 0;
+  int ep_size_ = 1;
 };
 TORCH_MODULE(MoE);
 

@@ -1,0 +1,137 @@
+// Expert parallelism of the MoE layer ([Expert Parallel] in src/models/moe.h) on real
+// ranks (CPU, MPI; run at world 1, 2 and 4 by ctest). The ep group is the world: rank r
+// holds experts r*E_l .. (r+1)*E_l - 1 and its own tokens. Against the one-process layer
+// with all experts (the same weights) on the same tokens:
+//  * each rank's output and aux loss are the reference's on its tokens;
+//  * the input and gate gradients are the reference's on that rank;
+//  * an expert's gradient on its owner is the reference's summed over every rank's tokens.
+// Top-1 and top-2, with drops (capacity factor 1) and without (drop_tokens false: the
+// capacity is agreed across ranks). At world 1 the same code path runs without
+// communication (ep size 1). Tolerance: 1e-6 absolute (fp32; the expert GEMMs see the
+// slots of all ranks in one batch instead of one rank's).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdlib>
+
+#include "models/moe.h"
+#include "zerotrain/comm.h"
+#include "zerotrain/error.h"
+
+namespace zt::models {
+namespace {
+
+comm::GroupPtr world() {
+  comm::GroupPtr g = comm::world_group();
+  if (std::getenv("ZT_COMM_TIMEOUT") == nullptr) g->set_timeout(std::chrono::seconds(60));
+  return g;
+}
+
+struct TwoLayerImpl : torch::nn::Module {
+  explicit TwoLayerImpl(int64_t d)
+      : fc1(register_module("fc1", torch::nn::Linear(d, 2 * d))),
+        fc2(register_module("fc2", torch::nn::Linear(2 * d, d))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(TwoLayer);
+
+constexpr int64_t kHidden = 8;
+
+MoEOptions options(int64_t experts, int64_t k, bool drop, comm::GroupPtr ep) {
+  MoEOptions o;
+  o.hidden = kHidden;
+  o.num_experts = experts;
+  o.gate.k = k;
+  o.gate.capacity_factor = 1.0;
+  o.gate.min_capacity = 1;
+  o.gate.drop_tokens = drop;
+  o.gate.use_rts = false;
+  o.gate.second_expert_sampling = false;
+  o.ep_group = std::move(ep);
+  return o;
+}
+
+MoE make(const MoEOptions& o) {
+  return MoE(o, [] { return torch::nn::AnyModule(TwoLayer(kHidden)); });
+}
+
+::testing::AssertionResult close(const torch::Tensor& a, const torch::Tensor& b, const std::string& what) {
+  if (a.sizes() != b.sizes()) return ::testing::AssertionFailure() << what << ": shapes " << a.sizes() << " vs " << b.sizes();
+  const double d = (a - b).abs().max().item<double>();
+  if (d <= 1e-6) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": max difference " << d;
+}
+
+TEST(MoEExpertParallel, EqualsTheOneProcessLayer) {
+  auto g = world();
+  const int P = g->size(), r = g->rank();
+  const int64_t E = 2 * P;
+  for (int64_t k : {1, 2}) {
+    for (bool drop : {true, false}) {
+      const std::string tag = "k=" + std::to_string(k) + (drop ? " drop" : " no-drop") + " P=" + std::to_string(P);
+      torch::manual_seed(11);
+      MoE ref = make(options(E, k, drop, nullptr));
+      MoE ep = make(options(E, k, drop, g));
+      ASSERT_EQ(ep->local_experts(), E / P);
+      ASSERT_EQ(ep->first_expert(), E / P * r);
+      {
+        torch::NoGradGuard no_grad;
+        ep->gate->weight.copy_(ref->gate->weight);
+        for (int64_t i = 0; i < ep->local_experts(); ++i) {
+          auto src = ref->experts[static_cast<size_t>(ep->first_expert() + i)]->parameters();
+          auto dst = ep->experts[static_cast<size_t>(i)]->parameters();
+          for (size_t p = 0; p < src.size(); ++p) dst[p].copy_(src[p]);
+        }
+      }
+      // This rank's tokens (uneven routing on purpose: rank-dependent seed) and the
+      // weights of its loss.
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + r);
+      auto x = torch::randn({2, 6, kHidden}, gen);
+      auto w = torch::randn({2, 6, kHidden}, gen);
+      auto x_ref = x.clone().requires_grad_(true), x_ep = x.clone().requires_grad_(true);
+      auto out_ref = ref->forward(x_ref);
+      auto out_ep = ep->forward(x_ep);
+      EXPECT_TRUE(close(out_ep.output, out_ref.output, tag + " output"));
+      EXPECT_TRUE(close(out_ep.aux_loss, out_ref.aux_loss, tag + " aux loss"));
+      ((out_ref.output * w).sum() + out_ref.aux_loss).backward();
+      ((out_ep.output * w).sum() + out_ep.aux_loss).backward();
+      EXPECT_TRUE(close(x_ep.grad(), x_ref.grad(), tag + " input gradient"));
+      EXPECT_TRUE(close(ep->gate->weight.grad(), ref->gate->weight.grad(), tag + " gate gradient"));
+      // The reference's expert gradients summed over every rank's tokens (every rank
+      // reduces every expert: the same collectives on all ranks).
+      for (size_t e = 0; e < static_cast<size_t>(E); ++e) {
+        for (auto& p : ref->experts[e]->parameters()) {
+          auto gsum = p.grad().defined() ? p.grad().clone() : torch::zeros_like(p);
+          g->all_reduce(gsum, comm::ReduceOp::kSum);
+          p.mutable_grad() = gsum;
+        }
+      }
+      for (int64_t i = 0; i < ep->local_experts(); ++i) {
+        auto refp = ref->experts[static_cast<size_t>(ep->first_expert() + i)]->parameters();
+        auto epp = ep->experts[static_cast<size_t>(i)]->parameters();
+        for (size_t p = 0; p < refp.size(); ++p) {
+          ASSERT_TRUE(epp[p].grad().defined()) << tag << " expert " << ep->first_expert() + i;
+          EXPECT_TRUE(close(epp[p].grad(), refp[p].grad(),
+                            tag + " expert " + std::to_string(ep->first_expert() + i) + " param " + std::to_string(p)));
+        }
+      }
+      if (!drop) EXPECT_EQ(out_ep.gate.dropped_fraction, 0.0) << tag;
+    }
+  }
+}
+
+TEST(MoEExpertParallel, ExpertsThatDoNotDivideAreNamed) {
+  auto g = world();
+  if (g->size() < 2) GTEST_SKIP() << "needs 2 ranks (an ep size > 1)";
+  try {
+    make(options(2 * g->size() + 1, 1, true, g));
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not divide by the expert-parallel size"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace zt::models
