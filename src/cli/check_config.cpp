@@ -9,6 +9,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "config/notes.h"
 #include "parallel/topology.h"
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
@@ -134,6 +135,7 @@ int cmd_check_config(int argc, char** argv) {
                  k == "gradient_accumulation_steps";
 
   Config c = Config::parse(probe, world, path);
+  const auto notes = config::config_notes(json, c);
   nlohmann::json out = c.to_json();
   for (const auto& k : left) out[pointer(k)] = "auto";
   std::printf("%s\n", out.dump(2).c_str());
@@ -153,6 +155,11 @@ int cmd_check_config(int argc, char** argv) {
   if (!left.empty()) std::fprintf(stderr, "\"auto\" keys left for the launcher: %s\n", join(left).c_str());
   if (!c.auto_defaulted.empty())
     std::fprintf(stderr, "\"auto\" keys that took DeepSpeed's default: %s\n", join(c.auto_defaulted).c_str());
+  if (!notes.empty()) {
+    std::fprintf(stderr, "%zu key%s that change%s nothing in zerotrain (accepted):\n", notes.size(),
+                 notes.size() == 1 ? "" : "s", notes.size() == 1 ? "s" : "");
+    for (const auto& n : notes) std::fprintf(stderr, "  - %s\n", n.c_str());
+  }
   if (!c.not_supported_yet.empty()) {
     std::fprintf(stderr, "%s: %zu setting%s not supported yet by zerotrain:\n", path.c_str(),
                  c.not_supported_yet.size(), c.not_supported_yet.size() == 1 ? "" : "s");

@@ -19,6 +19,7 @@
 #include "cli/commands.h"
 #include "cli/profile.h"
 #include "cli/train_model.h"
+#include "config/notes.h"
 #include "ckpt/dir_lock.h"
 #include "data/loader.h"
 #include "data/sampler.h"
@@ -272,6 +273,7 @@ int cmd_train(int argc, char** argv) {
   fill_parallel_flags(j, a.tp, a.pp, a.ep);
   Config cfg = Config::from_json(j, world, a.config);
   if (rank == 0) {
+    for (const auto& n : config::config_notes(j, cfg)) std::printf("[zerotrain] note: %s\n", n.c_str());
     std::string keys;
     for (const auto& k : unflagged) keys += (keys.empty() ? "" : ", ") + k + " = false";
     for (const auto& k : cfg.auto_defaulted) keys += (keys.empty() ? "" : ", ") + k;
