@@ -13,6 +13,7 @@ int cmd_convert(int argc, char** argv);       // zerotrain convert CKPT_DIR OUT.
 int cmd_bench_adam(int argc, char** argv);    // zerotrain bench adam ...
 int cmd_bench_sweep(int argc, char** argv);   // zerotrain bench --model ... (the ZeRO cost sweep)
 int cmd_estimate(int argc, char** argv);      // zerotrain estimate --model ... --config ... --gpus N
+int cmd_generate(int argc, char** argv);      // zerotrain generate --model-dir DIR --prompt TEXT
 int cmd_tokenize(int argc, char** argv);      // zerotrain tokenize --tokenizer T --out DIR INPUT...
 
 // The files a glob matches (sorted; ConfigError when none), or the path itself when it has

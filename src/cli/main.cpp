@@ -28,6 +28,7 @@ const Subcommand kSubcommands[] = {
     {"convert", "consolidate a checkpoint into one safetensors file (HF GPT-2 names)", zt::cli::cmd_convert},
     {"check-config", "validate a DeepSpeed config and print it resolved", zt::cli::cmd_check_config},
     {"tokenize", "text or JSONL files -> token shards (llm.c format) with a tokenizer.json", zt::cli::cmd_tokenize},
+    {"generate", "continue a prompt with a Hugging Face model directory (look at what it learned)", zt::cli::cmd_generate},
     {"estimate", "memory per GPU by kind for a GPT-2 job, before running it", zt::cli::cmd_estimate},
     {"bench", "the ZeRO cost sweep (bench --model NAME) or the CPU Adam benchmark (bench adam)", cmd_bench},
 };
