@@ -63,6 +63,16 @@ struct EngineOptions {
   std::vector<ParamGroup> param_groups;
   // Group of data-parallel ranks; null = all ranks (comm::world_group()).
   comm::GroupPtr group;
+  // The ranks holding the other parts of this model replica (the tensor x pipeline ranks
+  // of one data-parallel replica; parallel::Topology::model_parallel()). The squared
+  // gradient norm -- and with it the overflow check and clipping -- is summed over it, so
+  // every rank of the model takes the same skip and clip decision. Null or size 1: none.
+  comm::GroupPtr model_parallel;
+  // Weight of a parameter's gradient in that norm, by its name in named_parameters();
+  // unset = 1 for every parameter. A parameter held identically by k ranks of
+  // model_parallel (a LayerNorm under tensor parallelism, a tied embedding on the first and
+  // last pipeline stage) takes 1/k, so the global norm counts it once. Finite, >= 0.
+  std::function<double(const std::string& name)> norm_weight;
   // Device; unset = cuda:LOCAL_RANK when CUDA is available, else CPU.
   std::optional<torch::Device> device;
   // Where JSON-lines metrics go (one object per step); empty = none.
@@ -102,6 +112,18 @@ class Engine {
   // Scales the loss (1/gradient_accumulation_steps, and the fp16 loss scale) and runs
   // backward; gradient reduction overlaps it (stages 0 and 2).
   virtual void backward(const torch::Tensor& loss) = 0;
+  // One micro-step like backward(loss) for work whose loss is not a scalar of this rank:
+  // a pipeline stage without the loss (outputs = what it sent on, grads = the gradients
+  // the next stage sent back) or a split backward (inputs non-empty: gradients accumulate
+  // only into these, e.g. the parameters in a weight-gradient pass after an input-gradient
+  // pass made with torch::autograd::grad). The grads must already carry backward_scale()
+  // (the stage holding the loss applies it). `loss`, when defined (unscaled), is added to
+  // the step's reported loss as backward(loss) adds its loss.
+  virtual void backward(const std::vector<torch::Tensor>& outputs, const std::vector<torch::Tensor>& grads,
+                        const std::vector<torch::Tensor>& inputs = {}, const torch::Tensor& loss = {}) = 0;
+  // The factor backward(loss) multiplies the loss by: the fp16 loss scale (1 otherwise)
+  // over gradient_accumulation_steps.
+  virtual double backward_scale() const = 0;
   // At the accumulation boundary: reduce (stage 1), unscale, overflow check, clip,
   // optimizer step on this rank's shard, all-gather updated parameters. Elsewhere a
   // no-op. Returns true when this call was a boundary.

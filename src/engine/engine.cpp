@@ -181,6 +181,16 @@ class EngineImpl : public Engine {
         zo.deferred_init = [init, names](int i, torch::Tensor& t) { init(names[i], t); };
       }
     }
+    zo.model_parallel = opts_.model_parallel;
+    if (opts_.norm_weight) {
+      zo.norm_weight.resize(params.size());
+      for (size_t i = 0; i < params.size(); ++i) {
+        const double w = opts_.norm_weight(names[i]);
+        ZT_CHECK_T(std::isfinite(w) && w >= 0.0, ConfigError, "EngineOptions.norm_weight('", names[i], "') = ", w,
+                   ": a norm weight must be finite and >= 0");
+        zo.norm_weight[i] = w;
+      }
+    }
     zero_ = std::make_unique<zero::ZeroOptimizer>(params, group_, zo);
     if (hooked_) {
       zero::ZeroOptimizer* z = zero_.get();
@@ -265,18 +275,43 @@ class EngineImpl : public Engine {
 
   void backward(const torch::Tensor& loss) override {
     ZT_CHECK_T(loss.defined() && loss.numel() == 1, TrainingError, "backward() needs a scalar loss");
+    // DeepSpeed scales the loss by 1/accumulation steps, and by the fp16 loss scale.
+    const double factor = backward_scale();
+    torch::Tensor scaled = factor == 1.0 ? loss : loss * factor;
+    run_backward(loss, [&] { scaled.backward(); });
+  }
+
+  void backward(const std::vector<torch::Tensor>& outputs, const std::vector<torch::Tensor>& grads,
+                const std::vector<torch::Tensor>& inputs, const torch::Tensor& loss) override {
+    ZT_CHECK_T(!outputs.empty() && outputs.size() == grads.size(), TrainingError, "backward(outputs, grads) needs ",
+               "one gradient per output (got ", outputs.size(), " outputs and ", grads.size(), " gradients)");
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      ZT_CHECK_T(outputs[i].defined() && grads[i].defined() && outputs[i].sizes() == grads[i].sizes(), TrainingError,
+                 "backward(outputs, grads): output ", i, " and its gradient differ in shape or are undefined");
+    }
+    ZT_CHECK_T(!loss.defined() || loss.numel() == 1, TrainingError, "backward(outputs, grads, inputs, loss): the loss must be a scalar");
+    run_backward(loss, [&] {
+      torch::autograd::backward(outputs, grads, /*retain_graph=*/std::nullopt, /*create_graph=*/false, inputs);
+    });
+  }
+
+  double backward_scale() const override {
+    return scaler_->scale() / static_cast<double>(cfg_.gradient_accumulation_steps);
+  }
+
+  // One micro-step: the ZeRO part's begin/end around `run`, which accumulates gradients.
+  void run_backward(const torch::Tensor& loss, const std::function<void()>& run) {
     const bool boundary = (micro_ + 1) % cfg_.gradient_accumulation_steps == 0;
     const bool first = micro_ % cfg_.gradient_accumulation_steps == 0;
-    // The step's loss stays on the device until the report reads it (no sync here).
-    auto l = loss.detach().to(at::kFloat);
-    loss_sum_ = loss_sum_.defined() ? loss_sum_ + l : l.clone();
+    if (loss.defined()) {
+      // The step's loss stays on the device until the report reads it (no sync here).
+      auto l = loss.detach().to(at::kFloat).reshape({});
+      loss_sum_ = loss_sum_.defined() ? loss_sum_ + l : l.clone();
+    }
     timer_->begin();
     zero_->begin_backward(boundary, first);
-    // DeepSpeed scales the loss by 1/accumulation steps, and by the fp16 loss scale.
-    double factor = scaler_->scale() / static_cast<double>(cfg_.gradient_accumulation_steps);
-    torch::Tensor scaled = factor == 1.0 ? loss : loss * factor;
     in_phase("backward", [&] {
-      scaled.backward();
+      run();
       exposed_.push_back(zero_->end_backward());
       return 0;
     });

@@ -120,6 +120,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr g
 }
 
 void ZeroOptimizer::make_reducer() {
+  plan_weighted_pieces();
   ReducerOptions ro;
   ro.stage = opt_.stage;
   ro.dtype = opt_.dtype;
@@ -225,6 +226,35 @@ void ZeroOptimizer::refresh_params() {
   for (auto& w : works) w->wait();
 }
 
+// [Norm Weights]
+//  * ZeroOptions.norm_weight gives each parameter a weight in the squared gradient norm:
+//    the pieces of this rank's owned gradient that belong to a parameter of weight w != 1
+//    add (w - 1) x their squared norm to the plain sum, so a parameter of weight w counts
+//    w times. With tensor or pipeline parallelism a parameter held (identically) by k
+//    model-parallel ranks has w = 1/k: the sum over the model-parallel group counts it once.
+//  * The pieces are planned once from the layout (plan_weighted_pieces, in the
+//    constructor); with no weight != 1 the norm is exactly the unweighted one, with no
+//    extra work.
+void ZeroOptimizer::plan_weighted_pieces() {
+  weighted_pieces_.clear();
+  if (opt_.norm_weight.empty()) return;
+  ZT_CHECK_T(opt_.norm_weight.size() == params_.size(), ConfigError, "norm_weight has ", opt_.norm_weight.size(),
+             " entries for ", params_.size(), " managed parameters");
+  for (int b = 0; b < L_.num_buckets(); ++b) {
+    const Bucket& B = L_.flat.buckets[b];
+    const Range owned = L_.owned_flat_range(b);
+    for (int li = B.first_param; li < B.first_param + B.num_params; ++li) {
+      const double w = opt_.norm_weight[static_cast<size_t>(user_index_[li])];
+      ZT_CHECK_T(std::isfinite(w) && w >= 0.0, ConfigError, "norm weight ", w, " of parameter ",
+                 user_index_[li], " must be finite and >= 0");
+      if (w == 1.0) continue;
+      const ParamSlot& P = L_.flat.params[li];
+      const Range r = intersect({P.offset, P.offset + P.numel}, owned);
+      if (r.size() > 0) weighted_pieces_.push_back({b, r.begin - owned.begin, r.size(), w - 1.0});
+    }
+  }
+}
+
 torch::Tensor ZeroOptimizer::grad_norm_sq() {
   // One fp32 norm per bucket, read in the compute dtype: no fp32 copy of all gradients
   // exists at any time. Sharded gradients: summed over the group.
@@ -233,6 +263,16 @@ torch::Tensor ZeroOptimizer::grad_norm_sq() {
   norms.reserve(nb);
   for (int b = 0; b < nb; ++b) norms.push_back(at::linalg_vector_norm(reducer_->grad(b), 2, std::nullopt, false, at::kFloat));
   auto sq = torch::stack(norms).to(at::kDouble).square().sum().reshape({1});
+  if (!weighted_pieces_.empty()) {
+    // [Norm Weights] each piece counted `weight` times instead of once.
+    std::vector<torch::Tensor> extra;
+    extra.reserve(weighted_pieces_.size());
+    for (const auto& w : weighted_pieces_) {
+      auto piece = reducer_->grad(w.bucket).narrow(0, w.begin, w.numel);
+      extra.push_back(at::linalg_vector_norm(piece, 2, std::nullopt, false, at::kFloat).to(at::kDouble).square() * w.extra);
+    }
+    sq = sq + torch::stack(extra).sum().reshape({1});
+  }
   if (!L_.owns_all && world_ > 1) group_->all_reduce(sq, comm::ReduceOp::kSum);
   return sq;
 }

@@ -109,6 +109,11 @@ struct ZeroOptions {
   // partial squared gradient norms, and with them the overflow flag, are summed over it
   // as well (zero/grad_norm.h). Null or size 1: this group's norm is the global one.
   comm::GroupPtr model_parallel;
+  // Weight of each parameter's squared gradient norm in that sum (user index -> weight;
+  // empty = 1 for every parameter). A parameter replicated on k ranks of model_parallel
+  // (a LayerNorm under tensor parallelism, a tied embedding on two pipeline stages) has
+  // weight 1/k, so the global norm counts it once. Weights must be finite and >= 0.
+  std::vector<double> norm_weight;
 };
 
 struct NvmeOffload;  // zero_offload_nvme.cpp
@@ -271,6 +276,14 @@ class ZeroOptimizer {
   std::vector<torch::Tensor> params_;        // layout order
   std::vector<int> user_index_;              // layout index -> user index
   ShardLayout L_;                            // the layout and this rank's views of it (owns_all: stage 0)
+  // Owned gradient pieces whose norm weight is not 1 ([Norm Weights] in zero_optimizer.cpp).
+  struct WeightedPiece {
+    int bucket;
+    int64_t begin, numel;  // in the bucket's owned gradient
+    double extra;          // weight - 1
+  };
+  std::vector<WeightedPiece> weighted_pieces_;
+  void plan_weighted_pieces();
   std::unique_ptr<GradReducer> reducer_;     // gradients: hooks, buckets, reductions
   bool params_written_ = false;  // the step already wrote the compute-dtype parameters (fused kernel)
 
