@@ -69,7 +69,7 @@ TEST(ParallelConfig, DegreesSetTheDataParallelSizeAndAreNotSupportedYet) {
                                                "tensor parallelism (tp 2) is not implemented yet"))
       << c.not_supported_yet[0];
   EXPECT_TRUE(contains(c.not_supported_yet[1], "pipeline.stages = 2 is not supported yet by zerotrain: pipeline "
-                                               "parallelism (pp 2) is not implemented yet"))
+                                               "parallelism (pp 2) runs only through zt::pipe::PipeEngine"))
       << c.not_supported_yet[1];
   EXPECT_TRUE(contains(c.not_supported_yet[2], "expert parallelism (ep 2) is not implemented yet"))
       << c.not_supported_yet[2];
