@@ -29,7 +29,7 @@ GPT2StageImpl::GPT2StageImpl(const models::GPT2& full, std::vector<std::pair<int
   ZT_CHECK_T(!chunks_.empty(), ConfigError, "a pipeline stage needs at least one chunk of layers");
   ZT_CHECK_T(!cfg_.deferred_init, ConfigError, "pipeline stages take GPT-2 built with deferred_init false");
   bool emb = false, head = false;
-  blocks_.resize(static_cast<size_t>(cfg_.n_layer));
+  blocks_.assign(static_cast<size_t>(cfg_.n_layer), models::Block(nullptr));
   std::vector<int> held;  // block numbers, ascending
   int prev_end = 0;
   for (const auto& [b, e] : chunks_) {
@@ -53,11 +53,14 @@ GPT2StageImpl::GPT2StageImpl(const models::GPT2& full, std::vector<std::pair<int
   }
   if (!held.empty()) {
     h_ = register_module("h", torch::nn::ModuleDict());
+    const auto all = full->blocks();
+    std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> named;
     for (int i : held) {
-      auto m = full->h[static_cast<size_t>(i)];
+      const auto& m = all[static_cast<size_t>(i)];
       blocks_[static_cast<size_t>(i)] = models::Block(std::dynamic_pointer_cast<models::BlockImpl>(m));
-      h_->insert(std::to_string(i), m);
+      named.emplace_back(std::to_string(i), m);
     }
+    h_->update(named);
   }
   if (head) {
     ln_f_ = register_module("ln_f", full->ln_f);

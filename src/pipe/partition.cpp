@@ -60,12 +60,13 @@ std::vector<int> partition_balanced(const std::vector<int64_t>& weights, int num
   return parts;
 }
 
-std::vector<int> partition_layers(const std::vector<LayerInfo>& layers, int parts, const std::string& method) {
+std::vector<int> partition_layers(const std::vector<LayerInfo>& layers, int parts, const std::string& method,
+                                  const std::string& parts_key) {
   const int n = static_cast<int>(layers.size());
-  ZT_CHECK_T(parts >= 1, ConfigError, "pipeline.stages = ", parts, " must be >= 1");
-  ZT_CHECK_T(n >= parts, ConfigError, "pipeline.stages = ", parts, " is more than the model's ", n,
-             " pipeline layers (embedding, blocks, head): every stage needs at least one layer; use at most ", n,
-             " stages or a deeper model");
+  ZT_CHECK_T(parts >= 1, ConfigError, parts_key, " = ", parts, " must be >= 1");
+  ZT_CHECK_T(n >= parts, ConfigError, parts_key, " = ", parts, " is more than the model's ", n,
+             " pipeline layers (embedding, blocks, head): every stage (model chunk) needs at least one layer; use at "
+             "most ", n, " or a deeper model");
   std::vector<int> bounds;
   std::string lower;
   for (char c : method) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));

@@ -30,6 +30,8 @@ std::vector<int> partition_balanced(const std::vector<int64_t>& weights, int num
 // The boundaries for `method` over `layers` into `parts` parts. ConfigError (naming
 // pipeline.partition, the value and the fix) for an unknown method, a regex that does not
 // compile or matches no layer, fewer layers than parts, or a part left without layers.
-std::vector<int> partition_layers(const std::vector<LayerInfo>& layers, int parts, const std::string& method);
+// `parts_key` names where the number of parts came from in the messages.
+std::vector<int> partition_layers(const std::vector<LayerInfo>& layers, int parts, const std::string& method,
+                                  const std::string& parts_key = "pipeline.stages");
 
 }  // namespace zt::pipe

@@ -84,7 +84,8 @@ PipeEngine::PipeEngine(const models::GPT2& full, const PipeConfig& cfg, parallel
              "pipeline.activation_checkpoint_interval > 0 cannot run with the zb-h1 schedule (a checkpointed range "
              "back-propagates its weights inside the input-gradient pass); use 1f1b or set it to 0");
   const int chunks = spec.stages * spec.virtual_stages;
-  bounds_ = partition_layers(gpt2_layers(full->config()), chunks, po.partition);
+  bounds_ = partition_layers(gpt2_layers(full->config()), chunks, po.partition,
+                             spec.virtual_stages > 1 ? "pipeline.stages x virtual_stages" : "pipeline.stages");
   stage_ = topo.coords().pp;
   std::vector<std::pair<int, int>> mine;
   for (int c = 0; c < spec.virtual_stages; ++c) {
