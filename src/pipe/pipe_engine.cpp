@@ -103,12 +103,18 @@ PipeEngine::PipeEngine(const models::GPT2& full, const PipeConfig& cfg, parallel
     act_ = pp_->split(0, pp_->rank());
     grad_ = pp_->split(0, pp_->rank());
   }
+  // The stage engine counts one micro-step per backward call, and a stage with v chunks
+  // makes v of them per micro-batch: its window is m * v calls, and the loss gradient
+  // entering the head carries v * backward_scale() = loss scale / m (see roots in run()).
+  Config stage_cfg = cfg_.config;
+  stage_cfg.gradient_accumulation_steps *= spec.virtual_stages;
+  stage_cfg.train_batch_size *= spec.virtual_stages;
   EngineOptions eo;
   eo.group = dp;
   eo.model_parallel = mp;
   eo.device = opts_.device;
   eo.print = false;
-  engine_ = initialize(module_.ptr(), cfg_.config, eo);
+  engine_ = initialize(module_.ptr(), stage_cfg, eo);
   module_->place_tied_copy(engine_->device(), engine_->compute_dtype());
   for (const auto& p : module_->parameters()) params_.push_back(p);
 }
@@ -138,7 +144,7 @@ void PipeEngine::run(const Instr& in, std::vector<MicroBatch>& mbs, std::vector<
   // head chunk, else the output with the gradient the next stage sent.
   auto roots = [&](std::vector<torch::Tensor>& outs, std::vector<torch::Tensor>& grads) {
     outs = {slot->output};
-    grads = {head ? torch::full_like(slot->output, engine_->backward_scale()) : slot->out_grad};
+    grads = {head ? torch::full_like(slot->output, engine_->backward_scale() * v) : slot->out_grad};
   };
   // Before the first stage's last backward of chunk 0: the tied gradient from the last
   // stage joins it through a view of wte ([Pipeline Tied Weights]).
@@ -268,7 +274,7 @@ void PipeEngine::run(const Instr& in, std::vector<MicroBatch>& mbs, std::vector<
 
 double PipeEngine::train_batch(const std::function<MicroBatch()>& next) {
   const auto& spec = schedule_.spec;
-  ZT_CHECK_T(engine_->micro_steps() % spec.micro_batches == 0, TrainingError,
+  ZT_CHECK_T(engine_->micro_steps() % (spec.micro_batches * spec.virtual_stages) == 0, TrainingError,
              "train_batch: the stage engine is in the middle of an accumulation window");
   std::vector<MicroBatch> mbs;
   for (int i = 0; i < spec.micro_batches; ++i) {

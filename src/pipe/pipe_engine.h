@@ -15,12 +15,14 @@
 //  * Micro-batches per batch = gradient_accumulation_steps. train_batch calls `next` that
 //    many times on EVERY rank (the first stage uses the token ids, the last stage the
 //    targets, the others the shape), like a data loader per rank.
-//  * A stage's engine sees one micro-step per micro-batch: its full backward (gpipe, 1f1b,
-//    interleaved; Engine::backward(loss) on the stage holding the loss, else
-//    Engine::backward(outputs, grads)) or its weight pass (zb-h1: the input gradient comes
-//    first from torch::autograd::grad(..., retain_graph), the weight gradient later from
-//    Engine::backward(outputs, grads, parameters)). Gradients leaving the last stage carry
-//    its backward_scale(), so every stage's gradients carry the scale its engine expects.
+//  * A stage's engine sees one micro-step per backward call, one per micro-batch and chunk
+//    (its gradient_accumulation_steps is m x virtual_stages): the chunk's full backward
+//    (gpipe, 1f1b, interleaved; Engine::backward(outputs, grads), the outputs being the
+//    loss on the head chunk) or its weight pass (zb-h1: the input gradient comes first
+//    from torch::autograd::grad(..., retain_graph), the weight gradient later from
+//    Engine::backward(outputs, grads, parameters)). The loss gradient is
+//    virtual_stages x backward_scale() = loss scale / m, and the gradients sent back carry
+//    it, so every stage's gradients carry the scale of the non-pipelined engine.
 //  * Activations and gradients travel on two groups split from the pp group, so each
 //    (sender, receiver) pair sees its messages in schedule order ([P2P Rules],
 //    [Pipeline Schedules]); sends are posted without waiting and completed before the
