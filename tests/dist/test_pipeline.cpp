@@ -19,7 +19,9 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -96,6 +98,7 @@ comm::GroupPtr case_group(int n) {
 struct Reference {
   std::vector<double> losses;  // per step, mean over this dp rank's micro-batches
   std::map<std::string, torch::Tensor> params;
+  double eval = 0;  // mean loss on step kSteps's micro-batches after training, no grad
 };
 
 // The non-pipelined engine over the same data-parallel ranks and data.
@@ -121,6 +124,11 @@ Reference run_reference(const Case& c, const comm::GroupPtr& dp, int dp_rank) {
     r.losses.push_back(sum / c.gas);
   }
   for (const auto& kv : model->named_parameters()) r.params[kv.key()] = kv.value().detach().clone();
+  torch::NoGradGuard ng;
+  for (int i = 0; i < c.gas; ++i) {
+    auto mb = micro_batch(kSteps, i, dp_rank);
+    r.eval += model->loss(mb.idx, mb.targets).item<double>() / c.gas;
+  }
   return r;
 }
 
@@ -184,7 +192,7 @@ TEST_P(PipelineEquivalence, MatchesTheNonPipelinedEngine) {
   // eval_batch: forward only, the same loss as the model's on the current weights.
   int i = 0;
   const double eval = pipe.eval_batch([&] { return micro_batch(kSteps, i++, dp_rank); });
-  EXPECT_GT(eval, 0);
+  EXPECT_NEAR(eval, ref.eval, 1e-5 * ref.eval) << c.name;
   EXPECT_EQ(pipe.engine().global_steps(), kSteps);
 }
 
@@ -209,6 +217,53 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"pp4_interleaved_z2", 4, 1, "interleaved", 2, 2, 4, 1.0},
         Case{"pp4_zbh1_z2", 4, 1, "zb-h1", 1, 2, 4, 1.0}),
     case_name);
+
+// The measured bubble's report and JSON metrics: one line per batch with every stage's
+// times, busy time within wall time, the formula of the schedule.
+TEST(PipelineReport, TimingAndMetrics) {
+  const int have = world()->size();
+  if (have < 2) GTEST_SKIP() << "a pipeline needs at least 2 ranks; this run has " << have;
+  auto group = case_group(2);
+  parallel::Topology topo(group, parallel::ParallelDims::make(2, 1, 1, 2));
+  Case c{"report", 2, 1, "1f1b", 1, 0, 4, 0.0};
+  torch::manual_seed(1);
+  models::GPT2 full(tiny(2));
+  PipeOptions po;
+  po.device = torch::Device(torch::kCPU);
+  const std::string path = "/tmp/zt_pipe_metrics_" + std::to_string(world()->rank() / 2) + ".jsonl";
+  if (topo.parent()->rank() == 0) std::remove(path.c_str());
+  po.metrics_path = topo.parent()->rank() == 0 ? path : "";
+  PipeEngine pipe(full, pipeline_config(ds_json(c, true), 2), topo, po);
+  for (int s = 0; s < 2; ++s) {
+    int i = 0;
+    pipe.train_batch([&] { return micro_batch(s, i++, 0); });
+  }
+  const auto& r = pipe.last_report();
+  EXPECT_EQ(r.step, 2);
+  EXPECT_EQ(r.schedule, "1f1b");
+  EXPECT_DOUBLE_EQ(r.bubble_formula, 1.0 / 4);
+  ASSERT_EQ(r.timing.size(), 2u);
+  for (const auto& t : r.timing) {
+    EXPECT_GT(t.forward_ms, 0);
+    EXPECT_GT(t.backward_ms, 0);
+    EXPECT_NEAR(t.busy_ms, t.forward_ms + t.backward_ms + t.weight_ms, 1e-6);
+    EXPECT_LE(t.busy_ms, t.wall_ms + 1e-6);
+    EXPECT_GT(t.busy_fraction(), 0);
+  }
+  EXPECT_GE(r.bubble, 0);
+  if (topo.parent()->rank() == 0) {
+    std::ifstream f(path);
+    std::string line;
+    int lines = 0;
+    while (std::getline(f, line)) {
+      auto j = nlohmann::json::parse(line);
+      EXPECT_EQ(j.at("stage_timing").size(), 2u);
+      EXPECT_TRUE(j.contains("bubble") && j.contains("bubble_formula"));
+      ++lines;
+    }
+    EXPECT_EQ(lines, 2);
+  }
+}
 
 template <typename F>
 std::string config_error(F&& f) {
