@@ -1,8 +1,15 @@
 // The pipeline executor. See [Pipeline Execution] in pipe/pipe_engine.h.
 #include "pipe/pipe_engine.h"
 
+#include <mpi.h>
+
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <cstdio>
 #include <fstream>
 
@@ -52,6 +59,69 @@ nlohmann::json PipeReport::to_json() const {
           {"bubble_formula", bubble_formula},
           {"stage_timing", st}};
 }
+
+// Waits on posted sends in a helper thread; see [Pipeline Execution]. Work::wait() polls
+// MPI_Test with the group's timeout; the main thread never waits on a Work it handed here.
+class PipeEngine::SendProgress {
+ public:
+  SendProgress() : thread_([this] { loop(); }) {}
+  ~SendProgress() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void push(comm::WorkPtr w) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      queue_.push_back(std::move(w));
+      ++inflight_;
+    }
+    cv_.notify_all();
+  }
+  // Blocks until every pushed send has completed; rethrows the first failure.
+  void drain() {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return inflight_ == 0; });
+    if (error_) {
+      auto e = error_;
+      error_ = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_ with nothing left
+      comm::WorkPtr w = std::move(queue_.front());
+      queue_.pop_front();
+      lk.unlock();
+      try {
+        w->wait();
+      } catch (...) {
+        std::lock_guard<std::mutex> g(mu_);
+        if (!error_) error_ = std::current_exception();
+      }
+      w.reset();
+      lk.lock();
+      --inflight_;
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<comm::WorkPtr> queue_;
+  int inflight_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
 
 struct PipeEngine::Slot {
   torch::Tensor input;     // received activation (a leaf requiring grad) on non-first chunks
@@ -117,14 +187,29 @@ PipeEngine::PipeEngine(const models::GPT2& full, const PipeConfig& cfg, parallel
   engine_ = initialize(module_.ptr(), stage_cfg, eo);
   module_->place_tied_copy(engine_->device(), engine_->compute_dtype());
   for (const auto& p : module_->parameters()) params_.push_back(p);
+  int thread_level = 0;
+  MPI_Query_thread(&thread_level);
+  if (spec.stages > 1 && engine_->device().is_cpu() && thread_level == MPI_THREAD_MULTIPLE)
+    progress_ = std::make_unique<SendProgress>();
 }
 
 PipeEngine::~PipeEngine() {
   // Sends still in flight complete in their Work's destructor ([P2P Rules]).
+  progress_.reset();
   pending_.clear();
 }
 
+void PipeEngine::post_send(const comm::GroupPtr& g, const torch::Tensor& t, int peer) {
+  auto w = g->batch_isend_irecv({comm::isend(t, peer)});
+  if (progress_) {
+    progress_->push(std::move(w));
+  } else {
+    pending_.push_back(std::move(w));
+  }
+}
+
 void PipeEngine::finish_sends() {
+  if (progress_) progress_->drain();
   for (auto& w : pending_) w->wait();
   pending_.clear();
 }
@@ -180,7 +265,7 @@ void PipeEngine::run(const Instr& in, std::vector<MicroBatch>& mbs, std::vector<
       break;
     }
     case Op::kSendAct:
-      pending_.push_back(act_->batch_isend_irecv({comm::isend(slot->output.detach().contiguous(), next)}));
+      post_send(act_, slot->output.detach().contiguous(), next);
       break;
     case Op::kRecvGrad: {
       auto g = torch::empty(hidden_shape(), act_options);
@@ -229,7 +314,7 @@ void PipeEngine::run(const Instr& in, std::vector<MicroBatch>& mbs, std::vector<
     }
     case Op::kSendGrad:
       ZT_ASSERT(slot->in_grad.defined(), "no input gradient to send for micro-batch ", in.mb);
-      pending_.push_back(grad_->batch_isend_irecv({comm::isend(slot->in_grad.contiguous(), prev)}));
+      post_send(grad_, slot->in_grad.contiguous(), prev);
       slot->in_grad = torch::Tensor();
       slot->input = torch::Tensor();
       break;
@@ -237,7 +322,7 @@ void PipeEngine::run(const Instr& in, std::vector<MicroBatch>& mbs, std::vector<
       if (!module_->holds_tied_copy()) break;
       torch::Tensor g = splits_backward(schedule_.spec.kind) ? tied_grad_ : module_->tied_copy().grad();
       if (!g.defined()) g = torch::zeros_like(module_->tied_copy());
-      pending_.push_back(pp_->batch_isend_irecv({comm::isend(g.contiguous(), 0)}));
+      post_send(pp_, g.contiguous(), 0);
       tied_grad_ = torch::Tensor();
       module_->tied_copy().mutable_grad() = torch::Tensor();
       break;
@@ -259,7 +344,7 @@ void PipeEngine::run(const Instr& in, std::vector<MicroBatch>& mbs, std::vector<
     }
     case Op::kSendTiedWeight:
       if (!module_->holds_embedding()) break;
-      pending_.push_back(pp_->batch_isend_irecv({comm::isend(module_->embedding_weight().detach().clone(), p - 1)}));
+      post_send(pp_, module_->embedding_weight().detach().clone(), p - 1);
       break;
     case Op::kRecvTiedWeight: {
       if (!module_->holds_tied_copy()) break;
@@ -376,7 +461,7 @@ double PipeEngine::eval_batch(const std::function<MicroBatch()>& next) {
       if (module_->has_head(c)) {
         loss_sum += y.item<double>();
       } else {
-        pending_.push_back(act_->batch_isend_irecv({comm::isend(y.contiguous(), nxt)}));
+        post_send(act_, y.contiguous(), nxt);
       }
     }
   }
