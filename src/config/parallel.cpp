@@ -3,6 +3,7 @@
 // together with the world size as parallel::ParallelDims (once, in resolve_parallel), and
 // a degree > 1 is "not supported yet" (support.cpp) until the engine implements it.
 // See docs/parallel.md and [Rank Order] in src/parallel/layout.h.
+#include "config/pipeline_options.h"
 #include "config/sections.h"
 #include "parallel/layout.h"
 #include "zerotrain/error.h"
@@ -24,8 +25,79 @@ TensorParallelConfig parse_tensor_parallel(Section s, std::vector<std::string>& 
 PipelineConfig parse_pipeline(Section s, std::vector<std::string>& not_supported) {
   PipelineConfig p;
   p.stages = s.get_int("stages", p.stages, kDegree);
+  PipelineOptions o;
+  read_pipeline_keys(s, p.stages, o, not_supported);
   read_known_keys(s, not_supported);
   return p;
+}
+
+void read_pipeline_keys(Section& s, int64_t stages, PipelineOptions& o, std::vector<std::string>& not_supported) {
+  const PipelineOptions def;
+  o.stages = stages;
+  std::vector<std::string> set;  // keys given with a value other than the default
+  o.partition = s.get_string("partition", "best");
+  if (o.partition != "best") set.push_back("partition");
+  const std::string lower_partition = lower(o.partition);
+  if (lower_partition == "best") {
+    o.partition = def.partition;
+  } else if (lower_partition != "parameters" && lower_partition != "uniform" &&
+             lower_partition.rfind("type:", 0) != 0) {
+    s.ctx().error(s.path_of("partition") + " = \"" + o.partition +
+                  "\" is not a partition method: use \"parameters\" (the default), \"uniform\" or "
+                  "\"type:REGEX\" (DeepSpeed's \"profile\" is not implemented there either)");
+  }
+  const bool seed_layers = s.get_bool("seed_layers", false);
+  if (seed_layers) {
+    not_supported.push_back(s.path_of("seed_layers") +
+                            " = true is not supported yet by zerotrain: the stages take their layers from one "
+                            "model built from one seed (so a pipelined run equals the non-pipelined one); set it "
+                            "false or remove it");
+  }
+  o.activation_checkpoint_interval =
+      s.get_int("activation_checkpoint_interval", def.activation_checkpoint_interval, IntRule{0, 1 << 20});
+  if (o.activation_checkpoint_interval != def.activation_checkpoint_interval) set.push_back("activation_checkpoint_interval");
+  for (const char* key : {"pipe_partitioned", "grad_partitioned"}) {
+    if (!s.get_bool(key, true)) {
+      not_supported.push_back(s.path_of(key) + " = false is not supported yet by zerotrain: it changes how " +
+                              "activations travel between stages under tensor parallelism only (DeepSpeed's " +
+                              "pipe engine ignores it without), which zerotrain does not have yet; remove it");
+    }
+  }
+  o.schedule = s.get_string("schedule", def.schedule, {"gpipe", "1f1b", "interleaved", "zb-h1"});
+  if (o.schedule != def.schedule) set.push_back("schedule");
+  o.virtual_stages = s.get_int("virtual_stages", def.virtual_stages, IntRule{1, 1 << 10});
+  if (o.virtual_stages != def.virtual_stages) set.push_back("virtual_stages");
+  if (o.virtual_stages > 1 && o.schedule != "interleaved") {
+    s.ctx().error(s.path_of("virtual_stages") + " = " + std::to_string(o.virtual_stages) + " needs " +
+                  s.path_of("schedule") + " = \"interleaved\" (the only schedule with virtual stages): set " +
+                  "the schedule or remove virtual_stages");
+  }
+  if (o.activation_checkpoint_interval > 0 && o.schedule == "zb-h1") {
+    s.ctx().error(s.path_of("activation_checkpoint_interval") + " = " +
+                  std::to_string(o.activation_checkpoint_interval) +
+                  " cannot run with the zb-h1 schedule: a checkpointed range recomputes and back-propagates "
+                  "its weights inside the input-gradient pass; use 1f1b or set the interval to 0");
+  }
+  if (stages == 1) {
+    for (const auto& key : set) {
+      not_supported.push_back(s.path_of(key) + " is set but takes effect only with pipeline.stages > 1: " +
+                              "set pipeline.stages or remove " + s.path_of(key));
+    }
+  }
+}
+
+PipelineOptions pipeline_options(const json& ds_config) {
+  Context ctx;
+  const json* p = ds_config.is_object() && ds_config.contains("pipeline") ? &ds_config.at("pipeline") : nullptr;
+  Section s(ctx, "pipeline", p);
+  PipelineOptions o;
+  std::vector<std::string> not_supported;
+  read_pipeline_keys(s, s.get_int("stages", 1, kDegree), o, not_supported);
+  std::string msg;
+  for (const auto& e : ctx.errors()) msg += "\n  " + e;
+  for (const auto& e : not_supported) msg += "\n  " + e;
+  if (!msg.empty()) throw ConfigError("invalid pipeline section:" + msg);
+  return o;
 }
 
 ExpertParallelConfig parse_expert_parallel(Section s) {

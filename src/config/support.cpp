@@ -207,7 +207,7 @@ const KnownKey kKnownKeys[] = {
     {"zero_optimization.offload_optimizer", "convert_grad_on_cpu", Known::scalar, "true"},
     {"zero_optimization.offload_optimizer", "cpuadam_cores_perc", Known::scalar, "0.8"},
     {"aio", "io_backend", Known::scalar, "\"async_io\""},
-    // tensor_parallel (AutoTP training; autotp_size is typed) and pipeline (stages is typed):
+    // tensor_parallel (AutoTP training; autotp_size is typed):
     // DeepSpeed's defaults (runtime/tensor_parallel/config.py, runtime/config.py)
     {"tensor_parallel", "tp_overlap_comm", Known::scalar, "false"},
     {"tensor_parallel", "dtype", Known::presence},
@@ -217,11 +217,7 @@ const KnownKey kKnownKeys[] = {
     {"tensor_parallel", "preset_model", Known::scalar, "null"},
     {"tensor_parallel", "keep_module_on_host", Known::scalar, "false"},
     {"tensor_parallel", "replace_with_kernel_inject", Known::scalar, "false", "kernel_inject"},
-    {"pipeline", "partition", Known::scalar, "\"best\""},
-    {"pipeline", "seed_layers", Known::scalar, "false"},
-    {"pipeline", "activation_checkpoint_interval", Known::scalar, "0"},
-    {"pipeline", "pipe_partitioned", Known::scalar, "true"},
-    {"pipeline", "grad_partitioned", Known::scalar, "true"},
+    // (the pipeline section's other keys are read in parallel.cpp: read_pipeline_keys)
 };
 
 bool equal_values(const json& a, const json& b) {
@@ -286,9 +282,12 @@ void check_support(const Config& c, std::vector<std::string>& not_supported) {
                                         ") is not implemented yet" + dp_all + " (or drop --tp)"));
   }
   if (c.pp_size() > 1) {
+    // zt::pipe::PipeEngine takes such a config (pipe::pipeline_config drops this message);
+    // zt::initialize and zerotrain train do not run a pipeline.
     not_supported.push_back(not_yet("pipeline.stages", std::to_string(c.pipeline.stages),
                                     "pipeline parallelism (pp " + std::to_string(c.pp_size()) +
-                                        ") is not implemented yet" + dp_all + " (or drop --pp)"));
+                                        ") runs only through zt::pipe::PipeEngine (docs/pipeline.md), not "
+                                        "zt::initialize or zerotrain train yet" + dp_all + " (or drop --pp)"));
   }
   if (c.expert_parallel.enabled) {
     not_supported.push_back(not_yet("expert_parallel.enabled", "true",

@@ -1,0 +1,47 @@
+// The "pipeline" section's keys beyond `stages` (DeepSpeed's runtime/config.py defaults
+// plus zerotrain's schedule choice), read by the config layer to validate them and by the
+// pipeline engine (src/pipe) to apply them. Kept out of zerotrain/config.h so that adding
+// them does not rebuild everything that includes the public config; Config::parse checks
+// them, pipeline_options() returns them. See docs/pipeline.md.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zt::config {
+
+class Section;
+
+struct PipelineOptions {
+  /// Pipeline stages (pipeline.stages; "auto" = 1).
+  int64_t stages = 1;
+  /// PipelineModule's partition_method: "parameters", "uniform" or "type:REGEX".
+  /// DeepSpeed's config default "best" (which its engine never reads) means "parameters",
+  /// PipelineModule's default.
+  std::string partition = "parameters";
+  /// Layers per activation-checkpointed range of a stage (0 = off), DeepSpeed's
+  /// activation_checkpoint_interval. Not with the zb-h1 schedule (see docs/pipeline.md).
+  int64_t activation_checkpoint_interval = 0;
+  /// zerotrain's key: "gpipe", "1f1b" (DeepSpeed's TrainSchedule, the default),
+  /// "interleaved" or "zb-h1".
+  std::string schedule = "1f1b";
+  /// zerotrain's key: model chunks per stage for the interleaved schedule. 1.
+  int64_t virtual_stages = 1;
+  // seed_layers (must be false), pipe_partitioned and grad_partitioned (must be true: they
+  // act only under tensor parallelism, which zerotrain does not have) are checked, not kept.
+};
+
+// Reads every key of the pipeline section except `stages` into `o`, recording type errors
+// in s.ctx() and settings zerotrain cannot honour in `not_supported` (each naming the key,
+// the value and the fix). With stages == 1 a key set to other than its default is "not
+// supported" too: it would have no pipeline to act on.
+void read_pipeline_keys(Section& s, int64_t stages, PipelineOptions& o, std::vector<std::string>& not_supported);
+
+// The pipeline section of a DeepSpeed config (JSON as read by Config::read_json_file).
+// Throws ConfigError listing every problem with it.
+PipelineOptions pipeline_options(const nlohmann::json& ds_config);
+
+}  // namespace zt::config

@@ -1,0 +1,129 @@
+// GPT-2 pipeline layers and stages. See pipe/gpt2_pipe.h.
+#include "pipe/gpt2_pipe.h"
+
+#include <limits>
+
+#include "models/checkpoint.h"
+#include "models/lm_head_loss.h"
+#include "zerotrain/error.h"
+
+namespace zt::pipe {
+
+namespace F = torch::nn::functional;
+
+std::vector<LayerInfo> gpt2_layers(const models::GPT2Config& cfg) {
+  const int64_t C = cfg.n_embd;
+  std::vector<LayerInfo> out;
+  out.push_back({"GPT2Embedding", cfg.vocab_size * C + cfg.n_positions * C});
+  for (int64_t i = 0; i < cfg.n_layer; ++i) out.push_back({"GPT2Block", 12 * C * C + 13 * C});
+  out.push_back({"GPT2Head", cfg.vocab_size * C + 2 * C});
+  return out;
+}
+
+GPT2StageImpl::GPT2StageImpl(const models::GPT2& full, std::vector<std::pair<int, int>> chunks,
+                             int64_t checkpoint_interval)
+    : cfg_(full->config()),
+      num_layers_(static_cast<int>(full->config().n_layer) + 2),
+      chunks_(std::move(chunks)),
+      ckpt_interval_(checkpoint_interval) {
+  ZT_CHECK_T(!chunks_.empty(), ConfigError, "a pipeline stage needs at least one chunk of layers");
+  ZT_CHECK_T(!cfg_.deferred_init, ConfigError, "pipeline stages take GPT-2 built with deferred_init false");
+  bool emb = false, head = false;
+  blocks_.assign(static_cast<size_t>(cfg_.n_layer), models::Block(nullptr));
+  std::vector<int> held;  // block numbers, ascending
+  int prev_end = 0;
+  for (const auto& [b, e] : chunks_) {
+    ZT_CHECK_T(b >= prev_end && b < e && e <= num_layers_, ConfigError, "pipeline stage chunk [", b, ", ", e,
+               ") is not a range of the model's ", num_layers_, " pipeline layers in order");
+    prev_end = e;
+    for (int l = b; l < e; ++l) {
+      if (l == 0) {
+        emb = true;
+      } else if (l == num_layers_ - 1) {
+        head = true;
+      } else {
+        held.push_back(l - 1);
+      }
+    }
+  }
+  // Registration order = the whole model's (wte, wpe, h.*, ln_f), as the engine flattens.
+  if (emb) {
+    wte_ = register_module("wte", full->wte);
+    wpe_ = register_module("wpe", full->wpe);
+  }
+  if (!held.empty()) {
+    h_ = register_module("h", torch::nn::ModuleDict());
+    const auto all = full->blocks();
+    std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> named;
+    for (int i : held) {
+      const auto& m = all[static_cast<size_t>(i)];
+      blocks_[static_cast<size_t>(i)] = models::Block(std::dynamic_pointer_cast<models::BlockImpl>(m));
+      named.emplace_back(std::to_string(i), m);
+    }
+    h_->update(named);
+  }
+  if (head) {
+    ln_f_ = register_module("ln_f", full->ln_f);
+    if (!emb) tied_copy_ = full->wte->weight.detach().clone().set_requires_grad(true);
+  }
+}
+
+void GPT2StageImpl::place_tied_copy(torch::Device device, at::ScalarType dtype) {
+  if (!tied_copy_.defined()) return;
+  tied_copy_ = tied_copy_.detach().to(device, dtype).clone().set_requires_grad(true);
+}
+
+torch::Tensor GPT2StageImpl::run_blocks(int first, int last, const torch::Tensor& x) {
+  torch::Tensor y = x;
+  for (int i = first; i < last; ++i) y = blocks_[static_cast<size_t>(i)]->forward(y);
+  return y;
+}
+
+torch::Tensor GPT2StageImpl::head_loss(const torch::Tensor& x, const torch::Tensor& targets) {
+  ZT_CHECK(targets.defined() && targets.dim() == 2 && targets.size(0) == x.size(0) && targets.size(1) == x.size(1),
+           "GPT-2 pipeline head: targets must be (B, T) matching the hidden state ", x.sizes());
+  const torch::Tensor& w = tied_copy_.defined() ? tied_copy_ : wte_->weight;  // (V, C)
+  const auto h = models::layer_norm(ln_f_, x);                                 // (B, T, C)
+  // GPT2Impl::loss's two paths, so the pipeline computes the same values.
+  if (cfg_.fused_lm_head_loss && h.scalar_type() != torch::kHalf) {
+    return models::lm_head_cross_entropy(h.reshape({-1, h.size(-1)}), w, targets.reshape({-1}),
+                                         cfg_.lm_head_pad_multiple, models::gpt2_loss_chunk_rows(cfg_));
+  }
+  const int64_t V = cfg_.vocab_size, Vp = models::gpt2_padded_vocab(cfg_);
+  const auto wp = Vp > V ? at::constant_pad_nd(w, {0, 0, 0, Vp - V}) : w;
+  auto lf = F::linear(h, wp).to(torch::kFloat).view({-1, Vp});
+  if (Vp > V) lf.narrow(1, V, Vp - V).fill_(-std::numeric_limits<float>::infinity());
+  return F::cross_entropy(lf, targets.reshape({-1}), F::CrossEntropyFuncOptions().ignore_index(-1));
+}
+
+torch::Tensor GPT2StageImpl::forward(int chunk, const torch::Tensor& x, const torch::Tensor& targets) {
+  const auto [begin, end] = chunk_layers(chunk);
+  torch::Tensor y = x;
+  int l = begin;
+  if (l == 0) {
+    ZT_CHECK(x.dim() == 2 && x.scalar_type() == torch::kLong, "GPT-2 pipeline embedding: idx must be (B, T) int64, got ",
+             x.sizes(), " ", x.scalar_type());
+    ZT_CHECK(x.size(1) <= cfg_.n_positions, "GPT-2 pipeline embedding: sequence length ", x.size(1),
+             " exceeds n_positions ", cfg_.n_positions);
+    auto pos = torch::arange(x.size(1), x.options());
+    y = wte_(x) + wpe_(pos);
+    l = 1;
+  }
+  // Blocks: layers [l, min(end, head)) = blocks [l-1, ...). With a checkpoint interval the
+  // stage's layers are cut into ranges of that many from the chunk's first layer (as
+  // DeepSpeed's exec_range_func) and each range's blocks run as one checkpoint.
+  const int block_end = std::min(end, num_layers_ - 1);
+  if (ckpt_interval_ > 0 && torch::GradMode::is_enabled()) {
+    for (int r = begin; r < block_end; r += static_cast<int>(ckpt_interval_)) {
+      const int a = std::max(r, l), b = std::min(block_end, r + static_cast<int>(ckpt_interval_));
+      if (a >= b) continue;
+      y = models::checkpoint([this, a, b](const torch::Tensor& t) { return run_blocks(a - 1, b - 1, t); }, y);
+    }
+  } else if (l < block_end) {
+    y = run_blocks(l - 1, block_end - 1, y);
+  }
+  if (end == num_layers_) return head_loss(y, targets);
+  return y;
+}
+
+}  // namespace zt::pipe

@@ -1,0 +1,474 @@
+// The pipeline executor. See [Pipeline Execution] in pipe/pipe_engine.h.
+#include "pipe/pipe_engine.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <cstdio>
+#include <fstream>
+
+#include "zerotrain/error.h"
+
+namespace zt::pipe {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0, Clock::time_point t1) {
+  return std::chrono::duration<double, std::milli>(t1 - t0).count();
+}
+// The prefix of the message config/support.cpp records for pipeline.stages > 1.
+constexpr const char* kStagesNotSupported = "pipeline.stages = ";
+}  // namespace
+
+PipeConfig pipeline_config(const nlohmann::json& ds_config, int world_size, const std::string& origin) {
+  PipeConfig pc{Config::parse(ds_config, world_size, origin), config::pipeline_options(ds_config)};
+  std::string rest;
+  for (const auto& m : pc.config.not_supported_yet) {
+    if (m.rfind(kStagesNotSupported, 0) == 0) continue;  // what this engine implements
+    rest += "\n  " + m;
+  }
+  if (!rest.empty()) throw ConfigError(origin + ": settings zerotrain does not support yet:" + rest);
+  pc.config.not_supported_yet.clear();
+  return pc;
+}
+
+nlohmann::json PipeReport::to_json() const {
+  nlohmann::json st = nlohmann::json::array();
+  for (const auto& t : timing) {
+    st.push_back({{"wall_ms", t.wall_ms},
+                  {"busy_ms", t.busy_ms},
+                  {"busy_fraction", t.busy_fraction()},
+                  {"forward_ms", t.forward_ms},
+                  {"backward_ms", t.backward_ms},
+                  {"weight_ms", t.weight_ms},
+                  {"step_ms", t.step_ms}});
+  }
+  return {{"pipeline_step", step},
+          {"loss", loss},
+          {"schedule", schedule},
+          {"stages", stages},
+          {"micro_batches", micro_batches},
+          {"virtual_stages", virtual_stages},
+          {"bubble", bubble},
+          {"bubble_formula", bubble_formula},
+          {"stage_timing", st}};
+}
+
+// Waits on posted sends in a helper thread; see [Pipeline Execution]. Work::wait() polls
+// MPI_Test with the group's timeout; the main thread never waits on a Work it handed here.
+class PipeEngine::SendProgress {
+ public:
+  SendProgress() : thread_([this] { loop(); }) {}
+  ~SendProgress() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void push(comm::WorkPtr w) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      queue_.push_back(std::move(w));
+      ++inflight_;
+    }
+    cv_.notify_all();
+  }
+  // Blocks until every pushed send has completed; rethrows the first failure.
+  void drain() {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return inflight_ == 0; });
+    if (error_) {
+      auto e = error_;
+      error_ = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_ with nothing left
+      comm::WorkPtr w = std::move(queue_.front());
+      queue_.pop_front();
+      lk.unlock();
+      try {
+        w->wait();
+      } catch (...) {
+        std::lock_guard<std::mutex> g(mu_);
+        if (!error_) error_ = std::current_exception();
+      }
+      w.reset();
+      lk.lock();
+      --inflight_;
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<comm::WorkPtr> queue_;
+  int inflight_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
+
+struct PipeEngine::Slot {
+  torch::Tensor input;     // received activation (a leaf requiring grad) on non-first chunks
+  torch::Tensor output;    // hidden state, or the loss on the head chunk
+  torch::Tensor out_grad;  // gradient of output received from the next virtual stage
+  torch::Tensor in_grad;   // gradient of input, to send back
+};
+
+PipeEngine::PipeEngine(const models::GPT2& full, const PipeConfig& cfg, parallel::Topology& topo, PipeOptions opts)
+    : cfg_(cfg), opts_(std::move(opts)) {
+  const auto& d = topo.dims();
+  const auto& po = cfg_.pipeline;
+  // Every check below is a function of the config and the model, so every rank throws
+  // alike before the first collective.
+  ZT_CHECK_T(d.pp == po.stages, ConfigError, "pipeline.stages = ", po.stages, " but the topology has pp ", d.pp,
+             ": build the Topology with pp = pipeline.stages");
+  ZT_CHECK_T(d.tp == 1 && d.ep == 1, ConfigError, "the pipeline engine runs pp x dp only (topology ", d.to_string(),
+             "): tensor and expert parallelism are not implemented yet");
+  ZT_CHECK_T(cfg_.config.zero_optimization.stage <= 2, ConfigError, "zero_optimization.stage = ",
+             cfg_.config.zero_optimization.stage,
+             " with pipeline.stages > 1 is not supported: use ZeRO stage 0, 1 or 2 over the data-parallel ranks "
+             "(DeepSpeed's pipeline refuses stages 2 and 3)");
+  ZT_CHECK_T(cfg_.config.dp_world_size == d.dp, ConfigError, "the config was resolved for ", cfg_.config.dp_world_size,
+             " data-parallel ranks but the topology has dp ", d.dp, ": parse it for the world size ", d.world());
+  const ScheduleSpec spec{parse_schedule_kind(po.schedule), d.pp,
+                          static_cast<int>(cfg_.config.gradient_accumulation_steps),
+                          static_cast<int>(po.virtual_stages)};
+  schedule_ = make_schedule(spec);
+  ZT_CHECK_T(!(po.activation_checkpoint_interval > 0 && splits_backward(spec.kind)), ConfigError,
+             "pipeline.activation_checkpoint_interval > 0 cannot run with the zb-h1 schedule (a checkpointed range "
+             "back-propagates its weights inside the input-gradient pass); use 1f1b or set it to 0");
+  const int chunks = spec.stages * spec.virtual_stages;
+  bounds_ = partition_layers(gpt2_layers(full->config()), chunks, po.partition,
+                             spec.virtual_stages > 1 ? "pipeline.stages x virtual_stages" : "pipeline.stages");
+  stage_ = topo.coords().pp;
+  std::vector<std::pair<int, int>> mine;
+  for (int c = 0; c < spec.virtual_stages; ++c) {
+    const size_t part = static_cast<size_t>(c * spec.stages + stage_);
+    mine.emplace_back(bounds_[part], bounds_[part + 1]);
+  }
+  module_ = GPT2Stage(full, mine, po.activation_checkpoint_interval);
+
+  // Groups, in the same order on every rank (the splits are collective).
+  world_ = topo.parent();
+  auto dp = topo.dp();
+  auto mp = topo.model_parallel();
+  pp_ = topo.pp();
+  if (spec.stages > 1) {
+    act_ = pp_->split(0, pp_->rank());
+    grad_ = pp_->split(0, pp_->rank());
+  }
+  // The stage engine counts one micro-step per backward call, and a stage with v chunks
+  // makes v of them per micro-batch: its window is m * v calls, and the loss gradient
+  // entering the head carries v * backward_scale() = loss scale / m (see roots in run()).
+  Config stage_cfg = cfg_.config;
+  stage_cfg.gradient_accumulation_steps *= spec.virtual_stages;
+  stage_cfg.train_batch_size *= spec.virtual_stages;
+  EngineOptions eo;
+  eo.group = dp;
+  eo.model_parallel = mp;
+  eo.device = opts_.device;
+  eo.print = false;
+  engine_ = initialize(module_.ptr(), stage_cfg, eo);
+  module_->place_tied_copy(engine_->device(), engine_->compute_dtype());
+  for (const auto& p : module_->parameters()) params_.push_back(p);
+  int thread_level = 0;
+  MPI_Query_thread(&thread_level);
+  if (spec.stages > 1 && engine_->device().is_cpu() && thread_level == MPI_THREAD_MULTIPLE)
+    progress_ = std::make_unique<SendProgress>();
+}
+
+PipeEngine::~PipeEngine() {
+  // Sends still in flight complete in their Work's destructor ([P2P Rules]).
+  progress_.reset();
+  pending_.clear();
+}
+
+void PipeEngine::post_send(const comm::GroupPtr& g, const torch::Tensor& t, int peer) {
+  auto w = g->batch_isend_irecv({comm::isend(t, peer)});
+  if (progress_) {
+    progress_->push(std::move(w));
+  } else {
+    pending_.push_back(std::move(w));
+  }
+}
+
+void PipeEngine::finish_sends() {
+  if (progress_) progress_->drain();
+  for (auto& w : pending_) w->wait();
+  pending_.clear();
+}
+
+void PipeEngine::run(const Instr& in, std::vector<MicroBatch>& mbs, std::vector<Slot>& slots, StageTiming& t) {
+  const int p = schedule_.spec.stages, v = schedule_.spec.virtual_stages;
+  const int next = (stage_ + 1) % p, prev = (stage_ + p - 1) % p;
+  Slot* slot = in.mb >= 0 ? &slots[static_cast<size_t>(in.mb * v + in.chunk)] : nullptr;
+  const bool head = slot && module_->has_head(in.chunk);
+  const bool first_vs = slot && schedule_.virtual_stage(stage_, in.chunk) == 0;
+  const int64_t C = module_->config().n_embd;
+  auto hidden_shape = [&] {
+    return std::vector<int64_t>{mbs[static_cast<size_t>(in.mb)].idx.size(0), mbs[static_cast<size_t>(in.mb)].idx.size(1), C};
+  };
+  auto act_options = torch::TensorOptions().dtype(engine_->compute_dtype()).device(engine_->device());
+  // What a backward of `slot` starts from: the loss (gradient = the engine's scale) on the
+  // head chunk, else the output with the gradient the next stage sent.
+  auto roots = [&](std::vector<torch::Tensor>& outs, std::vector<torch::Tensor>& grads) {
+    outs = {slot->output};
+    grads = {head ? torch::full_like(slot->output, engine_->backward_scale() * v) : slot->out_grad};
+  };
+  // Before the first stage's last backward of chunk 0: the tied gradient from the last
+  // stage joins it through a view of wte ([Pipeline Tied Weights]).
+  auto add_tied = [&](std::vector<torch::Tensor>& outs, std::vector<torch::Tensor>& grads) {
+    if (!tied_grad_ready_ || !first_vs || !module_->holds_embedding()) return;
+    auto w = module_->embedding_weight();
+    outs.push_back(w.view_as(w));
+    grads.push_back(tied_grad_);
+    tied_grad_ready_ = false;
+  };
+  auto timed = [&](double& bucket, const std::function<void()>& f) {
+    const auto a = Clock::now();
+    f();
+    const double d = ms_since(a, Clock::now());
+    bucket += d;
+    t.busy_ms += d;
+  };
+  switch (in.op) {
+    case Op::kRecvAct: {
+      auto x = torch::empty(hidden_shape(), act_options);
+      act_->recv(x, prev);
+      slot->input = x.requires_grad_(true);
+      break;
+    }
+    case Op::kForward: {
+      const auto& mb = mbs[static_cast<size_t>(in.mb)];
+      const torch::Tensor x = module_->has_embedding(in.chunk) ? mb.idx : slot->input;
+      const torch::Tensor targets = head ? mb.targets : torch::Tensor();
+      timed(t.forward_ms, [&] {
+        slot->output = engine_->forward([&] { return module_->forward(in.chunk, x, targets); });
+      });
+      if (head) loss_sum_ += slot->output.detach().item<double>();
+      break;
+    }
+    case Op::kSendAct:
+      post_send(act_, slot->output.detach().contiguous(), next);
+      break;
+    case Op::kRecvGrad: {
+      auto g = torch::empty(hidden_shape(), act_options);
+      grad_->recv(g, next);
+      slot->out_grad = g;
+      break;
+    }
+    case Op::kBackward: {
+      timed(t.backward_ms, [&] {
+        std::vector<torch::Tensor> outs, grads;
+        roots(outs, grads);
+        add_tied(outs, grads);
+        engine_->backward(outs, grads, {}, head ? slot->output.detach() : torch::Tensor());
+        if (slot->input.defined()) slot->in_grad = slot->input.grad();
+      });
+      slot->output = torch::Tensor();
+      slot->out_grad = torch::Tensor();
+      break;
+    }
+    case Op::kBackwardInput: {
+      if (first_vs) break;  // token ids have no gradient: W does the whole backward
+      timed(t.backward_ms, [&] {
+        std::vector<torch::Tensor> outs, grads;
+        roots(outs, grads);
+        std::vector<torch::Tensor> ins{slot->input};
+        const bool tied = head && module_->holds_tied_copy();
+        if (tied) ins.push_back(module_->tied_copy());
+        auto res = torch::autograd::grad(outs, ins, grads, /*retain_graph=*/true, /*create_graph=*/false,
+                                         /*allow_unused=*/true);
+        slot->in_grad = res[0];
+        if (tied && res[1].defined()) tied_grad_ = tied_grad_.defined() ? tied_grad_ + res[1] : res[1];
+      });
+      break;
+    }
+    case Op::kBackwardWeight: {
+      timed(t.weight_ms, [&] {
+        std::vector<torch::Tensor> outs, grads;
+        roots(outs, grads);
+        add_tied(outs, grads);
+        engine_->backward(outs, grads, params_, head ? slot->output.detach() : torch::Tensor());
+      });
+      slot->output = torch::Tensor();
+      slot->out_grad = torch::Tensor();
+      slot->input = torch::Tensor();
+      break;
+    }
+    case Op::kSendGrad:
+      ZT_ASSERT(slot->in_grad.defined(), "no input gradient to send for micro-batch ", in.mb);
+      post_send(grad_, slot->in_grad.contiguous(), prev);
+      slot->in_grad = torch::Tensor();
+      slot->input = torch::Tensor();
+      break;
+    case Op::kSendTiedGrad: {
+      if (!module_->holds_tied_copy()) break;
+      torch::Tensor g = splits_backward(schedule_.spec.kind) ? tied_grad_ : module_->tied_copy().grad();
+      if (!g.defined()) g = torch::zeros_like(module_->tied_copy());
+      post_send(pp_, g.contiguous(), 0);
+      tied_grad_ = torch::Tensor();
+      module_->tied_copy().mutable_grad() = torch::Tensor();
+      break;
+    }
+    case Op::kRecvTiedGrad:
+      if (!module_->holds_embedding()) break;
+      tied_grad_ = torch::empty_like(module_->embedding_weight());
+      pp_->recv(tied_grad_, p - 1);
+      tied_grad_ready_ = true;
+      break;
+    case Op::kReduceGrads:
+      break;  // inside the engine's step (and its backward at ZeRO stages 0 and 2)
+    case Op::kOptimizerStep: {
+      finish_sends();
+      ZT_ASSERT(!tied_grad_ready_, "the tied gradient was received but not used");
+      const bool boundary = engine_->step();
+      ZT_ASSERT(boundary, "the pipeline's optimizer step is not at an accumulation boundary");
+      break;
+    }
+    case Op::kSendTiedWeight:
+      if (!module_->holds_embedding()) break;
+      post_send(pp_, module_->embedding_weight().detach().clone(), p - 1);
+      break;
+    case Op::kRecvTiedWeight: {
+      if (!module_->holds_tied_copy()) break;
+      auto w = torch::empty_like(module_->tied_copy());
+      pp_->recv(w, 0);
+      torch::NoGradGuard ng;
+      module_->tied_copy().copy_(w);
+      break;
+    }
+  }
+}
+
+double PipeEngine::train_batch(const std::function<MicroBatch()>& next) {
+  const auto& spec = schedule_.spec;
+  ZT_CHECK_T(engine_->micro_steps() % (spec.micro_batches * spec.virtual_stages) == 0, TrainingError,
+             "train_batch: the stage engine is in the middle of an accumulation window");
+  std::vector<MicroBatch> mbs;
+  for (int i = 0; i < spec.micro_batches; ++i) {
+    mbs.push_back(next());
+    const auto& mb = mbs.back();
+    ZT_CHECK_T(mb.idx.defined() && mb.idx.dim() == 2 && mb.targets.defined() && mb.targets.sizes() == mb.idx.sizes(),
+               ConfigError, "train_batch: micro-batch ", i, " must be idx and targets of the same (B, T) shape");
+    mbs.back().idx = mb.idx.to(engine_->device());
+    mbs.back().targets = mb.targets.to(engine_->device());
+  }
+  std::vector<Slot> slots(static_cast<size_t>(spec.micro_batches * spec.virtual_stages));
+  loss_sum_ = 0;
+  tied_grad_ = torch::Tensor();
+  tied_grad_ready_ = false;
+  StageTiming t;
+  pp_->barrier();
+  const auto t0 = Clock::now();
+  auto compute_end = t0;
+  for (const auto& in : schedule_.stages[static_cast<size_t>(stage_)]) {
+    if (in.op == Op::kReduceGrads) compute_end = Clock::now();
+    run(in, mbs, slots, t);
+  }
+  finish_sends();
+  const auto t1 = Clock::now();
+  t.wall_ms = ms_since(t0, compute_end);
+  t.step_ms = ms_since(compute_end, t1);
+  ++steps_;
+
+  // Every stage's timing and the loss, over the pp group (CPU tensors: MPI).
+  const int p = spec.stages;
+  auto mine = torch::tensor({t.wall_ms, t.busy_ms, t.forward_ms, t.backward_ms, t.weight_ms, t.step_ms, loss_sum_},
+                            torch::kDouble);
+  auto all = torch::empty({p * 7}, torch::kDouble);
+  if (p > 1) {
+    pp_->all_gather(all, mine);
+  } else {
+    all.copy_(mine);
+  }
+  report_ = PipeReport{};
+  report_.step = steps_;
+  report_.schedule = schedule_name(spec.kind);
+  report_.stages = p;
+  report_.micro_batches = spec.micro_batches;
+  report_.virtual_stages = spec.virtual_stages;
+  report_.bubble_formula = bubble_formula(spec);
+  auto a = all.accessor<double, 1>();
+  double max_wall = 0, max_busy = 0, loss = 0;
+  for (int s = 0; s < p; ++s) {
+    StageTiming st;
+    st.wall_ms = a[s * 7 + 0];
+    st.busy_ms = a[s * 7 + 1];
+    st.forward_ms = a[s * 7 + 2];
+    st.backward_ms = a[s * 7 + 3];
+    st.weight_ms = a[s * 7 + 4];
+    st.step_ms = a[s * 7 + 5];
+    loss += a[s * 7 + 6];
+    max_wall = std::max(max_wall, st.wall_ms);
+    max_busy = std::max(max_busy, st.busy_ms);
+    report_.timing.push_back(st);
+  }
+  report_.loss = loss / spec.micro_batches;
+  report_.bubble = max_busy > 0 ? (max_wall - max_busy) / max_busy : 0;
+  if (world_->rank() == 0) {
+    if (!opts_.metrics_path.empty()) {
+      std::ofstream f(opts_.metrics_path, std::ios::app);
+      ZT_CHECK_T(f.good(), ConfigError, "cannot open the pipeline metrics file ", opts_.metrics_path);
+      f << report_.to_json().dump() << "\n";
+    }
+    if (opts_.print) {
+      std::printf("pipe step %lld: loss %.4f, %s p %d m %d v %d, bubble %.3f (formula %.3f)\n",
+                  static_cast<long long>(report_.step), report_.loss, report_.schedule.c_str(), p,
+                  spec.micro_batches, spec.virtual_stages, report_.bubble, report_.bubble_formula);
+    }
+  }
+  return report_.loss;
+}
+
+double PipeEngine::eval_batch(const std::function<MicroBatch()>& next) {
+  const auto& spec = schedule_.spec;
+  const int p = spec.stages, v = spec.virtual_stages;
+  const int nxt = (stage_ + 1) % p, prv = (stage_ + p - 1) % p;
+  torch::NoGradGuard ng;
+  double loss_sum = 0;
+  const auto opts = torch::TensorOptions().dtype(engine_->compute_dtype()).device(engine_->device());
+  for (int i = 0; i < spec.micro_batches; ++i) {
+    MicroBatch mb = next();
+    auto idx = mb.idx.to(engine_->device());
+    auto targets = mb.targets.to(engine_->device());
+    // Chunks in virtual-stage order: a valid order on every rank, and the messages of each
+    // (sender, receiver) pair go in the same order on both sides.
+    for (int c = 0; c < v; ++c) {
+      const int vs = schedule_.virtual_stage(stage_, c);
+      torch::Tensor x = idx;
+      if (vs > 0) {
+        x = torch::empty({idx.size(0), idx.size(1), module_->config().n_embd}, opts);
+        act_->recv(x, prv);
+      }
+      auto y = module_->forward(c, x, module_->has_head(c) ? targets : torch::Tensor());
+      if (module_->has_head(c)) {
+        loss_sum += y.item<double>();
+      } else {
+        post_send(act_, y.contiguous(), nxt);
+      }
+    }
+  }
+  finish_sends();
+  auto l = torch::tensor({loss_sum}, torch::kDouble);
+  if (p > 1) pp_->all_reduce(l, comm::ReduceOp::kSum);
+  return l.item<double>() / spec.micro_batches;
+}
+
+}  // namespace zt::pipe

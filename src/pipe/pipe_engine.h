@@ -1,0 +1,156 @@
+// zt::pipe::PipeEngine: runs a pipeline schedule (pipe/schedule.h) over the pp group of a
+// parallel::Topology, one zt::Engine per stage over the stage's data-parallel group --
+// DeepSpeed's PipelineEngine (runtime/pipe/engine.py: train_batch / eval_batch), with
+// ZeRO stages 0, 1 and 2 over dp (DeepSpeed refuses 2) and the gpipe, 1f1b, interleaved
+// and zb-h1 schedules.
+//
+//   auto pc = zt::pipe::pipeline_config(json, world->size());
+//   zt::parallel::Topology topo(world, zt::parallel::ParallelDims::make(world->size(), dp, 1, pp));
+//   torch::manual_seed(1);
+//   zt::models::GPT2 full(cfg);                 // the whole model; each stage keeps its layers
+//   zt::pipe::PipeEngine pipe(full, pc, topo);
+//   for (...) double loss = pipe.train_batch(next_micro_batch);
+//
+// [Pipeline Execution]
+//  * Micro-batches per batch = gradient_accumulation_steps. train_batch calls `next` that
+//    many times on EVERY rank (the first stage uses the token ids, the last stage the
+//    targets, the others the shape), like a data loader per rank.
+//  * A stage's engine sees one micro-step per backward call, one per micro-batch and chunk
+//    (its gradient_accumulation_steps is m x virtual_stages): the chunk's full backward
+//    (gpipe, 1f1b, interleaved; Engine::backward(outputs, grads), the outputs being the
+//    loss on the head chunk) or its weight pass (zb-h1: the input gradient comes first
+//    from torch::autograd::grad(..., retain_graph), the weight gradient later from
+//    Engine::backward(outputs, grads, parameters)). The loss gradient is
+//    virtual_stages x backward_scale() = loss scale / m, and the gradients sent back carry
+//    it, so every stage's gradients carry the scale of the non-pipelined engine.
+//  * Activations and gradients travel on two groups split from the pp group, so each
+//    (sender, receiver) pair sees its messages in schedule order ([P2P Rules],
+//    [Pipeline Schedules]); sends are posted without waiting and completed before the
+//    optimizer step; receives block with the group's timeout (a dead stage is a CommError
+//    naming the op and peer, never a hang). On CPU ranks a helper thread waits on the
+//    posted sends while the stage computes: MPI moves a large message only while the
+//    sender is inside MPI, so without it a send posted before a forward completed only at
+//    the stage's next receive, and the stages ran one after the other (measured bubble
+//    ~1.0 for 1f1b at p 2, m 8). Needs MPI_THREAD_MULTIPLE (else sends complete at the
+//    next MPI call, as before).
+//  * The gradient norm (clipping, overflow) is summed over the model-parallel group, so
+//    every stage clips and skips alike. Tied weights: see [Pipeline Tied Weights].
+//  * Timing: the batch starts after a barrier over the pp group; a stage's wall time runs
+//    to the end of its last forward/backward, its busy time sums them (wall clock; on CUDA
+//    after a device synchronize per op, so only for measuring). The measured bubble is
+//    (max wall - max busy) / max busy over the stages, the quantity the formulas give.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/pipeline_options.h"
+#include "models/gpt2.h"
+#include "parallel/topology.h"
+#include "pipe/gpt2_pipe.h"
+#include "pipe/schedule.h"
+#include "zerotrain/config.h"
+#include "zerotrain/engine.h"
+
+namespace zt::pipe {
+
+struct PipeConfig {
+  Config config;                     // resolved for world / pp data-parallel ranks
+  config::PipelineOptions pipeline;  // the pipeline section
+};
+// Config::parse of a DeepSpeed config for `world_size` ranks with the pipeline section
+// read as well; pipeline.stages > 1 is accepted here (it is "not supported" for
+// zt::initialize), any other not-supported setting throws ConfigError as from_json does.
+PipeConfig pipeline_config(const nlohmann::json& ds_config, int world_size, const std::string& origin = "<json>");
+
+struct MicroBatch {
+  torch::Tensor idx;      // (B, T) int64 token ids
+  torch::Tensor targets;  // (B, T) int64, -1 = ignored
+};
+
+// One stage's times in one batch (milliseconds, wall clock).
+struct StageTiming {
+  double wall_ms = 0;  // batch start to the end of the stage's last forward/backward
+  double busy_ms = 0;  // forward + backward (+ weight) time
+  double forward_ms = 0, backward_ms = 0, weight_ms = 0;
+  double step_ms = 0;  // the optimizer step (and tied-weight exchange), after wall_ms
+  double busy_fraction() const { return wall_ms > 0 ? busy_ms / wall_ms : 0; }
+};
+
+struct PipeReport {
+  int64_t step = 0;
+  double loss = 0;  // mean over the batch's micro-batches (this data-parallel replica)
+  std::string schedule;
+  int stages = 1, micro_batches = 1, virtual_stages = 1;
+  std::vector<StageTiming> timing;  // per stage (pp rank)
+  double bubble = 0;                // measured: (max wall - max busy) / max busy
+  double bubble_formula = 0;        // bubble_formula(spec)
+  nlohmann::json to_json() const;
+};
+
+struct PipeOptions {
+  std::optional<torch::Device> device;  // unset: zt::default_device()
+  std::string metrics_path;             // JSON lines, one PipeReport per batch (world rank 0)
+  bool print = false;                   // one line per batch on world rank 0
+};
+
+class PipeEngine {
+ public:
+  // Collective over the topology's parent group. `full` is the whole GPT-2 (built from one
+  // seed on every rank); this rank keeps the layers of its stage's chunks
+  // (pipeline.partition over gpt2_layers; interleaved: pp x virtual_stages chunks, chunk c
+  // of stage s = part c*pp + s). ConfigError, before any step, for: topology pp !=
+  // pipeline.stages, tp or ep > 1, ZeRO stage 3, fewer pipeline layers than chunks, and a
+  // schedule that does not fit the micro-batches.
+  PipeEngine(const models::GPT2& full, const PipeConfig& cfg, parallel::Topology& topo, PipeOptions opts = {});
+  ~PipeEngine();
+
+  // One batch: gradient_accumulation_steps micro-batches through the schedule, then the
+  // optimizer step on every stage. Collective over the world. Returns the batch's mean loss
+  // (on every rank).
+  double train_batch(const std::function<MicroBatch()>& next);
+  // Forward only, no gradients, no step: the mean loss over gradient_accumulation_steps
+  // micro-batches (on every rank). Collective.
+  double eval_batch(const std::function<MicroBatch()>& next);
+
+  const Schedule& schedule() const { return schedule_; }
+  int stage() const { return stage_; }
+  int stages() const { return schedule_.spec.stages; }
+  Engine& engine() { return *engine_; }
+  GPT2Stage& module() { return module_; }
+  // [first, last) pipeline layers of each stage's chunks: parts()[c * pp + s].
+  const std::vector<int>& partition() const { return bounds_; }
+  const PipeReport& last_report() const { return report_; }
+
+ private:
+  struct Slot;  // one (micro-batch, chunk)'s tensors
+  class SendProgress;  // see [Pipeline Execution]: completes CPU sends while the stage computes
+  void run(const Instr& in, std::vector<MicroBatch>& mbs, std::vector<Slot>& slots, StageTiming& t);
+  void finish_sends();
+
+  PipeConfig cfg_;
+  PipeOptions opts_;
+  int stage_ = 0;
+  Schedule schedule_;
+  std::vector<int> bounds_;
+  GPT2Stage module_{nullptr};
+  std::unique_ptr<Engine> engine_;
+  std::vector<torch::Tensor> params_;
+  comm::GroupPtr pp_, act_, grad_, world_;
+  std::vector<comm::WorkPtr> pending_;
+  std::unique_ptr<SendProgress> progress_;  // CPU ranks with MPI_THREAD_MULTIPLE only
+  void post_send(const comm::GroupPtr& g, const torch::Tensor& t, int peer);
+  torch::Tensor tied_grad_;      // last stage: accumulated tied-copy gradient (zb-h1); first: received
+  bool tied_grad_ready_ = false;  // first stage: received, not yet added
+  double loss_sum_ = 0;
+  PipeReport report_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace zt::pipe
