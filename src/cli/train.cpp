@@ -48,6 +48,9 @@ const char* kTrainUsage =
     "  --micro-batch N     fills train_micro_batch_size_per_gpu when the config says \"auto\" or omits it\n"
     "  --grad-accum N      fills gradient_accumulation_steps when \"auto\"\n"
     "  --clip X            fills gradient_clipping when \"auto\" (default 1.0)\n"
+    "  --bf16 / --fp16     fill bf16.enabled / fp16.enabled when \"auto\" or absent (an \"auto\"\n"
+    "                      without its flag is false: fp32, as the Hugging Face trainer)\n"
+    "  --lr X              fills optimizer.params.lr when \"auto\" or absent\n"
     "  --checkpoint-activations   recompute each block in backward (activation_checkpointing section applies)\n"
     "  --no-decay-1d       no weight decay for biases and LayerNorm weights (parameters with fewer\n"
     "                      than 2 dims); the others keep optimizer.params.weight_decay\n"
@@ -87,7 +90,8 @@ struct Args {
   int64_t eval_every = 0, eval_batches = 20;
   int64_t steps = 20, seq = 0, micro = 0, accum = 0, layers = 0, embd = 0, heads = 0, vocab = 0, print_every = 0,
           warmup = 2, seed = 1234, tp = -1, pp = -1, ep = -1;  // -1: flag not given
-  double clip = 1.0, peak_tflops = -1;
+  double clip = 1.0, peak_tflops = -1, lr = -1;
+  bool bf16 = false, fp16 = false;
   bool checkpoint = false;
   bool no_decay_1d = false;
   bool save_async = false;
@@ -130,6 +134,9 @@ Args parse_args(int argc, char** argv) {
     else if (f == "--seed") a.seed = num(i);
     else if (f == "--clip") a.clip = parse_number("train", f, need(i), 0.0);
     else if (f == "--peak-tflops") a.peak_tflops = parse_number("train", f, need(i), 0.0);
+    else if (f == "--lr") a.lr = parse_number("train", f, need(i), 0.0);
+    else if (f == "--bf16") a.bf16 = true;
+    else if (f == "--fp16") a.fp16 = true;
     else if (f == "--checkpoint-activations") a.checkpoint = true;
     else if (f == "--no-decay-1d") a.no_decay_1d = true;
     else if (f == "--save") a.save = need(i);
@@ -239,8 +246,18 @@ int cmd_train(int argc, char** argv) {
 
   nlohmann::json j = Config::read_json_file(a.config);
   fill_batch_auto(j, a.micro, a.accum, a.clip);
+  const auto unflagged = fill_precision_auto(j, a.bf16, a.fp16, a.lr);
   fill_parallel_flags(j, a.tp, a.pp, a.ep);
   Config cfg = Config::from_json(j, world, a.config);
+  if (rank == 0) {
+    std::string keys;
+    for (const auto& k : unflagged) keys += (keys.empty() ? "" : ", ") + k + " = false";
+    for (const auto& k : cfg.auto_defaulted) keys += (keys.empty() ? "" : ", ") + k;
+    if (!keys.empty()) {
+      std::printf("[zerotrain] warning: \"auto\" keys took the default: %s -- training in %s; set them in the "
+                  "config or with --bf16, --fp16, --lr\n", keys.c_str(), cfg.fp16.enabled ? "fp16" : cfg.bf16.enabled ? "bf16" : "fp32");
+    }
+  }
   if (rank == 0) {
     // Every factor and rank 0's coordinates; Topology makes no group here.
     std::printf("[zerotrain] %s\n", parallel::Topology(group, parallel::dims_of(cfg, world)).describe().c_str());

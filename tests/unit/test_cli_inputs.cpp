@@ -184,4 +184,36 @@ TEST(CliInputs, UnusableSaveDirFailsBeforeTheFirstStep) {
   rm_rf(d);
 }
 
+// A Hugging Face style config ("auto" precision and lr) no longer trains in fp32 without a
+// word: --bf16 / --fp16 / --lr fill the keys, a run without them says what it defaulted,
+// and a flag that contradicts an explicit key is an error naming both.
+TEST(CliInputs, AutoPrecisionAndLrAreFilledByFlagsOrNamed) {
+  const fs::path d = temp_dir("auto");
+  const fs::path cfg = write(d / "auto.json", R"({"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+      "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}, "zero_optimization": {"stage": 1},
+      "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}})");
+  const std::string base = "train --config " + cfg.string() + " --model gpt2-tiny --layers 1 --seq 16 --micro-batch 2 --steps 1 --device cpu";
+  Ran plain = run(base);
+  EXPECT_EQ(plain.code, 0) << plain.output;
+  EXPECT_TRUE(contains(plain.output, "\"auto\" keys took the default: bf16.enabled = false, fp16.enabled = false, "
+                                     "optimizer.params.lr -- training in fp32")) << plain.output;
+  Ran bf16 = run(base + " --bf16 --lr 3e-4");
+  EXPECT_EQ(bf16.code, 0) << bf16.output;
+  EXPECT_TRUE(contains(bf16.output, "BFloat16")) << bf16.output;
+  EXPECT_TRUE(contains(bf16.output, "lr 0.0003")) << bf16.output;
+  EXPECT_FALSE(contains(bf16.output, "took the default")) << bf16.output;
+  const fs::path expl = write(d / "explicit.json", R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": false},
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})");
+  const std::string eb = "train --config " + expl.string() + " --model gpt2-tiny --layers 1 --seq 16 --steps 1 --device cpu";
+  Ran contra = run(eb + " --bf16");
+  EXPECT_EQ(contra.code, 1) << contra.output;
+  EXPECT_TRUE(contains(contra.output, "--bf16 but the config sets bf16.enabled = false")) << contra.output;
+  Ran lr = run(eb + " --lr 2e-3");
+  EXPECT_EQ(lr.code, 1) << lr.output;
+  EXPECT_TRUE(contains(lr.output, "--lr 0.002 but the config sets optimizer.params.lr = 0.001")) << lr.output;
+  Ran both = run(eb + " --fp16 --bf16");
+  EXPECT_TRUE(contains(both.output, "--bf16 and --fp16 together")) << both.output;
+  rm_rf(d);
+}
+
 }  // namespace
