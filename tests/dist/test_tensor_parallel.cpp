@@ -6,14 +6,14 @@
 // The reference is the unsplit GPT2 (models/gpt2.h) from torch::manual_seed(kSeed),
 // trained through the engine on a one-rank group with the whole global batch; the tp model
 // is GPT2TP cut from that same full state (gpt2_tp_cut via load_full) and trained through
-// the engine with EngineOptions.group = the dp group of a Topology(dp, tp). Compared:
+// the engine with EngineOptions.group = the dp group of a Topology(dp, tp), SGD with
+// momentum (see ds_config for why not Adam). Compared:
 //   * logits before training (eval forward, all-gathered over the vocabulary): 1e-5
 //   * the loss of every step (the dp ranks' micro-batch losses averaged): kLossTol
-//   * every parameter after kSteps AdamW steps, joined over tp (full_state): kParamTol
+//   * every parameter after kSteps steps, joined over tp (full_state): kParamTol
+//   * with clipping, the gradient norm of every step (1e-5 relative)
 // The differences are summation order only (partial GEMMs summed by the all-reduce, the
-// cross entropy's max/sum over vocabulary slices): ~1e-7 relative in forward; AdamW
-// normalises each step's update, so a parameter moves by at most ~lr per step and the
-// order differences show up as ~1e-6 after 5 steps.
+// cross entropy's max/sum over vocabulary slices): ~1e-7 relative per step.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -42,7 +42,7 @@ namespace {
 
 constexpr int64_t kSeed = 21, kMicro = 2, kSeq = 16;
 constexpr int kSteps = 5;
-constexpr double kLogitTol = 1e-5, kLossTol = 1e-5, kParamTol = 2e-5;
+constexpr double kLogitTol = 1e-5, kLossTol = 1e-5, kParamTol = 2e-6;
 
 GPT2Config tiny(int64_t vocab = 256) {
   auto c = named_gpt2("gpt2-tiny");  // 2 layers, 4 heads, C 128
@@ -101,17 +101,21 @@ nlohmann::json ds_config(int64_t micro, int stage, bool clipping) {
       {"gradient_accumulation_steps", 1},
       {"gradient_clipping", clipping ? 0.05 : 0.0},
       {"steps_per_print", 1000},
-      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-3}, {"weight_decay", 0.01}}}}},
+      // SGD, as the engine's stage tests: Adam turns gradients that are zero up to rounding
+      // (the key bias's, exactly zero in exact arithmetic) into full lr-sized steps whose
+      // sign is the rounding's, so tp 1 and tp 2 would differ by ~lr there.
+      {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.1}, {"momentum", 0.9}}}}},
       {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 20000}, {"allgather_bucket_size", 20000}}},
   };
 }
 
-// Step s's global batch (identical on every rank): inputs and next-token targets, the
+// The global batch (identical on every rank and every step, so the loss must fall): inputs
+// and next-token targets, the
 // first three targets of the first sample of every micro-batch ignored (`ignore`: -1 for
 // GPT-2, -100 for Llama): each dp rank counts as many targets, so the mean of the dp
 // ranks' means is the global batch's mean.
-std::pair<torch::Tensor, torch::Tensor> batch(int s, int64_t global, int64_t vocab, int64_t ignore) {
-  auto g = at::make_generator<at::CPUGeneratorImpl>(1000 + s);
+std::pair<torch::Tensor, torch::Tensor> batch(int64_t global, int64_t vocab, int64_t ignore) {
+  auto g = at::make_generator<at::CPUGeneratorImpl>(1000);
   auto idx = at::randint(0, vocab, {global, kSeq + 1}, g);
   auto x = idx.narrow(1, 0, kSeq).contiguous();
   auto y = idx.narrow(1, 1, kSeq).contiguous();
@@ -189,7 +193,7 @@ TrainRun reference(const Case& c, const comm::GroupPtr& self) {
   TrainRun r;
   {
     torch::NoGradGuard ng;
-    r.logits = m.forward(batch(0, global, c.vocab, ignore).first);
+    r.logits = m.forward(batch(global, c.vocab, ignore).first);
   }
   EngineOptions o;
   o.group = self;
@@ -197,7 +201,7 @@ TrainRun reference(const Case& c, const comm::GroupPtr& self) {
   o.print = false;
   auto engine = zt::initialize(m.module, Config::from_json(ds_config(global, c.stage, c.clipping), 1), o);
   for (int s = 0; s < kSteps; ++s) {
-    auto [x, y] = batch(s, global, c.vocab, ignore);
+    auto [x, y] = batch(global, c.vocab, ignore);
     auto loss = engine->forward([&] { return m.loss(x, y); });
     engine->backward(loss);
     engine->step();
@@ -215,7 +219,7 @@ TrainRun tensor_parallel(const Case& c, parallel::Topology& topo) {
   TrainRun r;
   {
     torch::NoGradGuard ng;
-    r.logits = m.forward(batch(0, global, c.vocab, ignore).first);
+    r.logits = m.forward(batch(global, c.vocab, ignore).first);
   }
   EngineOptions o;
   o.group = dp;
@@ -226,7 +230,7 @@ TrainRun tensor_parallel(const Case& c, parallel::Topology& topo) {
   auto engine = zt::initialize(m.module, Config::from_json(ds_config(kMicro, c.stage, c.clipping), c.dp), o);
   const int64_t row0 = topo.coords().dp * kMicro;
   for (int s = 0; s < kSteps; ++s) {
-    auto [x, y] = batch(s, global, c.vocab, ignore);
+    auto [x, y] = batch(global, c.vocab, ignore);
     x = x.narrow(0, row0, kMicro).contiguous();
     y = y.narrow(0, row0, kMicro).contiguous();
     auto loss = engine->forward([&] { return m.loss(x, y); });
@@ -423,10 +427,12 @@ TEST(SequenceParallel, CutsActivationBytesPerRank) {
     return;
   }
   EXPECT_LT(on, off);
-  // The blocks' saving is (4 - 4/tp) (B, T, C) tensors per layer; the LM head's input
-  // (B, T, C) is cut too. Measured saving within 25% of that.
-  const double expected_saving = (4.0 - 4.0 / t) * unit * cfg.n_layer + unit * (1.0 - 1.0 / t);
-  EXPECT_NEAR(static_cast<double>(off - on), expected_saving, 0.25 * expected_saving);
+  // The blocks' saving is (4 - 4/tp) (B, T, C) tensors per layer; the embedding sum (the
+  // first block's input) and ln_f's output (the LM head's input) are cut too: 2 - 2/tp.
+  // The rest (attention and MLP inside the tp region, the cross entropy's softmax over
+  // this rank's vocabulary) is the same on and off. Measured saving within 10% of that.
+  const double expected_saving = ((4.0 - 4.0 / t) * cfg.n_layer + 2.0 * (1.0 - 1.0 / t)) * unit;
+  EXPECT_NEAR(static_cast<double>(off - on), expected_saving, 0.10 * expected_saving);
 }
 
 }  // namespace

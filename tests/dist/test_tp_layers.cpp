@@ -3,13 +3,14 @@
 // The tp group is the whole world (tp = 1, 2, 4 as ctest runs zt_dist). Every rank draws
 // the same full weights and inputs (same seed), runs the unsplit reference locally and the
 // tp layer over the group, and compares: outputs, input gradients and weight/bias
-// gradients (this rank's slice of the reference's, see [TP Slices]) within 1e-6 absolute.
-// The only difference is summation order (partial products summed by the all-reduce), on
-// values of order 1: ~1e-7. The backward goes through a fixed random projection r of the
+// gradients (this rank's slice of the reference's, see [TP Slices]) within 1e-6 of the
+// largest reference magnitude (at least 1e-6 absolute). The only difference is summation
+// order (partial products summed by the all-reduce): ~1e-7 relative. The backward goes through a fixed random projection r of the
 // output, so every gradient is dense and distinct. Checks never skip a collective.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "tp/cross_entropy.h"
@@ -28,10 +29,13 @@ constexpr int64_t kB = 2, kT = 8, kIn = 16, kOut = 24;
 
 comm::GroupPtr world() { return comm::world_group(); }
 
+// |a - b| <= 1e-6 x max(1, max |b|): gradients summed over B*T rows reach ~10, where fp32's
+// rounding of a different summation order is ~1e-6 absolute.
 void expect_close(const torch::Tensor& a, const torch::Tensor& b, const std::string& what) {
   ASSERT_EQ(a.sizes(), b.sizes()) << what;
   const double d = (a - b).abs().max().item<double>();
-  EXPECT_LE(d, kTol) << what << ": max |diff| " << d;
+  const double tol = kTol * std::max(1.0, b.abs().max().item<double>());
+  EXPECT_LE(d, tol) << what << ": max |diff| " << d;
 }
 
 struct Ref {
