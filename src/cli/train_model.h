@@ -9,6 +9,8 @@
 #include <optional>
 #include <string>
 
+#include "lora/lora.h"
+#include "lora/lora_models.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
 
@@ -20,6 +22,9 @@ struct TrainModelOptions {
   int64_t layers = 0, embd = 0, heads = 0, vocab = 0;  // --layers/--embd/--heads/--vocab overrides
   bool checkpoint_activations = false;        // --checkpoint-activations
   int rank = 0;
+  // --lora: the base is built whole (never deferred), frozen, and adapted; only the
+  // adapters are the engine's. [Linear Adapters]
+  std::optional<lora::LoraOptions> lora;
 };
 
 struct TrainModel {
@@ -38,6 +43,9 @@ struct TrainModel {
   std::function<void(EngineOptions&)> engine_options;
   std::function<void(Engine&)> attach;
   std::function<void()> detach;
+  // With --lora: the adapters (the only trainable parameters) and where they sit.
+  std::shared_ptr<lora::LoraModel> lora;
+  lora::LoraTargetSpace lora_space;
 };
 
 // Builds the model for `cfg` (ZeRO-3: partitioned construction; activation
