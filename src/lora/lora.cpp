@@ -158,7 +158,7 @@ LoraModel apply_lora(torch::nn::Module& model, const std::vector<LoraSite>& site
   LoraModel lm;
   lm.options = o;
   for (const auto& s : targets) {
-    auto& lin = *s.linear;
+    torch::nn::LinearImpl& lin = *s.linear.ptr();
     ZT_CHECK_T(models::linear_adapter(lin) == nullptr, ConfigError, "lora: '", s.path,
                "' already carries an adapter (apply_lora twice?)");
     const auto& w = lin.weight;  // (out, in)
