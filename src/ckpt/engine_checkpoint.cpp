@@ -72,6 +72,15 @@ void crash_point(const char* point, int rank) {
   }
 }
 
+// Test hook for the failure path of a save (CliInputs.FailedPeriodicSaveIsReportedCleanedAndRetried):
+// ZT_CKPT_TEST_FAIL=<tag>:<rank> makes that rank's write of that tag fail as a full disk would.
+void fail_point(const std::string& tag, int rank) {
+  const char* env = std::getenv("ZT_CKPT_TEST_FAIL");
+  if (env == nullptr || tag + ":" + std::to_string(rank) != env) return;
+  throw CheckpointError(detail::cat("cannot write checkpoint '", tag, "' on rank ", rank,
+                                    ": No space left on device (injected by ZT_CKPT_TEST_FAIL)"));
+}
+
 // Runs fn on this rank and makes the outcome collective: when any rank threw, every rank
 // throws CheckpointError with the message of the lowest failing rank.
 void collective(const comm::GroupPtr& g, const std::function<void()>& fn) {
@@ -481,6 +490,7 @@ nlohmann::json write_shard(const Snapshot& s) {
   const std::string fname = rank_file_name(s.rank);
   const std::string path = join_path(s.partial, fname);
   if (before_write_hook()) before_write_hook()(path);
+  fail_point(s.tag, s.rank);
   io::save_safetensors(path, s.tensors, {{"format", kFormat}, {"rank", std::to_string(s.rank)}});
   crash_point("after_shard", s.rank);
   const FileDigest d = file_crc32c(path);
@@ -490,14 +500,32 @@ nlohmann::json write_shard(const Snapshot& s) {
           {"tensors", tmeta},    {"fragments", s.frags}, {"write_ms", ms_since(t0)}};
 }
 
+// After a failed save (every rank has left write_shard: the failure was agreed on), rank 0
+// removes the tag's .partial directory, so a failure costs no disk space. A failure to
+// remove it is only reported: load ignores .partial directories and the next save of the
+// tag replaces it.
+void discard_partial(const Snapshot& s) {
+  if (s.rank != 0) return;
+  try {
+    remove_tree(s.partial);
+  } catch (const std::exception& ex) {
+    std::fprintf(stderr, "[zerotrain] could not remove %s after the failed save: %s\n", s.partial.c_str(), ex.what());
+  }
+}
+
 // Collective. `error` is this rank's write_shard failure ("" = none): any rank's error
 // throws on every rank. Then rank 0 writes the manifest and publishes.
 void publish(const comm::GroupPtr& g, Snapshot& s, const nlohmann::json& info, const std::string& error,
              CheckpointSaveReport& rep) {
   const auto t0 = std::chrono::steady_clock::now();
-  collective(g, [&] {
-    if (!error.empty()) throw CheckpointError(error);
-  });
+  try {
+    collective(g, [&] {
+      if (!error.empty()) throw CheckpointError(error);
+    });
+  } catch (const CheckpointError&) {
+    discard_partial(s);
+    throw;
+  }
   const auto infos = all_gather_strings(g, info.dump());
   const int rank = s.rank, world = s.world;
   double write_ms = 0;
@@ -568,7 +596,12 @@ CheckpointSaveReport save_checkpoint(EngineParts& e, const std::string& dir, con
   const auto t0 = std::chrono::steady_clock::now();
   auto s = take_snapshot(e, dir, tag, client_state, nullptr);
   nlohmann::json info;
-  collective(e.group, [&] { info = write_shard(*s); });
+  try {
+    collective(e.group, [&] { info = write_shard(*s); });
+  } catch (const CheckpointError&) {
+    discard_partial(*s);
+    throw;
+  }
   CheckpointSaveReport rep;
   publish(e.group, *s, info, "", rep);
   rep.published_step = e.counters.global_steps;

@@ -117,6 +117,43 @@ void fill_batch_auto(nlohmann::json& j, int64_t micro, int64_t accum, double cli
   if (is_auto("gradient_clipping")) j["gradient_clipping"] = clip;
 }
 
+std::vector<std::string> fill_precision_auto(nlohmann::json& j, bool bf16, bool fp16, double lr) {
+  std::vector<std::string> unflagged;
+  ZT_CHECK_T(!(bf16 && fp16), ConfigError, "train: --bf16 and --fp16 together: choose one precision");
+  auto is_auto = [](const nlohmann::json& v) { return v.is_string() && v == "auto"; };
+  auto precision = [&](const char* section, const char* flag, bool given) {
+    const bool has = j.contains(section) && j[section].is_object() && j[section].contains("enabled");
+    if (has && is_auto(j[section]["enabled"])) {
+      j[section]["enabled"] = given;
+      if (!bf16 && !fp16) unflagged.push_back(std::string(section) + ".enabled");  // no precision chosen at all
+      return;
+    }
+    if (!given) return;
+    if (has && j[section]["enabled"].is_boolean()) {
+      ZT_CHECK_T(j[section]["enabled"].get<bool>(), ConfigError, "train: ", flag, " but the config sets ", section,
+                 ".enabled = false: give the precision once (remove the flag, or set the key to true or \"auto\")");
+      return;
+    }
+    if (!j.contains(section) || !j[section].is_object()) j[section] = nlohmann::json::object();
+    j[section]["enabled"] = true;  // absent (a wrong type stays for Config to report)
+  };
+  precision("bf16", "--bf16", bf16);
+  precision("fp16", "--fp16", fp16);
+  if (lr < 0) return unflagged;
+  if (!j.contains("optimizer") || !j["optimizer"].is_object()) return unflagged;  // Config reports a missing optimizer
+  auto& o = j["optimizer"];
+  if (!o.contains("params") || !o["params"].is_object()) o["params"] = nlohmann::json::object();
+  auto& p = o["params"];
+  if (p.contains("lr") && p["lr"].is_number()) {
+    const double cfg_lr = p["lr"].get<double>();
+    ZT_CHECK_T(cfg_lr == lr, ConfigError, "train: --lr ", lr, " but the config sets optimizer.params.lr = ", cfg_lr,
+               ": give the learning rate once (remove the flag, or set the key to \"auto\")");
+    return unflagged;
+  }
+  if (!p.contains("lr") || is_auto(p["lr"])) p["lr"] = lr;
+  return unflagged;
+}
+
 void fill_parallel_flags(nlohmann::json& j, int64_t tp, int64_t pp, int64_t ep) {
   // The degree a config key already gives (nullopt: absent, null or "auto").
   auto given = [&](const char* section, const char* key) -> std::optional<int64_t> {

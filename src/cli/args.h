@@ -40,6 +40,16 @@ bool path_within(const std::string& path, const std::string& dir);
 // config, and train_batch_size is then derived instead of checked.
 void fill_batch_auto(nlohmann::json& j, int64_t micro, int64_t accum, double clip);
 
+// Fills what a Hugging Face style config leaves "auto" beyond the batch, as the Hugging
+// Face trainer does from its arguments: bf16.enabled from --bf16 and fp16.enabled from
+// --fp16 (an "auto" without its flag is false: fp32, the trainer's default), and
+// optimizer.params.lr from --lr (lr < 0: not given; an "auto" lr without it keeps
+// DeepSpeed's default, which Config reports in auto_defaulted). A flag also sets an absent
+// key. A flag that contradicts an explicit value (bf16.enabled false with --bf16, another
+// lr than --lr) or --bf16 with --fp16 is a ConfigError naming both. Returns the "auto"
+// keys it set to false for want of a flag (for the run's warning).
+std::vector<std::string> fill_precision_auto(nlohmann::json& j, bool bf16, bool fp16, double lr);
+
 // Writes the parallel degrees of `train --tp/--pp/--ep` (-1 = not given) into the config's
 // DeepSpeed keys (tensor_parallel.autotp_size, pipeline.stages, expert_parallel.enabled and
 // autoep_size), so that Config validates and reports them once. A flag whose degree differs

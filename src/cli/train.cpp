@@ -11,13 +11,16 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
+#include <sys/statvfs.h>
 #include <string>
 
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/profile.h"
 #include "cli/train_model.h"
+#include "ckpt/dir_lock.h"
 #include "data/loader.h"
 #include "data/sampler.h"
 #include "data/shards.h"
@@ -51,6 +54,9 @@ const char* kTrainUsage =
     "  --micro-batch N     fills train_micro_batch_size_per_gpu when the config says \"auto\" or omits it\n"
     "  --grad-accum N      fills gradient_accumulation_steps when \"auto\"\n"
     "  --clip X            fills gradient_clipping when \"auto\" (default 1.0)\n"
+    "  --bf16 / --fp16     fill bf16.enabled / fp16.enabled when \"auto\" or absent (an \"auto\"\n"
+    "                      without its flag is false: fp32, as the Hugging Face trainer)\n"
+    "  --lr X              fills optimizer.params.lr when \"auto\" or absent\n"
     "  --checkpoint-activations   recompute each block in backward (activation_checkpointing section applies)\n"
     "  --no-decay-1d       no weight decay for biases and LayerNorm weights (parameters with fewer\n"
     "                      than 2 dims); the others keep optimizer.params.weight_decay\n"
@@ -97,7 +103,8 @@ struct Args {
   int64_t eval_every = 0, eval_batches = 20;
   int64_t steps = 20, seq = 0, micro = 0, accum = 0, layers = 0, embd = 0, heads = 0, vocab = 0, print_every = 0,
           warmup = 2, seed = 1234, tp = -1, pp = -1, ep = -1;  // -1: flag not given
-  double clip = 1.0, peak_tflops = -1;
+  double clip = 1.0, peak_tflops = -1, lr = -1;
+  bool bf16 = false, fp16 = false;
   bool checkpoint = false;
   bool no_decay_1d = false;
   bool save_async = false;
@@ -140,6 +147,9 @@ Args parse_args(int argc, char** argv) {
     else if (f == "--seed") a.seed = num(i);
     else if (f == "--clip") a.clip = parse_number("train", f, need(i), 0.0);
     else if (f == "--peak-tflops") a.peak_tflops = parse_number("train", f, need(i), 0.0);
+    else if (f == "--lr") a.lr = parse_number("train", f, need(i), 0.0);
+    else if (f == "--bf16") a.bf16 = true;
+    else if (f == "--fp16") a.fp16 = true;
     else if (f == "--checkpoint-activations") a.checkpoint = true;
     else if (f == "--no-decay-1d") a.no_decay_1d = true;
     else if (f == "--save") a.save = need(i);
@@ -255,11 +265,35 @@ int cmd_train(int argc, char** argv) {
   }
   auto group = comm::world_group();
   const int rank = group->rank(), world = group->size();
+  // [Save Dir Lock]: one job per --save directory, taken by rank 0 for the whole run.
+  std::unique_ptr<ckpt::DirLock> save_lock;
+  if (!a.save.empty()) {
+    std::string err;
+    if (rank == 0) {
+      try {
+        save_lock = ckpt::DirLock::acquire(a.save);
+      } catch (const std::exception& ex) {
+        err = ex.what();
+      }
+    }
+    const auto failure = comm::lowest_failure(group, err);
+    ZT_CHECK_T(!failure, ConfigError, "train: --save ", a.save, ": ", failure->message);
+  }
 
   nlohmann::json j = Config::read_json_file(a.config);
   fill_batch_auto(j, a.micro, a.accum, a.clip);
+  const auto unflagged = fill_precision_auto(j, a.bf16, a.fp16, a.lr);
   fill_parallel_flags(j, a.tp, a.pp, a.ep);
   Config cfg = Config::from_json(j, world, a.config);
+  if (rank == 0) {
+    std::string keys;
+    for (const auto& k : unflagged) keys += (keys.empty() ? "" : ", ") + k + " = false";
+    for (const auto& k : cfg.auto_defaulted) keys += (keys.empty() ? "" : ", ") + k;
+    if (!keys.empty()) {
+      std::printf("[zerotrain] warning: \"auto\" keys took the default: %s -- training in %s; set them in the "
+                  "config or with --bf16, --fp16, --lr\n", keys.c_str(), cfg.fp16.enabled ? "fp16" : cfg.bf16.enabled ? "bf16" : "fp32");
+    }
+  }
   if (rank == 0) {
     // Every factor and rank 0's coordinates; Topology makes no group here.
     std::printf("[zerotrain] %s\n", parallel::Topology(group, parallel::dims_of(cfg, world)).describe().c_str());
@@ -405,6 +439,44 @@ int cmd_train(int argc, char** argv) {
         std::printf("[zerotrain] checkpoint save: %.1f ms (training stalled for all of it)\n", ms);
       }
       std::fflush(stdout);
+    }
+  };
+  // Room for one checkpoint before the first step: the fp32 master weights and optimizer
+  // state of every rank (what a checkpoint holds), against the free space of --save.
+  if (!a.save.empty()) {
+    const ModelStateBytes msb = engine->model_state_bytes();
+    auto need = torch::full({1}, static_cast<double>(msb.master + msb.optimizer), torch::kDouble);
+    group->all_reduce(need, comm::ReduceOp::kSum);
+    std::string err;
+    if (rank == 0) {
+      struct statvfs st{};
+      if (::statvfs(a.save.c_str(), &st) == 0) {
+        const double free_bytes = static_cast<double>(st.f_bavail) * static_cast<double>(st.f_frsize);
+        const double want = need.item<double>();
+        if (free_bytes < want) {
+          err = detail::cat("train: --save ", a.save, " has ", free_bytes / 1048576.0, " MiB free but one checkpoint "
+                            "needs about ", want / 1048576.0, " MiB (fp32 master weights and optimizer state of ",
+                            world, " rank(s)): free space or give another directory");
+        }
+      }
+    }
+    const auto failure = comm::lowest_failure(group, err);
+    ZT_CHECK_T(!failure, ConfigError, failure->message);
+  }
+  // A failed periodic save (a full disk) is reported and cleaned up (no partial files),
+  // training goes on and the next save point tries again; the run then exits with code 3.
+  // The last save of the run must succeed (its failure ends the run with an error).
+  std::vector<std::string> failed_saves;
+  auto periodic = [&](const std::function<void()>& fn, int64_t step) {
+    try {
+      fn();
+    } catch (const CheckpointError& e) {
+      failed_saves.push_back(detail::cat("step ", step, ": ", e.what()));
+      if (rank == 0) {
+        std::printf("[zerotrain] error: checkpoint save at step %lld failed: %s -- training goes on; the next save "
+                    "point tries again\n", static_cast<long long>(step), e.what());
+        std::fflush(stdout);
+      }
     }
   };
   int64_t start = 0;
@@ -560,7 +632,9 @@ int cmd_train(int argc, char** argv) {
       auto [x, y] = loader.next();
       auto loss = engine->forward([&] { return model.loss(x, y); });
       engine->backward(loss);
-      engine->step();
+      // step() publishes an asynchronous save whose files are written: its failure
+      // surfaces here, after the step itself is done.
+      periodic([&] { engine->step(); }, engine->global_steps());
     }
     if (s == a.profile_step) sync_device();  // the profiled step's device work, all of it
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -581,7 +655,7 @@ int cmd_train(int argc, char** argv) {
     }
     if (a.save_every > 0 && (s + 1) % a.save_every == 0 && s + 1 < a.steps) {
       const auto ts = std::chrono::steady_clock::now();
-      save();
+      periodic(save, s + 1);
       // Iteration time excludes the saves (they are reported on their own).
       if (s >= first_timed) save_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count();
     }
@@ -698,6 +772,16 @@ int cmd_train(int argc, char** argv) {
     for (const auto& e : evals) {
       f << nlohmann::json({{"step", e["step"]}, {"val_loss", e["val_loss"]}, {"val_ppl", e["val_ppl"]}}).dump() << "\n";
     }
+  }
+  if (!failed_saves.empty()) {
+    if (rank == 0) {
+      std::printf("[zerotrain] %zu checkpoint save(s) failed during the run (the last one succeeded):\n",
+                  failed_saves.size());
+      for (const auto& f : failed_saves) std::printf("  %s\n", f.c_str());
+      std::fflush(stdout);
+    }
+    comm::finalize();
+    return 3;
   }
   comm::finalize();
   return 0;

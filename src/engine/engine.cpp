@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "ckpt/engine_checkpoint.h"
+#include "comm/consensus.h"
 #include "common/phase_timer.h"
 #ifdef ZT_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -56,6 +57,7 @@ class EngineImpl : public Engine {
     if (device_.is_cuda()) c10::cuda::set_device(device_.index());
 #endif
     dtype_ = cfg_.compute_dtype();
+    require_same_setup();
     ZT_CHECK_T(cfg_.dp_world_size == group_->size(), ConfigError, "the config was resolved for a world of ",
                cfg_.dp_world_size, " ranks but the engine runs on ", group_->size(),
                ": pass the data-parallel world size to Config::from_file");
@@ -649,6 +651,40 @@ class EngineImpl : public Engine {
       if (it == group_of.end()) continue;
       params.push_back(kv.value());
       param_group.push_back(it->second);
+    }
+  }
+
+  // [Rank Consensus] (comm/consensus.h): every rank of the group has the same resolved
+  // config (but for the per-node NVMe paths) and the same parameters (names, shapes, dtypes, trainable) before the first
+  // collective; a rank that differs is named with the key, on every rank.
+  void require_same_setup() {
+    std::vector<std::string> records, all;
+    flatten_json(cfg_.to_json(), "", all);
+    // Paths a rank may set for itself: the swap files on its node's NVMe drive.
+    for (auto& r : all) {
+      const auto key = r.substr(0, r.find(" = "));
+      if (!key.ends_with("nvme_path")) records.push_back(std::move(r));
+    }
+    comm::require_consensus(group_, records, "config",
+                            "start every rank with the same config file and command-line flags");
+    records.clear();
+    for (const auto& kv : model_->named_parameters(/*recurse=*/true)) {
+      const auto& t = kv.value();
+      records.push_back(detail::cat("parameter ", kv.key(), " = ", t.sizes(), " ", t.scalar_type(),
+                                    t.requires_grad() ? " trainable" : " frozen"));
+    }
+    comm::require_consensus(group_, records, "model",
+                            "build the same model on every rank of the data-parallel group");
+  }
+
+  static void flatten_json(const nlohmann::json& j, const std::string& path, std::vector<std::string>& out) {
+    if (j.is_object()) {
+      for (const auto& [k, v] : j.items()) flatten_json(v, path.empty() ? k : path + "." + k, out);
+    } else if (j.is_array()) {
+      for (size_t i = 0; i < j.size(); ++i) flatten_json(j[i], path + "[" + std::to_string(i) + "]", out);
+      if (j.empty()) out.push_back(path + " = []");
+    } else {
+      out.push_back(path + " = " + j.dump());
     }
   }
 

@@ -16,11 +16,15 @@
 #include <thread>
 #include <vector>
 
+#include "support/comm_test_util.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/error.h"
 
 namespace zt::comm {
 namespace {
+
+using zt::test_support::same;
+using zt::test_support::comm_error;
 
 // A desynchronized test should fail in seconds, not hang for the default 600 s.
 constexpr std::chrono::seconds kTestTimeout{60};
@@ -66,32 +70,6 @@ at::Tensor reduced(const at::Tensor& b, int n, ReduceOp op, at::ScalarType dt) {
       return (b * (triangle(n) / n)).to(dt);
   }
   return {};
-}
-
-// Exact comparison; on mismatch names the first wrong element.
-::testing::AssertionResult same(const at::Tensor& actual, const at::Tensor& expected) {
-  if (actual.scalar_type() != expected.scalar_type() || actual.sizes() != expected.sizes()) {
-    return ::testing::AssertionFailure() << "got " << actual.sizes() << " " << actual.scalar_type() << ", expected "
-                                         << expected.sizes() << " " << expected.scalar_type();
-  }
-  if (at::equal(actual, expected)) return ::testing::AssertionSuccess();
-  at::Tensor a = actual.to(at::kDouble).flatten(), e = expected.to(at::kDouble).flatten();
-  at::Tensor bad = (a != e).nonzero();
-  int64_t k = bad[0].item<int64_t>();
-  return ::testing::AssertionFailure() << bad.size(0) << " of " << a.numel() << " elements differ; first at [" << k
-                                       << "]: got " << a[k].item<double>() << ", expected " << e[k].item<double>();
-}
-
-// Runs `fn` and returns the CommError message it throws ("" and a failure if none).
-template <typename Fn>
-std::string comm_error(Fn fn) {
-  try {
-    fn();
-  } catch (const CommError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a CommError";
-  return "";
 }
 
 const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin};

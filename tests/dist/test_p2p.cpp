@@ -16,11 +16,16 @@
 #include <thread>
 #include <vector>
 
+#include "support/comm_test_util.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/error.h"
 
 namespace zt::comm {
 namespace {
+
+using zt::test_support::same;
+using zt::test_support::comm_error;
+using zt::test_support::payload;
 
 constexpr std::chrono::seconds kTestTimeout{60};
 
@@ -28,43 +33,6 @@ GroupPtr world() {
   GroupPtr g = world_group();
   if (std::getenv("ZT_COMM_TIMEOUT") == nullptr) g->set_timeout(kTestTimeout);
   return g;
-}
-
-// Message m from rank `from` to rank `to`: n elements of dtype dt, distinct per
-// (from, to, m) and exact in dt (values below 256 for the 16-bit floats and int8; bool
-// alternates with a phase set by the triple).
-at::Tensor payload(int from, int to, int m, int64_t n, at::ScalarType dt) {
-  at::Tensor i = at::arange(n, at::kLong);
-  if (dt == at::kBool) return (i + from + 2 * to + m).remainder(2).to(at::kBool);
-  const int64_t key = 16 * from + 4 * to + m % 4;  // < 64 for 4 ranks
-  at::Tensor v = (i.remainder(3) * 64 + key);      // < 256
-  if (dt == at::kFloat || dt == at::kDouble || dt == at::kLong || dt == at::kInt) v = v + 1000 * m + i;
-  if (dt == at::kChar) v = v.remainder(128);
-  return v.to(dt);
-}
-
-::testing::AssertionResult same(const at::Tensor& actual, const at::Tensor& expected) {
-  if (actual.scalar_type() != expected.scalar_type() || actual.sizes() != expected.sizes()) {
-    return ::testing::AssertionFailure() << "got " << actual.sizes() << " " << actual.scalar_type() << ", expected "
-                                         << expected.sizes() << " " << expected.scalar_type();
-  }
-  if (at::equal(actual, expected)) return ::testing::AssertionSuccess();
-  at::Tensor a = actual.to(at::kDouble).flatten(), e = expected.to(at::kDouble).flatten();
-  at::Tensor bad = (a != e).nonzero();
-  int64_t k = bad[0].item<int64_t>();
-  return ::testing::AssertionFailure() << bad.size(0) << " of " << a.numel() << " elements differ; first at [" << k
-                                       << "]: got " << a[k].item<double>() << ", expected " << e[k].item<double>();
-}
-
-template <typename Fn>
-std::string comm_error(Fn fn) {
-  try {
-    fn();
-  } catch (const CommError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a CommError";
-  return "";
 }
 
 bool has(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/comm_test_util.h"
 #include "zerotrain/comm.h"
 #include "support/gpu_util.h"
 #include "zerotrain/error.h"
@@ -33,9 +34,14 @@
 namespace zt::comm {
 namespace {
 
+using zt::test_support::same;
+using zt::test_support::comm_error;
+
 #ifndef ZT_WITH_CUDA
 TEST(Nccl, NeedsACudaBuild) { GTEST_SKIP() << "zerotrain was built without CUDA/NCCL (ZT_WITH_CUDA off)"; }
 #else
+
+using zt::test_support::nccl_skip_reason;
 
 constexpr std::chrono::seconds kTestTimeout{60};
 
@@ -50,23 +56,10 @@ at::Tensor base(int64_t n, at::ScalarType dt, int64_t offset = 0) {
 double triangle(int n) { return n * (n + 1) / 2.0; }
 bool power_of_two(int n) { return (n & (n - 1)) == 0; }
 
-// This rank's device; empty when the test must be skipped (same answer on every rank of
-// a node, so no rank issues a collective alone).
-std::string skip_reason() {
-  if (!at::cuda::is_available()) return "no CUDA device";
-  const char* lw = std::getenv("LOCAL_WORLD_SIZE");
-  int local_world = lw ? std::atoi(lw) : 1;
-  if (at::cuda::device_count() < local_world) {
-    return "need one GPU per local rank: " + std::to_string(local_world) + " ranks, " +
-           std::to_string(at::cuda::device_count()) + " GPUs";
-  }
-  return "";
-}
-
 class Nccl : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string why = skip_reason();
+    std::string why = nccl_skip_reason();
     if (!why.empty()) GTEST_SKIP() << why;
     g_ = world_group();
     if (std::getenv("ZT_COMM_TIMEOUT") == nullptr) g_->set_timeout(kTestTimeout);
@@ -94,21 +87,6 @@ class Nccl : public ::testing::Test {
   int me_ = 0, n_ = 1;
   at::Device dev_{at::kCUDA, 0};
 };
-
-// Exact comparison (actual may be on the GPU); names the first wrong element.
-::testing::AssertionResult same(const at::Tensor& actual_any, const at::Tensor& expected) {
-  at::Tensor actual = actual_any.cpu();
-  if (actual.scalar_type() != expected.scalar_type() || actual.sizes() != expected.sizes()) {
-    return ::testing::AssertionFailure() << "got " << actual.sizes() << " " << actual.scalar_type() << ", expected "
-                                         << expected.sizes() << " " << expected.scalar_type();
-  }
-  if (at::equal(actual, expected)) return ::testing::AssertionSuccess();
-  at::Tensor a = actual.to(at::kDouble).flatten(), e = expected.to(at::kDouble).flatten();
-  at::Tensor bad = (a != e).nonzero();
-  int64_t k = bad[0].item<int64_t>();
-  return ::testing::AssertionFailure() << bad.size(0) << " of " << a.numel() << " elements differ; first at [" << k
-                                       << "]: got " << a[k].item<double>() << ", expected " << e[k].item<double>();
-}
 
 const at::ScalarType kDtypes[] = {at::kFloat, at::kBFloat16, at::kHalf, at::kLong};
 const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin};

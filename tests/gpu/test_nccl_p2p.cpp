@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "support/gpu_util.h"
+#include "support/comm_test_util.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/error.h"
 
@@ -30,51 +31,22 @@
 namespace zt::comm {
 namespace {
 
+using zt::test_support::same;
+using zt::test_support::comm_error;
+using zt::test_support::payload;
+
 #ifndef ZT_WITH_CUDA
 TEST(NcclP2P, NeedsACudaBuild) { GTEST_SKIP() << "zerotrain was built without CUDA/NCCL (ZT_WITH_CUDA off)"; }
 #else
 
+using zt::test_support::nccl_skip_reason;
+
 constexpr std::chrono::seconds kTestTimeout{60};
-
-// Message m from rank `from` to rank `to`, exact in every dtype used here (see
-// tests/dist/test_p2p.cpp), made on the CPU.
-at::Tensor payload(int from, int to, int m, int64_t n, at::ScalarType dt) {
-  at::Tensor i = at::arange(n, at::kLong);
-  const int64_t key = 16 * from + 4 * to + m % 4;
-  at::Tensor v = i.remainder(3) * 64 + key;
-  if (dt == at::kFloat || dt == at::kLong) v = v + 1000 * m + i;
-  return v.to(dt);
-}
-
-::testing::AssertionResult same(const at::Tensor& actual_any, const at::Tensor& expected) {
-  at::Tensor actual = actual_any.cpu();
-  if (actual.scalar_type() != expected.scalar_type() || actual.sizes() != expected.sizes()) {
-    return ::testing::AssertionFailure() << "got " << actual.sizes() << " " << actual.scalar_type() << ", expected "
-                                         << expected.sizes() << " " << expected.scalar_type();
-  }
-  if (at::equal(actual, expected)) return ::testing::AssertionSuccess();
-  at::Tensor a = actual.to(at::kDouble).flatten(), e = expected.to(at::kDouble).flatten();
-  at::Tensor bad = (a != e).nonzero();
-  int64_t k = bad[0].item<int64_t>();
-  return ::testing::AssertionFailure() << bad.size(0) << " of " << a.numel() << " elements differ; first at [" << k
-                                       << "]: got " << a[k].item<double>() << ", expected " << e[k].item<double>();
-}
-
-std::string skip_reason() {
-  if (!at::cuda::is_available()) return "no CUDA device";
-  const char* lw = std::getenv("LOCAL_WORLD_SIZE");
-  int local_world = lw ? std::atoi(lw) : 1;
-  if (at::cuda::device_count() < local_world) {
-    return "need one GPU per local rank: " + std::to_string(local_world) + " ranks, " +
-           std::to_string(at::cuda::device_count()) + " GPUs";
-  }
-  return "";
-}
 
 class NcclP2P : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string why = skip_reason();
+    std::string why = nccl_skip_reason();
     if (!why.empty()) GTEST_SKIP() << why;
     g_ = world_group();
     if (std::getenv("ZT_COMM_TIMEOUT") == nullptr) g_->set_timeout(kTestTimeout);

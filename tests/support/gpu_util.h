@@ -31,6 +31,20 @@ inline at::Device rank_device() {
   return d;
 }
 
+// Why the multi-GPU communication tests must skip on this node ("" = run): no CUDA device,
+// or fewer GPUs than local ranks. The same answer on every rank of a node, so no rank
+// issues a collective alone.
+inline std::string nccl_skip_reason() {
+  if (!at::cuda::is_available()) return "no CUDA device";
+  const char* lw = std::getenv("LOCAL_WORLD_SIZE");
+  const int local_world = lw ? std::atoi(lw) : 1;
+  if (at::cuda::device_count() < local_world) {
+    return "need one GPU per local rank: " + std::to_string(local_world) + " ranks, " +
+           std::to_string(at::cuda::device_count()) + " GPUs";
+  }
+  return "";
+}
+
 // Base fixture of the kernel tests: skipped without zerotrain's kernels (no nvcc at build
 // time) or without a GPU; runs on this rank's device.
 class KernelTest : public ::testing::Test {

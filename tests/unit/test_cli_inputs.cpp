@@ -14,6 +14,8 @@
 #include <fstream>
 #include <string>
 
+#include "ckpt/dir_lock.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -181,6 +183,86 @@ TEST(CliInputs, UnusableSaveDirFailsBeforeTheFirstStep) {
   Ran r = train_and_save((d / "new" / "deeper").string());
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(fs::exists(d / "new" / "deeper" / "latest"));
+  rm_rf(d);
+}
+
+// A Hugging Face style config ("auto" precision and lr) no longer trains in fp32 without a
+// word: --bf16 / --fp16 / --lr fill the keys, a run without them says what it defaulted,
+// and a flag that contradicts an explicit key is an error naming both.
+TEST(CliInputs, AutoPrecisionAndLrAreFilledByFlagsOrNamed) {
+  const fs::path d = temp_dir("auto");
+  const fs::path cfg = write(d / "auto.json", R"({"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+      "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}, "zero_optimization": {"stage": 1},
+      "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}})");
+  const std::string base = "train --config " + cfg.string() + " --model gpt2-tiny --layers 1 --seq 16 --micro-batch 2 --steps 1 --device cpu";
+  Ran plain = run(base);
+  EXPECT_EQ(plain.code, 0) << plain.output;
+  EXPECT_TRUE(contains(plain.output, "\"auto\" keys took the default: bf16.enabled = false, fp16.enabled = false, "
+                                     "optimizer.params.lr -- training in fp32")) << plain.output;
+  Ran bf16 = run(base + " --bf16 --lr 3e-4");
+  EXPECT_EQ(bf16.code, 0) << bf16.output;
+  EXPECT_TRUE(contains(bf16.output, "BFloat16")) << bf16.output;
+  EXPECT_TRUE(contains(bf16.output, "lr 0.0003")) << bf16.output;
+  EXPECT_FALSE(contains(bf16.output, "took the default")) << bf16.output;
+  const fs::path expl = write(d / "explicit.json", R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": false},
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})");
+  const std::string eb = "train --config " + expl.string() + " --model gpt2-tiny --layers 1 --seq 16 --steps 1 --device cpu";
+  Ran contra = run(eb + " --bf16");
+  EXPECT_EQ(contra.code, 1) << contra.output;
+  EXPECT_TRUE(contains(contra.output, "--bf16 but the config sets bf16.enabled = false")) << contra.output;
+  Ran lr = run(eb + " --lr 2e-3");
+  EXPECT_EQ(lr.code, 1) << lr.output;
+  EXPECT_TRUE(contains(lr.output, "--lr 0.002 but the config sets optimizer.params.lr = 0.001")) << lr.output;
+  Ran both = run(eb + " --fp16 --bf16");
+  EXPECT_TRUE(contains(both.output, "--bf16 and --fp16 together")) << both.output;
+  rm_rf(d);
+}
+
+// A periodic save that fails (a full disk, injected on rank 0 by ZT_CKPT_TEST_FAIL) is
+// reported, leaves no partial files, and the next save point succeeds; the run goes on to
+// the end and exits with code 3. Synchronous and asynchronous saves.
+TEST(CliInputs, FailedPeriodicSaveIsReportedCleanedAndRetried) {
+  for (const std::string mode : {"", " --save-async"}) {
+    const fs::path d = temp_dir("failsave");
+    const fs::path cfg = write(d / "c.json", R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})");
+    const fs::path save = d / "ckpt";
+    ::setenv("ZT_CKPT_TEST_FAIL", "global_step2:0", 1);
+    Ran r = run("train --config " + cfg.string() + " --model gpt2-tiny --layers 1 --seq 16 --steps 6 --device cpu --save " +
+                save.string() + " --save-every 2" + mode);
+    ::unsetenv("ZT_CKPT_TEST_FAIL");
+    EXPECT_EQ(r.code, 3) << mode << r.output;
+    EXPECT_TRUE(contains(r.output, "checkpoint save at step")) << mode << r.output;
+    EXPECT_TRUE(contains(r.output, "No space left on device (injected")) << mode << r.output;
+    EXPECT_TRUE(contains(r.output, "1 checkpoint save(s) failed during the run")) << mode << r.output;
+    EXPECT_FALSE(fs::exists(save / ".global_step2.partial")) << mode;
+    EXPECT_FALSE(fs::exists(save / "global_step2")) << mode;
+    EXPECT_TRUE(fs::exists(save / "global_step4" / "manifest.json")) << mode;
+    std::ifstream latest(save / "latest");
+    std::string tag;
+    latest >> tag;
+    EXPECT_EQ(tag, "global_step6") << mode;
+    rm_rf(d);
+  }
+}
+
+// Two jobs never save into one directory: while another job holds the lock (here: this
+// test process), `train --save DIR` stops before the first step naming the holder.
+TEST(CliInputs, SaveDirInUseByAnotherJobIsNamed) {
+  const fs::path d = temp_dir("lock");
+  const fs::path save = d / "ckpt";
+  auto lock = zt::ckpt::DirLock::acquire(save.string());
+  const fs::path cfg = write(d / "c.json", R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"}})");
+  Ran r = run("train --config " + cfg.string() + " --model gpt2-tiny --layers 1 --seq 16 --steps 1 --device cpu --save " +
+              save.string());
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "is in use by another zerotrain job (host ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "pid " + std::to_string(::getpid()))) << r.output;
+  EXPECT_FALSE(contains(r.output, "Step 0")) << "no step may run: " << r.output;
+  lock.reset();
+  Ran ok = run("train --config " + cfg.string() + " --model gpt2-tiny --layers 1 --seq 16 --steps 1 --device cpu --save " +
+               save.string());
+  EXPECT_EQ(ok.code, 0) << "the lock is released with its holder: " << ok.output;
   rm_rf(d);
 }
 
