@@ -401,7 +401,8 @@ int cmd_train(int argc, char** argv) {
     const auto& adapters = model.lora->adapters;
     ZT_CHECK_T(master.size() == 2 * adapters.size(), InternalError, "train: the engine manages ", master.size(),
                " tensors, the LoRA adapters ", 2 * adapters.size());
-    if (rank == 0) {
+    std::string err;  // rank 0's write failure, reported on every rank (no rank left waiting)
+    if (rank == 0) try {
       std::map<std::string, torch::Tensor> sd;
       const int64_t r = model.lora->options.r;
       for (size_t i = 0; i < adapters.size(); ++i) {
@@ -417,8 +418,11 @@ int cmd_train(int argc, char** argv) {
                                a.init_from.empty() ? model.name : a.init_from);
       std::printf("[zerotrain] LoRA adapter (peft format, fp32) written to %s\n", a.lora_out.c_str());
       std::fflush(stdout);
+    } catch (const std::exception& e) {
+      err = detail::cat("train: writing the LoRA adapter to --lora-out ", a.lora_out, " failed: ", e.what());
     }
-    group->barrier();
+    const auto failure = comm::lowest_failure(group, err);
+    ZT_CHECK_T(!failure, CheckpointError, failure->message);
   };
   auto save = [&] {
     const auto t0 = std::chrono::steady_clock::now();
