@@ -11,6 +11,7 @@
 #include "lora/lora_models.h"
 #include "lora/lora_spec.h"
 #include "lora/peft_format.h"
+#include "lora/qlora.h"
 #include "models/hf_gpt2.h"
 #include "models/hf_llama.h"
 #include "zerotrain/error.h"
@@ -19,13 +20,15 @@ namespace zt::cli {
 namespace {
 
 const char* kMergeUsage =
-    "usage: zerotrain merge --base DIR --adapter DIR --out DIR [--dtype fp32|bf16|fp16]\n\n"
+    "usage: zerotrain merge --base DIR --adapter DIR --out DIR [--dtype fp32|bf16|fp16] [--qlora]\n\n"
     "  Loads the Hugging Face model in --base (config.json + model.safetensors, GPT-2 or the Llama\n"
     "  family), applies the peft LoRA adapter in --adapter (adapter_config.json +\n"
     "  adapter_model.safetensors, as `zerotrain train --lora` or peft's save_pretrained write it),\n"
     "  adds scaling * B A to each adapted weight (in fp32) and writes the merged model to --out as\n"
     "  Hugging Face safetensors (tensors in --dtype, default fp32) with config.json. The base's\n"
-    "  tokenizer files are copied along.\n";
+    "  tokenizer files are copied along. --qlora: the adapter was trained on the NF4 base\n"
+    "  (train --qlora): the adapted weights are first rounded through NF4, so the merged model\n"
+    "  computes what the QLoRA model computed.\n";
 
 at::ScalarType dtype_of(const std::string& s) {
   if (s == "fp32" || s == "float32") return at::kFloat;
@@ -39,6 +42,7 @@ at::ScalarType dtype_of(const std::string& s) {
 int cmd_merge(int argc, char** argv) {
   namespace fs = std::filesystem;
   std::string base, adapter, out, dtype = "fp32";
+  bool qlora = false;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     auto need = [&]() -> std::string {
@@ -56,6 +60,8 @@ int cmd_merge(int argc, char** argv) {
       out = need();
     } else if (f == "--dtype") {
       dtype = need();
+    } else if (f == "--qlora") {
+      qlora = true;
     } else {
       throw UsageError("merge: unknown option '" + f + "' (see zerotrain merge --help)");
     }
@@ -75,6 +81,7 @@ int cmd_merge(int argc, char** argv) {
     auto m = models::load_hf_llama_pretrained(base);
     auto lm = lora::load_peft_adapter(*m, lora::lora_space(*m), adapter);
     merged = lm.adapters.size();
+    if (qlora) lora::round_trip_nf4_bases(lm);
     family = m->config().architecture + " " + lora::lora_spec_string(lm.options);
     lora::merge_lora(lm);
     models::save_hf_llama(*m, out, dt);
@@ -82,6 +89,7 @@ int cmd_merge(int argc, char** argv) {
     auto m = models::load_hf_gpt2_pretrained(base);
     auto lm = lora::load_peft_adapter(*m, lora::lora_space(*m), adapter);
     merged = lm.adapters.size();
+    if (qlora) lora::round_trip_nf4_bases(lm);
     family = "GPT-2 " + lora::lora_spec_string(lm.options);
     lora::merge_lora(lm);
     models::save_hf_gpt2(*m, out, dt);

@@ -92,11 +92,14 @@ const char* kTrainUsage =
     "  --lora-out DIR      where the adapter goes in peft's format (adapter_model.safetensors +\n"
     "                      adapter_config.json) at the end and with each --save (default: SAVE/adapter,\n"
     "                      or ./lora_adapter without --save)\n"
+    "  --qlora             with --lora: the adapted layers' base weights stored as NF4 (bitsandbytes'\n"
+    "                      format) and dequantized in each forward (CPU path; no CUDA kernel yet)\n"
     "Run N ranks with: zerotrain launch -n N -- zerotrain train ...\n";
 
 struct Args {
   std::string config, model = "gpt2-tiny", data = "random", val_data, metrics, summary, save, load, init_from, device, profile_out = "zerotrain-profile";
   std::string lora, lora_out;  // --lora SPEC, --lora-out DIR
+  bool qlora = false;          // --qlora
   int64_t save_every = 0;
   int64_t max_skipped_steps = 50;
   int64_t profile_step = -1;
@@ -160,6 +163,7 @@ Args parse_args(int argc, char** argv) {
     else if (f == "--init-from") a.init_from = need(i);
     else if (f == "--lora") a.lora = need(i);
     else if (f == "--lora-out") a.lora_out = need(i);
+    else if (f == "--qlora") a.qlora = true;
     else if (f == "--device") a.device = need(i);
     else if (f == "--profile") a.profile_step = num(i);
     else if (f == "--profile-out") a.profile_out = need(i);
@@ -174,6 +178,7 @@ Args parse_args(int argc, char** argv) {
   ZT_CHECK_T(!a.save_async || !a.save.empty(), ConfigError, "train: --save-async needs --save DIR");
   ZT_CHECK_T(a.eval_every == 0 || !a.val_data.empty(), ConfigError, "train: --eval-every needs --val-data GLOB");
   ZT_CHECK_T(a.lora_out.empty() || !a.lora.empty(), ConfigError, "train: --lora-out needs --lora SPEC");
+  ZT_CHECK_T(!a.qlora || !a.lora.empty(), ConfigError, "train: --qlora needs --lora SPEC (the adapters to train)");
   ZT_CHECK_T(a.device.empty() || a.device == "cpu" || a.device == "cuda", ConfigError,
              "train: --device must be cpu or cuda, got '", a.device, "'");
   return a;
@@ -322,7 +327,7 @@ int cmd_train(int argc, char** argv) {
 
   torch::manual_seed(static_cast<uint64_t>(a.seed));
   TrainModel model =
-      build_train_model({a.model, a.init_from, a.layers, a.embd, a.heads, a.vocab, a.checkpoint, rank, lora_opts}, cfg);
+      build_train_model({a.model, a.init_from, a.layers, a.embd, a.heads, a.vocab, a.checkpoint, rank, lora_opts, a.qlora}, cfg);
   // The recompute of a checkpointed layer does not replay the RNG (models/checkpoint.h):
   // its dropout mask would differ from the forward's, and the gradients would be wrong.
   ZT_CHECK_T(!model.lora || model.lora->options.dropout == 0 || !model.activation_checkpointing, ConfigError,
@@ -520,6 +525,10 @@ int cmd_train(int argc, char** argv) {
                 static_cast<long long>(cfg.gradient_accumulation_steps), world, a.data.c_str());
     if (model.lora) {
       const auto& lo = model.lora->options;
+      if (model.nf4_bytes > 0) {
+        std::printf("[zerotrain] QLoRA: the adapted layers' base weights as NF4, %.3f MiB\n",
+                    static_cast<double>(model.nf4_bytes) / 1048576.0);
+      }
       std::printf("[zerotrain] LoRA %s on %zu linear layers: %lld trainable parameters (%.3f%% of %lld), base frozen%s\n",
                   lora::lora_spec_string(lo).c_str(), model.lora->adapters.size(),
                   static_cast<long long>(model.lora->trainable_params()),

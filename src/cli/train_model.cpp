@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "lora/lora_spec.h"
+#include "lora/qlora.h"
 #include "models/gpt2.h"
 #include "models/hf_gpt2.h"
 #include "models/hf_llama.h"
@@ -83,6 +84,10 @@ TrainModel build_gpt2(const TrainModelOptions& o, const Config& cfg) {
     t.lora_space = lora::lora_space(*model);
     t.lora = std::make_shared<lora::LoraModel>(lora::apply_lora(*model, t.lora_space.sites, *o.lora));
     t.model_json["lora"] = lora::lora_spec_string(*o.lora);
+    if (o.qlora) {
+      t.nf4_bytes = lora::quantize_lora_bases(*t.lora);
+      t.model_json["qlora"] = true;
+    }
   }
   t.engine_options = [](EngineOptions&) {};  // the engine drives GPT-2's block hooks itself
   t.attach = [](Engine&) {};
@@ -150,6 +155,10 @@ TrainModel build_llama(const TrainModelOptions& o, const Config& cfg) {
     t.lora_space = lora::lora_space(*model);
     t.lora = std::make_shared<lora::LoraModel>(lora::apply_lora(*model, t.lora_space.sites, *o.lora));
     t.model_json["lora"] = lora::lora_spec_string(*o.lora);
+    if (o.qlora) {
+      t.nf4_bytes = lora::quantize_lora_bases(*t.lora);
+      t.model_json["qlora"] = true;
+    }
   }
   const bool lora = o.lora.has_value();
   t.engine_options = [model, ckpt, rank, from, lora](EngineOptions& eo) {

@@ -25,6 +25,7 @@ struct TrainModelOptions {
   // --lora: the base is built whole (never deferred), frozen, and adapted; only the
   // adapters are the engine's. [Linear Adapters]
   std::optional<lora::LoraOptions> lora;
+  bool qlora = false;  // --qlora: the adapted linears' base weights as NF4 ([QLoRA Base])
 };
 
 struct TrainModel {
@@ -46,6 +47,7 @@ struct TrainModel {
   // With --lora: the adapters (the only trainable parameters) and where they sit.
   std::shared_ptr<lora::LoraModel> lora;
   lora::LoraTargetSpace lora_space;
+  int64_t nf4_bytes = 0;  // --qlora: bytes of the NF4 base weights
 };
 
 // Builds the model for `cfg` (ZeRO-3: partitioned construction; activation

@@ -45,8 +45,8 @@ Built build(const std::string& family, bool checkpointing) {
     zt::models::LlamaForCausalLM m(c);
     m->set_activation_checkpointing(checkpointing);
     b.module = m.ptr();
-    b.loss = [m](const torch::Tensor& x, const torch::Tensor& y) { return m->loss(x, y); };
-    b.logits = [m](const torch::Tensor& x) { return m->forward(x); };
+    b.loss = [p = m.ptr()](const torch::Tensor& x, const torch::Tensor& y) { return p->loss(x, y); };
+    b.logits = [p = m.ptr()](const torch::Tensor& x) { return p->forward(x); };
     b.llama = m;
     b.space = zt::lora::lora_space(*m);
   } else {
@@ -57,8 +57,8 @@ Built build(const std::string& family, bool checkpointing) {
     zt::models::GPT2 m(c);
     m->set_activation_checkpointing(checkpointing);
     b.module = m.ptr();
-    b.loss = [m](const torch::Tensor& x, const torch::Tensor& y) { return m->loss(x, y); };
-    b.logits = [m](const torch::Tensor& x) { return m->forward(x); };
+    b.loss = [p = m.ptr()](const torch::Tensor& x, const torch::Tensor& y) { return p->loss(x, y); };
+    b.logits = [p = m.ptr()](const torch::Tensor& x) { return p->forward(x); };
     b.space = zt::lora::lora_space(*m);
   }
   return b;
@@ -78,7 +78,7 @@ torch::Tensor eval_ids() {
   return at::randint(0, kVocab, {2, kSeq}, g);
 }
 
-struct Run {
+struct LoraRun {
   std::vector<torch::Tensor> adapters;  // fp32 master, full, after kSteps
   std::vector<double> losses;
   int64_t frozen_changed = 0;           // frozen parameters not bit-equal to their start
@@ -88,7 +88,7 @@ struct Run {
 };
 
 // adapter_dir non-empty: rank 0 saves the trained adapter there in peft's format.
-Run train(const std::string& family, int stage, bool checkpointing, const std::string& adapter_dir = "") {
+LoraRun train(const std::string& family, int stage, bool checkpointing, const std::string& adapter_dir = "") {
   auto group = zt::comm::world_group();
   const int world = group->size(), rank = group->rank();
   Built b = build(family, checkpointing);
@@ -96,6 +96,7 @@ Run train(const std::string& family, int stage, bool checkpointing, const std::s
   for (const auto& p : b.module->parameters()) frozen_start.push_back(p.detach().clone());
   torch::manual_seed(6);
   const auto lm = zt::lora::apply_lora(*b.module, b.space.sites, options(family));
+  const int64_t trainable = lm.trainable_params();  // full sizes: ZeRO-3 partitions them below
   nlohmann::json j = {
       {"train_micro_batch_size_per_gpu", kMicro},
       {"gradient_accumulation_steps", 1},
@@ -117,7 +118,8 @@ Run train(const std::string& family, int stage, bool checkpointing, const std::s
   }
   auto engine = zt::initialize(b.module, cfg, o);
   if (b.llama) zt::models::attach_llama_engine(*b.llama, *engine);
-  Run r;
+  LoraRun r;
+  r.trainable = trainable;
   for (int s = 0; s < kSteps; ++s) {
     auto g = at::make_generator<at::CPUGeneratorImpl>(99);  // one batch, so the loss must fall
     auto idx = at::randint(0, kVocab, {kMicro * world, kSeq + 1}, g);
@@ -130,7 +132,6 @@ Run train(const std::string& family, int stage, bool checkpointing, const std::s
   }
   r.adapters = engine->gather_master_params();
   r.bytes = engine->model_state_bytes();
-  r.trainable = lm.trainable_params();
   // The frozen base: never touched by the engine (same dtype here: fp32).
   const auto params = b.module->parameters();
   size_t k = 0;  // the frozen parameters keep their order; the adapters come in between
@@ -155,7 +156,7 @@ Run train(const std::string& family, int stage, bool checkpointing, const std::s
   return r;
 }
 
-void expect_same(const Run& a, const Run& b, const std::string& what) {
+void expect_same(const LoraRun& a, const LoraRun& b, const std::string& what) {
   ASSERT_EQ(a.adapters.size(), b.adapters.size()) << what;
   // fp32 on CPU ranks: the stages differ only in the order gradients are summed; AdamW
   // normalises each step, so a ~1e-7 relative gradient difference stays ~1e-6 after 4
@@ -171,12 +172,12 @@ class LoraTraining : public ::testing::TestWithParam<std::string> {};
 TEST_P(LoraTraining, StagesFollowStage0AndOnlyAdaptersTrain) {
   const std::string family = GetParam();
   const int world = zt::comm::world_group()->size();
-  const Run r0 = train(family, 0, false);
+  const LoraRun r0 = train(family, 0, false);
   EXPECT_LT(r0.losses.back(), r0.losses.front() - 0.05) << "it trains";
   for (const auto& [stage, ckpt] : std::vector<std::pair<int, bool>>{{0, false}, {1, false}, {2, false}, {3, false},
                                                                       {3, true}}) {
     const std::string what = family + " stage " + std::to_string(stage) + (ckpt ? " + checkpointing" : "");
-    const Run r = stage == 0 ? r0 : train(family, stage, ckpt);
+    const LoraRun r = stage == 0 ? r0 : train(family, stage, ckpt);
     if (stage != 0) expect_same(r0, r, what);
     EXPECT_EQ(r.frozen_changed, 0) << what << ": the frozen base moved";
     EXPECT_GT(r.frozen_numel, 10 * r.trainable) << what;
@@ -206,7 +207,7 @@ TEST_P(LoraTraining, SavedAdapterLoadsAndMergesToTheTrainedModel) {
   const std::string family = GetParam();
   auto group = zt::comm::world_group();
   zt::test_support::SharedTempDir dir(group, "lora_adapter");
-  const Run r = train(family, 3, false, dir.path);
+  const LoraRun r = train(family, 3, false, dir.path);
   group->barrier();
   if (group->rank() != 0) return;
   Built b = build(family, false);
