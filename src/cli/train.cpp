@@ -531,8 +531,8 @@ int cmd_train(int argc, char** argv) {
       }
       std::printf("[zerotrain] LoRA %s on %zu linear layers: %lld trainable parameters (%.3f%% of %lld), base frozen%s\n",
                   lora::lora_spec_string(lo).c_str(), model.lora->adapters.size(),
-                  static_cast<long long>(model.lora->trainable_params()),
-                  100.0 * static_cast<double>(model.lora->trainable_params()) / static_cast<double>(model.num_params),
+                  static_cast<long long>(model.lora_trainable),
+                  100.0 * static_cast<double>(model.lora_trainable) / static_cast<double>(model.num_params),
                   static_cast<long long>(model.num_params),
                   cfg.zero_optimization.stage == 3 ? " (whole on every rank: ZeRO-3 partitions the adapters only)" : "");
     }

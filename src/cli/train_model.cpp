@@ -84,6 +84,7 @@ TrainModel build_gpt2(const TrainModelOptions& o, const Config& cfg) {
     t.lora_space = lora::lora_space(*model);
     t.lora = std::make_shared<lora::LoraModel>(lora::apply_lora(*model, t.lora_space.sites, *o.lora));
     t.model_json["lora"] = lora::lora_spec_string(*o.lora);
+    t.lora_trainable = t.lora->trainable_params();
     if (o.qlora) {
       t.nf4_bytes = lora::quantize_lora_bases(*t.lora);
       t.model_json["qlora"] = true;
@@ -155,6 +156,7 @@ TrainModel build_llama(const TrainModelOptions& o, const Config& cfg) {
     t.lora_space = lora::lora_space(*model);
     t.lora = std::make_shared<lora::LoraModel>(lora::apply_lora(*model, t.lora_space.sites, *o.lora));
     t.model_json["lora"] = lora::lora_spec_string(*o.lora);
+    t.lora_trainable = t.lora->trainable_params();
     if (o.qlora) {
       t.nf4_bytes = lora::quantize_lora_bases(*t.lora);
       t.model_json["qlora"] = true;

@@ -48,6 +48,7 @@ struct TrainModel {
   std::shared_ptr<lora::LoraModel> lora;
   lora::LoraTargetSpace lora_space;
   int64_t nf4_bytes = 0;  // --qlora: bytes of the NF4 base weights
+  int64_t lora_trainable = 0;  // the adapters' parameters, counted whole (before ZeRO-3 partitions them)
 };
 
 // Builds the model for `cfg` (ZeRO-3: partitioned construction; activation
