@@ -10,6 +10,7 @@ int cmd_launch(int argc, char** argv);        // zerotrain launch -n N [--] PROG
 int cmd_check_config(int argc, char** argv);  // zerotrain check-config CONFIG.json [--world N]
 int cmd_train(int argc, char** argv);         // zerotrain train --config ... --model ...
 int cmd_convert(int argc, char** argv);       // zerotrain convert CKPT_DIR OUT.safetensors
+int cmd_merge(int argc, char** argv);         // zerotrain merge --base DIR --adapter DIR --out DIR
 int cmd_bench_adam(int argc, char** argv);    // zerotrain bench adam ...
 int cmd_bench_sweep(int argc, char** argv);   // zerotrain bench --model ... (the ZeRO cost sweep)
 int cmd_estimate(int argc, char** argv);      // zerotrain estimate --model ... --config ... --gpus N

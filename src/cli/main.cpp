@@ -26,6 +26,8 @@ const Subcommand kSubcommands[] = {
     {"train", "train a model with a DeepSpeed JSON config", zt::cli::cmd_train},
     {"launch", "start N ranks on this node: launch -n N [--] PROGRAM ARGS...", zt::cli::cmd_launch},
     {"convert", "consolidate a checkpoint into one safetensors file (HF GPT-2 names)", zt::cli::cmd_convert},
+    {"merge", "a Hugging Face model with a peft LoRA adapter merged in: merge --base --adapter --out",
+     zt::cli::cmd_merge},
     {"check-config", "validate a DeepSpeed config and print it resolved", zt::cli::cmd_check_config},
     {"tokenize", "text or JSONL files -> token shards (llm.c format) with a tokenizer.json", zt::cli::cmd_tokenize},
     {"generate", "continue a prompt with a Hugging Face model directory (look at what it learned)", zt::cli::cmd_generate},

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sys/statvfs.h>
 #include <string>
 
@@ -25,6 +26,8 @@
 #include "data/sampler.h"
 #include "data/shards.h"
 #include "data/token_dataset.h"
+#include "lora/lora_spec.h"
+#include "lora/peft_format.h"
 #include "monitor/device_peak.h"
 #include "parallel/topology.h"
 #include "zerotrain/comm.h"
@@ -86,10 +89,20 @@ const char* kTrainUsage =
     "                      directory with one) or a Llama-family directory (config.json plus\n"
     "                      model.safetensors or a sharded model.safetensors.index.json); a\n"
     "                      directory's config.json sets the model and its size\n"
+    "  --lora SPEC         LoRA: freeze the model, train low-rank adapters on the layers SPEC names:\n"
+    "                      r=16,alpha=32,dropout=0.05,targets=q_proj|v_proj[,rslora] (or regex=RE, last);\n"
+    "                      GPT-2: c_attn, c_proj, c_fc; Llama: q/k/v/o_proj, gate/up/down_proj (docs/lora.md)\n"
+    "  --lora-out DIR      where the adapter goes in peft's format (adapter_model.safetensors +\n"
+    "                      adapter_config.json) at the end and with each --save (default: SAVE/adapter,\n"
+    "                      or ./lora_adapter without --save)\n"
+    "  --qlora             with --lora: the adapted layers' base weights stored as NF4 (bitsandbytes'\n"
+    "                      format) and dequantized in each forward (CPU path; no CUDA kernel yet)\n"
     "Run N ranks with: zerotrain launch -n N -- zerotrain train ...\n";
 
 struct Args {
   std::string config, model = "gpt2-tiny", data = "random", val_data, metrics, summary, save, load, init_from, device, profile_out = "zerotrain-profile";
+  std::string lora, lora_out;  // --lora SPEC, --lora-out DIR
+  bool qlora = false;          // --qlora
   int64_t save_every = 0;
   int64_t max_skipped_steps = 50;
   int64_t profile_step = -1;
@@ -153,6 +166,9 @@ Args parse_args(int argc, char** argv) {
     else if (f == "--max-skipped-steps") a.max_skipped_steps = num(i);
     else if (f == "--load") a.load = need(i);
     else if (f == "--init-from") a.init_from = need(i);
+    else if (f == "--lora") a.lora = need(i);
+    else if (f == "--lora-out") a.lora_out = need(i);
+    else if (f == "--qlora") a.qlora = true;
     else if (f == "--device") a.device = need(i);
     else if (f == "--profile") a.profile_step = num(i);
     else if (f == "--profile-out") a.profile_out = need(i);
@@ -166,6 +182,8 @@ Args parse_args(int argc, char** argv) {
   ZT_CHECK_T(a.save_every == 0 || !a.save.empty(), ConfigError, "train: --save-every needs --save DIR");
   ZT_CHECK_T(!a.save_async || !a.save.empty(), ConfigError, "train: --save-async needs --save DIR");
   ZT_CHECK_T(a.eval_every == 0 || !a.val_data.empty(), ConfigError, "train: --eval-every needs --val-data GLOB");
+  ZT_CHECK_T(a.lora_out.empty() || !a.lora.empty(), ConfigError, "train: --lora-out needs --lora SPEC");
+  ZT_CHECK_T(!a.qlora || !a.lora.empty(), ConfigError, "train: --qlora needs --lora SPEC (the adapters to train)");
   ZT_CHECK_T(a.device.empty() || a.device == "cpu" || a.device == "cuda", ConfigError,
              "train: --device must be cpu or cuda, got '", a.device, "'");
   return a;
@@ -249,6 +267,12 @@ int cmd_train(int argc, char** argv) {
     return 0;
   }
   check_save_dir(a.save, a.load);  // an unusable --save fails now, not after the last step
+  std::optional<lora::LoraOptions> lora_opts;
+  if (!a.lora.empty()) {
+    lora_opts = lora::parse_lora_spec(a.lora);
+    if (a.lora_out.empty()) a.lora_out = a.save.empty() ? "lora_adapter" : a.save + "/adapter";
+    check_output_dir("train", "--lora-out", a.lora_out);
+  }
   auto group = comm::world_group();
   const int rank = group->rank(), world = group->size();
   // [Save Dir Lock]: one job per --save directory, taken by rank 0 for the whole run.
@@ -309,7 +333,14 @@ int cmd_train(int argc, char** argv) {
   }
 
   torch::manual_seed(static_cast<uint64_t>(a.seed));
-  TrainModel model = build_train_model({a.model, a.init_from, a.layers, a.embd, a.heads, a.vocab, a.checkpoint, rank}, cfg);
+  TrainModel model =
+      build_train_model({a.model, a.init_from, a.layers, a.embd, a.heads, a.vocab, a.checkpoint, rank, lora_opts, a.qlora}, cfg);
+  // The recompute of a checkpointed layer does not replay the RNG (models/checkpoint.h):
+  // its dropout mask would differ from the forward's, and the gradients would be wrong.
+  ZT_CHECK_T(!model.lora || model.lora->options.dropout == 0 || !model.activation_checkpointing, ConfigError,
+             "train: --lora dropout=", model.lora ? model.lora->options.dropout : 0.0,
+             " with activation checkpointing: the recomputed layers would draw other dropout masks; use dropout=0 "
+             "or turn activation checkpointing off");
   const int64_t seq = a.seq > 0 ? a.seq : std::min<int64_t>(1024, model.max_seq);
   ZT_CHECK_T(seq <= model.max_seq, ConfigError, "train: --seq ", seq, " exceeds the model's ", model.max_seq,
              " positions");
@@ -375,6 +406,36 @@ int cmd_train(int argc, char** argv) {
                      {"snapshot_ms", r.snapshot_ms}, {"write_ms", r.write_ms}, {"publish_ms", r.publish_ms},
                      {"bytes", r.bytes}});
   };
+  // The adapters in peft's format, from the fp32 master weights (collective; rank 0 writes).
+  auto save_adapter = [&] {
+    if (!model.lora) return;
+    const auto master = engine->gather_master_params();  // the engine's parameters: the adapters, in order
+    const auto& adapters = model.lora->adapters;
+    ZT_CHECK_T(master.size() == 2 * adapters.size(), InternalError, "train: the engine manages ", master.size(),
+               " tensors, the LoRA adapters ", 2 * adapters.size());
+    std::string err;  // rank 0's write failure, reported on every rank (no rank left waiting)
+    if (rank == 0) try {
+      std::map<std::string, torch::Tensor> sd;
+      const int64_t r = model.lora->options.r;
+      for (size_t i = 0; i < adapters.size(); ++i) {
+        const auto& lin = adapters[i].site.linear->options;
+        const std::vector<int64_t> a_shape{r, lin.in_features()}, b_shape{lin.out_features(), r};
+        ZT_CHECK_T(master[2 * i].numel() == r * lin.in_features() && master[2 * i + 1].numel() == r * lin.out_features(),
+                   InternalError, "train: the engine's tensors ", 2 * i, "/", 2 * i + 1, " are not the adapter of ",
+                   adapters[i].site.path);
+        sd[lora::peft_key(adapters[i].site.hf_path, "lora_A")] = master[2 * i].reshape(a_shape).contiguous();
+        sd[lora::peft_key(adapters[i].site.hf_path, "lora_B")] = master[2 * i + 1].reshape(b_shape).contiguous();
+      }
+      lora::write_peft_adapter(a.lora_out, sd, model.lora->options, model.lora_space,
+                               a.init_from.empty() ? model.name : a.init_from);
+      std::printf("[zerotrain] LoRA adapter (peft format, fp32) written to %s\n", a.lora_out.c_str());
+      std::fflush(stdout);
+    } catch (const std::exception& e) {
+      err = detail::cat("train: writing the LoRA adapter to --lora-out ", a.lora_out, " failed: ", e.what());
+    }
+    const auto failure = comm::lowest_failure(group, err);
+    ZT_CHECK_T(!failure, CheckpointError, failure->message);
+  };
   auto save = [&] {
     const auto t0 = std::chrono::steady_clock::now();
     const auto pos = loader.state();
@@ -383,6 +444,7 @@ int cmd_train(int argc, char** argv) {
                              {"model", model_json},
                              {"seq", seq}},
                             a.save_async);
+    save_adapter();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     collect_saves();
     if (rank == 0) {
@@ -468,6 +530,19 @@ int cmd_train(int argc, char** argv) {
                 device.str().c_str(), static_cast<long long>(cfg.train_batch_size),
                 static_cast<long long>(cfg.train_micro_batch_size_per_gpu),
                 static_cast<long long>(cfg.gradient_accumulation_steps), world, a.data.c_str());
+    if (model.lora) {
+      const auto& lo = model.lora->options;
+      if (model.nf4_bytes > 0) {
+        std::printf("[zerotrain] QLoRA: the adapted layers' base weights as NF4, %.3f MiB\n",
+                    static_cast<double>(model.nf4_bytes) / 1048576.0);
+      }
+      std::printf("[zerotrain] LoRA %s on %zu linear layers: %lld trainable parameters (%.3f%% of %lld), base frozen%s\n",
+                  lora::lora_spec_string(lo).c_str(), model.lora->adapters.size(),
+                  static_cast<long long>(model.lora_trainable),
+                  100.0 * static_cast<double>(model.lora_trainable) / static_cast<double>(model.num_params),
+                  static_cast<long long>(model.num_params),
+                  cfg.zero_optimization.stage == 3 ? " (whole on every rank: ZeRO-3 partitions the adapters only)" : "");
+    }
     std::fflush(stdout);
   }
 
@@ -611,6 +686,7 @@ int cmd_train(int argc, char** argv) {
     timed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - timed_t0).count() - save_ms;
   }
   if (val_ds) evaluate(a.steps);
+  if (a.save.empty()) save_adapter();  // with --save, save() writes it
   if (!a.save.empty()) {
     save();
     const auto t0 = std::chrono::steady_clock::now();

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "lora/lora_spec.h"
+#include "lora/qlora.h"
 #include "models/gpt2.h"
 #include "models/hf_gpt2.h"
 #include "models/hf_llama.h"
@@ -44,7 +46,9 @@ TrainModel build_gpt2(const TrainModelOptions& o, const Config& cfg) {
   }
   // ZeRO-3 builds the model partitioned: placeholders now, each unit materialised on the
   // device (and sharded) by initialize(), so no rank ever holds the whole model.
-  mc.deferred_init = cfg.zero_optimization.stage == 3;
+  // With LoRA the frozen base is not the engine's, so it is built whole (the engine
+  // fills placeholders of managed parameters only).
+  mc.deferred_init = cfg.zero_optimization.stage == 3 && !o.lora;
   models::GPT2 model(mc);
   if (!o.init_from.empty()) {
     // Every rank reads the file; the engine then starts all ranks from rank 0's copy.
@@ -76,6 +80,16 @@ TrainModel build_gpt2(const TrainModelOptions& o, const Config& cfg) {
                     {"n_embd", mc.n_embd},
                     {"vocab_size", mc.vocab_size},
                     {"n_positions", mc.n_positions}}}};
+  if (o.lora) {
+    t.lora_space = lora::lora_space(*model);
+    t.lora = std::make_shared<lora::LoraModel>(lora::apply_lora(*model, t.lora_space.sites, *o.lora));
+    t.model_json["lora"] = lora::lora_spec_string(*o.lora);
+    t.lora_trainable = t.lora->trainable_params();
+    if (o.qlora) {
+      t.nf4_bytes = lora::quantize_lora_bases(*t.lora);
+      t.model_json["qlora"] = true;
+    }
+  }
   t.engine_options = [](EngineOptions&) {};  // the engine drives GPT-2's block hooks itself
   t.attach = [](Engine&) {};
   t.detach = [] {};
@@ -113,8 +127,10 @@ TrainModel build_llama(const TrainModelOptions& o, const Config& cfg) {
   if (!o.init_from.empty()) ckpt = std::make_shared<models::HfCheckpointReader>(o.init_from);
   // Partitioned construction at ZeRO-3 (never whole on a rank) and whenever the weights
   // come from a checkpoint (each tensor read straight into its place: never twice).
-  mc.deferred_init = cfg.zero_optimization.stage == 3 || ckpt != nullptr;
+  // With LoRA the frozen base is not the engine's: built whole and loaded here.
+  mc.deferred_init = (cfg.zero_optimization.stage == 3 || ckpt != nullptr) && !o.lora;
   models::LlamaForCausalLM model(mc);
+  if (o.lora && ckpt) models::load_hf_llama(*model, *ckpt);
   if (checkpointing(o, cfg)) {
     model->set_activation_checkpointing(true, cfg.activation_checkpointing.number_checkpoints,
                                         cfg.activation_checkpointing.cpu_checkpointing);
@@ -136,7 +152,28 @@ TrainModel build_llama(const TrainModelOptions& o, const Config& cfg) {
   t.model_json = {{"name", t.name}, {"llama", nlohmann::json::parse(models::llama_config_to_hf_json(mc))}};
   const int rank = o.rank;
   const std::string from = o.init_from;
-  t.engine_options = [model, ckpt, rank, from](EngineOptions& eo) {
+  if (o.lora) {
+    t.lora_space = lora::lora_space(*model);
+    t.lora = std::make_shared<lora::LoraModel>(lora::apply_lora(*model, t.lora_space.sites, *o.lora));
+    t.model_json["lora"] = lora::lora_spec_string(*o.lora);
+    t.lora_trainable = t.lora->trainable_params();
+    if (o.qlora) {
+      t.nf4_bytes = lora::quantize_lora_bases(*t.lora);
+      t.model_json["qlora"] = true;
+    }
+  }
+  const bool lora = o.lora.has_value();
+  t.engine_options = [model, ckpt, rank, from, lora](EngineOptions& eo) {
+    if (lora) {
+      models::llama_engine_options(model, eo, nullptr);  // the units; the base is loaded and whole
+      eo.param_shape = nullptr;
+      eo.param_init = nullptr;
+      if (ckpt && rank == 0) {
+        std::printf("[zerotrain] initialized the frozen base from Hugging Face weights in %s (%s)\n", from.c_str(),
+                    model->config().architecture.c_str());
+      }
+      return;
+    }
     models::llama_engine_options(model, eo, ckpt);
     if (ckpt && rank == 0) {
       std::printf("[zerotrain] initializing from Hugging Face weights in %s (%s), tensor by tensor\n", from.c_str(),

@@ -9,6 +9,8 @@
 #include <optional>
 #include <string>
 
+#include "lora/lora.h"
+#include "lora/lora_models.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
 
@@ -20,6 +22,10 @@ struct TrainModelOptions {
   int64_t layers = 0, embd = 0, heads = 0, vocab = 0;  // --layers/--embd/--heads/--vocab overrides
   bool checkpoint_activations = false;        // --checkpoint-activations
   int rank = 0;
+  // --lora: the base is built whole (never deferred), frozen, and adapted; only the
+  // adapters are the engine's. [Linear Adapters]
+  std::optional<lora::LoraOptions> lora;
+  bool qlora = false;  // --qlora: the adapted linears' base weights as NF4 ([QLoRA Base])
 };
 
 struct TrainModel {
@@ -38,6 +44,11 @@ struct TrainModel {
   std::function<void(EngineOptions&)> engine_options;
   std::function<void(Engine&)> attach;
   std::function<void()> detach;
+  // With --lora: the adapters (the only trainable parameters) and where they sit.
+  std::shared_ptr<lora::LoraModel> lora;
+  lora::LoraTargetSpace lora_space;
+  int64_t nf4_bytes = 0;  // --qlora: bytes of the NF4 base weights
+  int64_t lora_trainable = 0;  // the adapters' parameters, counted whole (before ZeRO-3 partitions them)
 };
 
 // Builds the model for `cfg` (ZeRO-3: partitioned construction; activation

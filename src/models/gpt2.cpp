@@ -12,6 +12,7 @@
 #include "kernels/aten.h"
 #include "kernels/column_sum.h"
 #include "kernels/layer_norm_grad.h"
+#include "models/linear_adapter.h"
 #include "models/lm_head_loss.h"
 #include "zerotrain/error.h"
 
@@ -292,12 +293,15 @@ torch::Tensor layer_norm(const torch::nn::LayerNorm& ln, const torch::Tensor& x)
 }
 
 torch::Tensor linear(const torch::nn::Linear& l, const torch::Tensor& x) {
-  const auto& w = l->weight;  // (out, in)
-  const auto x2 = x.reshape({-1, x.size(-1)});
-  auto y = LinearFn::apply(x2, w, l->bias.defined() ? l->bias : torch::Tensor());
-  auto sizes = x.sizes().vec();
-  sizes.back() = w.size(0);
-  return y.view(sizes);
+  // Through the Linear's adapter when it carries one. [Linear Adapters]
+  return run_linear(*l, x, [&l](const torch::Tensor& t) {
+    const auto& w = l->weight;  // (out, in)
+    const auto x2 = t.reshape({-1, t.size(-1)});
+    auto y = LinearFn::apply(x2, w, l->bias.defined() ? l->bias : torch::Tensor());
+    auto sizes = t.sizes().vec();
+    sizes.back() = w.size(0);
+    return y.view(sizes);
+  });
 }
 
 // A Linear (in -> out), or a 1x1 placeholder when the model is built deferred.

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "models/gpt2.h"  // linear(): addmm whose backward accumulates into W.grad
+#include "models/linear_adapter.h"
 #include "models/lm_head_loss.h"
 #include "zerotrain/error.h"
 
@@ -26,8 +27,10 @@ torch::nn::Linear make_linear(const LlamaConfig& c, int64_t in, int64_t out, boo
 // y = x W^T (+ b). With a bias: GPT-2's linear() (one addmm; its backward accumulates
 // into an existing W.grad). Without: at::linear (a custom autograd Function cannot take
 // the undefined bias tensor as an input).
+// Through the Linear's adapter when it carries one (linear() dispatches itself). [Linear Adapters]
 torch::Tensor proj(const torch::nn::Linear& l, const torch::Tensor& x) {
-  return l->bias.defined() ? linear(l, x) : F::linear(x, l->weight);
+  if (l->bias.defined()) return linear(l, x);
+  return run_linear(*l, x, [&l](const torch::Tensor& t) { return F::linear(t, l->weight); });
 }
 
 // HF's rotate_half: (x1, x2) -> (-x2, x1) over the two halves of the last dimension.
