@@ -2,6 +2,7 @@
 // `zerotrain launch -n 2`): `latest` must still name the previous checkpoint, and that
 // checkpoint must load.
 #include <gtest/gtest.h>
+#include "support/run_shell.h"
 #include <sys/wait.h>
 
 #include <array>
@@ -14,22 +15,11 @@
 
 namespace {
 
-struct ProgRun {
-  int code = -1;
-  std::string output;
-};
+using ProgRun = zt::test_support::ShellRun;
 
 ProgRun run_prog(const std::string& args) {
-  const std::string cmd =
-      "timeout -k 5 120 " ZT_BINARY_DIR "/zerotrain launch -n 2 -- " ZT_BINARY_DIR "/prog_ckpt_crash " + args + " 2>&1";
-  ProgRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  while (fgets(buf.data(), static_cast<int>(buf.size()), p) != nullptr) r.output += buf.data();
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+  return zt::test_support::run_shell("timeout -k 5 120 " ZT_BINARY_DIR "/zerotrain launch -n 2 -- " ZT_BINARY_DIR
+                                     "/prog_ckpt_crash " + args);
 }
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }

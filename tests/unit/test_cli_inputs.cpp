@@ -4,6 +4,7 @@
 // one-line message naming the key, flag or path, with exit code 2 for usage errors and
 // 1 for the rest -- never a signal, never a finished run that then cannot save.
 #include <gtest/gtest.h>
+#include "support/run_shell.h"
 #include <ftw.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,23 +22,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Ran {
-  int code = -1;  // exit code (128+N when the command died of signal N)
-  std::string output;
-};
+using Ran = zt::test_support::ShellRun;
 
 Ran run(const std::string& args) {
-  const std::string cmd = "timeout -k 5 120 " ZT_BINARY_DIR "/zerotrain " + args + " 2>&1";
-  Ran r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) {
-    ADD_FAILURE() << "popen failed: " << cmd;
-    return r;
-  }
-  std::array<char, 4096> buf;
-  while (fgets(buf.data(), static_cast<int>(buf.size()), p) != nullptr) r.output += buf.data();
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  Ran r = zt::test_support::run_shell("timeout -k 5 120 " ZT_BINARY_DIR "/zerotrain " + args);
+  if (r.code == -1) ADD_FAILURE() << "popen failed: zerotrain " << args;
   return r;
 }
 

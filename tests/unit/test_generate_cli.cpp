@@ -2,6 +2,7 @@
 // the tiny Llama fixture reproduces transformers' generate() id for id
 // (tests/fixtures/make_generate_fixture.py), sampling is seeded, and bad input is named.
 #include <gtest/gtest.h>
+#include "support/run_shell.h"
 
 #include <array>
 #include <cstdio>
@@ -13,21 +14,10 @@
 
 namespace {
 
-struct Ran {
-  int code = -1;
-  std::string output;
-};
+using Ran = zt::test_support::ShellRun;
 
 Ran run(const std::string& args) {
-  const std::string cmd = "timeout -k 5 120 " ZT_BINARY_DIR "/zerotrain generate " + args + " 2>&1";
-  Ran r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  while (fgets(buf.data(), static_cast<int>(buf.size()), p) != nullptr) r.output += buf.data();
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+  return zt::test_support::run_shell("timeout -k 5 120 " ZT_BINARY_DIR "/zerotrain generate " + args);
 }
 
 bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }

@@ -3,6 +3,7 @@
 // document, the validation split, training with validation loss on 2 ranks (ZeRO-2 and
 // ZeRO-3), resume of the data position, and the errors for data that does not fit the model.
 #include <gtest/gtest.h>
+#include "support/run_shell.h"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,22 +26,9 @@ namespace {
 const std::string kFixture = std::string(ZT_SOURCE_DIR) + "/tests/fixtures/bpe/";
 const std::string kBin = std::string(ZT_BINARY_DIR) + "/zerotrain";
 
-struct CliRun {
-  int code = -1;
-  std::string output;
-};
+using CliRun = zt::test_support::ShellRun;
 
-CliRun run(const std::string& args) {
-  const std::string cmd = "OMP_NUM_THREADS=1 timeout -k 5 300 " + args + " 2>&1";
-  CliRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  while (fgets(buf.data(), static_cast<int>(buf.size()), p) != nullptr) r.output += buf.data();
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+CliRun run(const std::string& args) { return zt::test_support::run_shell("OMP_NUM_THREADS=1 timeout -k 5 300 " + args); }
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
