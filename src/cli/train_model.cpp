@@ -35,6 +35,39 @@ bool checkpointing(const TrainModelOptions& o, const Config& cfg) {
          cfg.activation_checkpointing.cpu_checkpointing;
 }
 
+// What GPT-2 and the Llama family fill alike: activation checkpointing per the config or
+// the flag, the module and its loss, the parameter count and the FLOPs per token.
+template <class Holder>
+TrainModel common_train_model(Holder& model, const TrainModelOptions& o, const Config& cfg, const char* family) {
+  if (checkpointing(o, cfg)) {
+    model->set_activation_checkpointing(true, cfg.activation_checkpointing.number_checkpoints,
+                                        cfg.activation_checkpointing.cpu_checkpointing);
+  }
+  TrainModel t;
+  t.family = family;
+  t.module = model.ptr();
+  t.loss = [m = model.ptr()](const torch::Tensor& x, const torch::Tensor& y) { return m->loss(x, y); };
+  t.num_params = model->num_params();
+  t.activation_checkpointing = model->activation_checkpointing();
+  t.flops_per_token = [model](int64_t seq) { return model->flops_per_token(seq); };
+  return t;
+}
+
+// --lora (and --qlora): adapters on the model's adaptable linears, recorded in the
+// checkpoint's model description.
+template <class Holder>
+void apply_lora_options(TrainModel& t, Holder& model, const TrainModelOptions& o) {
+  if (!o.lora) return;
+  t.lora_space = lora::lora_space(*model);
+  t.lora = std::make_shared<lora::LoraModel>(lora::apply_lora(*model, t.lora_space.sites, *o.lora));
+  t.model_json["lora"] = lora::lora_spec_string(*o.lora);
+  t.lora_trainable = t.lora->trainable_params();
+  if (o.qlora) {
+    t.nf4_bytes = lora::quantize_lora_bases(*t.lora);
+    t.model_json["qlora"] = true;
+  }
+}
+
 TrainModel build_gpt2(const TrainModelOptions& o, const Config& cfg) {
   models::GPT2Config mc = models::named_gpt2(o.model);
   if (o.layers) mc.n_layer = o.layers;
@@ -55,23 +88,13 @@ TrainModel build_gpt2(const TrainModelOptions& o, const Config& cfg) {
     models::load_hf_gpt2(*model, o.init_from);
     if (o.rank == 0) std::printf("[zerotrain] initialized from Hugging Face GPT-2 weights in %s\n", o.init_from.c_str());
   }
-  if (checkpointing(o, cfg)) {
-    model->set_activation_checkpointing(true, cfg.activation_checkpointing.number_checkpoints,
-                                        cfg.activation_checkpointing.cpu_checkpointing);
-  }
-  TrainModel t;
-  t.family = "gpt2";
+  TrainModel t = common_train_model(model, o, cfg, "gpt2");
   t.name = o.model;
-  t.module = model.ptr();
-  t.loss = [m = model.ptr()](const torch::Tensor& x, const torch::Tensor& y) { return m->loss(x, y); };
   t.vocab_size = mc.vocab_size;
   t.max_seq = mc.n_positions;
   t.n_layer = mc.n_layer;
   t.width = mc.n_embd;
   t.n_head = mc.n_head;
-  t.num_params = model->num_params();
-  t.activation_checkpointing = model->activation_checkpointing();
-  t.flops_per_token = [model](int64_t seq) { return model->flops_per_token(seq); };
   t.flops_formula = "6N+12LCT FLOPs per token";
   t.model_json = {{"name", o.model},
                   {"gpt2",
@@ -80,16 +103,7 @@ TrainModel build_gpt2(const TrainModelOptions& o, const Config& cfg) {
                     {"n_embd", mc.n_embd},
                     {"vocab_size", mc.vocab_size},
                     {"n_positions", mc.n_positions}}}};
-  if (o.lora) {
-    t.lora_space = lora::lora_space(*model);
-    t.lora = std::make_shared<lora::LoraModel>(lora::apply_lora(*model, t.lora_space.sites, *o.lora));
-    t.model_json["lora"] = lora::lora_spec_string(*o.lora);
-    t.lora_trainable = t.lora->trainable_params();
-    if (o.qlora) {
-      t.nf4_bytes = lora::quantize_lora_bases(*t.lora);
-      t.model_json["qlora"] = true;
-    }
-  }
+  apply_lora_options(t, model, o);
   t.engine_options = [](EngineOptions&) {};  // the engine drives GPT-2's block hooks itself
   t.attach = [](Engine&) {};
   t.detach = [] {};
@@ -131,37 +145,18 @@ TrainModel build_llama(const TrainModelOptions& o, const Config& cfg) {
   mc.deferred_init = (cfg.zero_optimization.stage == 3 || ckpt != nullptr) && !o.lora;
   models::LlamaForCausalLM model(mc);
   if (o.lora && ckpt) models::load_hf_llama(*model, *ckpt);
-  if (checkpointing(o, cfg)) {
-    model->set_activation_checkpointing(true, cfg.activation_checkpointing.number_checkpoints,
-                                        cfg.activation_checkpointing.cpu_checkpointing);
-  }
-  TrainModel t;
-  t.family = "llama";
+  TrainModel t = common_train_model(model, o, cfg, "llama");
   t.name = models::is_llama_name(o.model) || is_file_or_dir(o.model) ? o.model : o.init_from;
-  t.module = model.ptr();
-  t.loss = [m = model.ptr()](const torch::Tensor& x, const torch::Tensor& y) { return m->loss(x, y); };
   t.vocab_size = mc.vocab_size;
   t.max_seq = mc.max_position_embeddings;
   t.n_layer = mc.num_hidden_layers;
   t.width = mc.hidden_size;
   t.n_head = mc.num_attention_heads;
-  t.num_params = model->num_params();
-  t.activation_checkpointing = model->activation_checkpointing();
-  t.flops_per_token = [model](int64_t seq) { return model->flops_per_token(seq); };
   t.flops_formula = "6(N+Vd)+12LdT FLOPs per token";
   t.model_json = {{"name", t.name}, {"llama", nlohmann::json::parse(models::llama_config_to_hf_json(mc))}};
   const int rank = o.rank;
   const std::string from = o.init_from;
-  if (o.lora) {
-    t.lora_space = lora::lora_space(*model);
-    t.lora = std::make_shared<lora::LoraModel>(lora::apply_lora(*model, t.lora_space.sites, *o.lora));
-    t.model_json["lora"] = lora::lora_spec_string(*o.lora);
-    t.lora_trainable = t.lora->trainable_params();
-    if (o.qlora) {
-      t.nf4_bytes = lora::quantize_lora_bases(*t.lora);
-      t.model_json["qlora"] = true;
-    }
-  }
+  apply_lora_options(t, model, o);
   const bool lora = o.lora.has_value();
   t.engine_options = [model, ckpt, rank, from, lora](EngineOptions& eo) {
     if (lora) {
