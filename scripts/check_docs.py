@@ -7,7 +7,8 @@ Reads README.md, docs/*.md, bench/anchors/README.md, bench/results/*/README.md (
 bench/results/*.md) and scripts/device/README.md, and reports
   - a relative markdown link or image whose file does not exist,
   - a link to `FILE.md#anchor` (or `#anchor`) whose anchor is no heading of FILE.md,
-  - a path `scripts/...sh|py` named in the text that does not exist,
+  - a path `scripts/...sh|py` named in the text that does not exist, or (in bench/ and
+    scripts/device/) a bare `NAME.sh` that is not in scripts/device/ or scripts/,
   - a script in scripts/device/ that scripts/device/README.md does not describe.
 Exits 1 when anything is wrong (one line per problem: file:line: what), 0 otherwise.
 Python 3 standard library only.
@@ -20,6 +21,7 @@ import sys
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 REF_DEF = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+\"[^\"]*\")?\s*$")
 SCRIPT = re.compile(r"(?<![\w./-])(scripts/[\w./-]+\.(?:sh|py))\b")
+BARE_SH = re.compile(r"(?<![\w./-])([\w-]+\.sh)\b")  # a device script named without its folder
 FENCE = re.compile(r"^\s*(```|~~~)")
 HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.*?)\s*#*\s*$")
 
@@ -103,10 +105,17 @@ def main():
             no_code = re.sub(r"`[^`]*`", "", line)
             for m in LINK.finditer(no_code):
                 check_link(root, doc, lineno, m.group(1), problems)
+        rel_doc = os.path.relpath(doc, root)
         for lineno, line in enumerate(text.splitlines(), 1):  # code included: commands
             for m in SCRIPT.finditer(line):
                 if not os.path.exists(os.path.join(root, m.group(1))):
-                    problems.append(f"{os.path.relpath(doc, root)}:{lineno}: {m.group(1)} does not exist")
+                    problems.append(f"{rel_doc}:{lineno}: {m.group(1)} does not exist")
+            if rel_doc.startswith(("bench/", "scripts/device/")):
+                for m in BARE_SH.finditer(line):
+                    name = m.group(1)
+                    if not any(os.path.exists(os.path.join(root, d, name))
+                               for d in ("scripts/device", "scripts")):
+                        problems.append(f"{rel_doc}:{lineno}: {name}: no such script in scripts/device/")
 
     device = os.path.join(root, "scripts", "device")
     index = os.path.join(device, "README.md")
