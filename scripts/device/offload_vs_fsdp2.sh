@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device run OFF (2 GPUs): ZeRO-Offload. GPT-2 Large, bf16, micro-batch 8, seq 1024:
+# Device run OFFLOAD_VS_FSDP2 (2 GPUs): ZeRO-Offload. GPT-2 Large, bf16, micro-batch 8, seq 1024:
 # zerotrain stage 2 and stage 3 with offload_optimizer cpu (pinned, CPU Adam), next to
 # PyTorch FSDP2 + CPUOffloadPolicy in the same run. Results: $OUT/off_results.tar.gz.
 set -uo pipefail

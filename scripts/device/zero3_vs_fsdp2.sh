@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device run Z3 (2 GPUs): ZeRO-3.
+# Device run ZERO3_VS_FSDP2 (2 GPUs): ZeRO-3.
 #  1. GPT-2 Large, bf16, micro-batch 8, seq 1024: zerotrain stage 3 (DeepSpeed's defaults,
 #     and reuse distance 0 = release every block after forward) and stage 2, next to
 #     PyTorch FSDP2 with reshard_after_forward=True, in the same run.

@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# Device run CAP-FSDP2 (1 GPU of the 2-GPU host): the largest GPT-2-shaped model that PyTorch
+# Device run CAPACITY_FSDP2 (1 GPU of the 2-GPU host): the largest GPT-2-shaped model that PyTorch
 # FSDP2 + CPUOffloadPolicy(pin_memory) trains on ONE GPU, in the shape of the zerotrain capacity
 # runs (bench/results/2026-11-22_capacity_h200: width 4096, 32 heads, vocab 50257, micro-batch 1,
 # seq 1024, activation checkpointing, bf16, AdamW, 3 steps).  The model is built on the meta
 # device, sharded, materialized on the CPU (to_empty) and initialized there (--meta-init), so no
 # full unsharded copy is ever on the GPU.  Needs only python3/torchrun with torch 2.11 (no build).
-# Usage: LAYERS="44 59 68" T=200 GUARD=4 bash scripts/device/cap_fsdp2.sh
+# Usage: LAYERS="44 59 68" T=200 GUARD=4 bash scripts/device/capacity_fsdp2.sh
 #   LAYERS  layer counts to try, in order (default "44 59 68")
 #   T       per-run timeout in seconds (default 200); keep count(LAYERS) * T under the call's limit
 #   GUARD   --host-mem-guard-gib: report a host OOM and exit when less than GUARD GiB of host memory
 #           is available, rather than being SIGKILLed by the kernel (default 4; 0 = record only)
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 CUDA_VISIBLE_DEVICES=0
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; R=$OUT/cap_fsdp2; mkdir -p $R; J=$R/cap_fsdp2.jsonl
+source scripts/device/common.sh cap_fsdp2 --no-build
+export CUDA_VISIBLE_DEVICES=0
+J=$R/cap_fsdp2.jsonl
 LAYERS=${LAYERS:-"44 59 68"}; T=${T:-200}; GUARD=${GUARD:-4}
-t0=$(date +%s)
+t0=$T0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > $R/device.txt 2>&1
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" >> $R/device.txt 2>&1
 cat $R/device.txt

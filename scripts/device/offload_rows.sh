@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device run VERIFY (2 GPUs): all GPU tests (zt_gpu, engine async included), then the
+# Device run OFFLOAD_ROWS (2 GPUs): all GPU tests (zt_gpu, engine async included), then the
 # offload rows of GPT-2 Large (bf16, micro-batch 8, seq 1024): z3-offall (optimizer and
 # parameters on the CPU), z2 offload, z2 offload + delayed update, and z2 without offload
 # for the ratio. Results: $OUT/verify.tar.gz.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device run OFFPERF (2 GPUs): the host's layout (NUMA, cores) and ZeRO-2 + offload_optimizer
+# Device run OFFLOAD_ADAM_THREADS (2 GPUs): the host's layout (NUMA, cores) and ZeRO-2 + offload_optimizer
 # cpu on GPT-2 Large (bf16, mb 8, seq 1024) at several CPU Adam thread counts, with and
 # without the delayed update. Results: $OUT/offperf.tar.gz.
 set -uo pipefail

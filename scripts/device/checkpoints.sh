@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device run: checkpoints on 2 GPUs (issue 7 acceptance).
+# Device run CHECKPOINTS (2 GPUs): save, load, stall and convert.
 #  1. GPT-2 Large, ZeRO-2 bf16, 2 ranks: save time, load time, checkpoint size (synchronous
 #     save: the training stall equals the save time), and a resume to step 6.
 #  1b. GPT-2 Large training stall per save, synchronous vs --save-async (snapshot to pinned
@@ -10,16 +10,9 @@
 #  3. the CPU checkpoint tests (dist at 2 ranks) on this host.
 # Results: $OUT/ckpt_results.tar.gz; a short table last.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-OUT=${OUT:-/tmp/out}; mkdir -p $OUT; B=build-gpu; R=$OUT/ckpt; mkdir -p $R
+source scripts/device/common.sh ckpt zerotrain_cli gpt2_logits zt_dist
 WORK=${CKPT_WORK:-/tmp/zt_ckpt_work}; rm -rf $WORK; mkdir -p $WORK
-nvidia-smi --query-gpu=name,memory.total --format=csv | tee $R/device.txt
-t0=$(date +%s)
-if [ ! -f $B/build.ninja ]; then cmake -S . -B $B -G Ninja -DZT_PYTHON=python3 -DZT_WERROR=OFF > $R/cmake.log 2>&1 || { tail -30 $R/cmake.log; exit 1; }; fi
-ninja -C $B zerotrain_cli gpt2_logits zt_dist > $R/build.log 2>&1 || { grep -E "error" $R/build.log | head -30; exit 1; }
-echo "build: $(( $(date +%s) - t0 )) s"
-Z=$B/zerotrain
+cat $R/device.txt
 
 # 1. GPT-2 Large save / load.
 L="--model gpt2-large --seq 1024 --micro-batch 4 --warmup 1"
@@ -90,7 +83,7 @@ tail -3 $R/convert_check.txt
 timeout 300 $Z launch -n 2 -- $B/zt_dist --gtest_filter='Checkpoint*' > $R/dist_ckpt.txt 2>&1; tail -4 $R/dist_ckpt.txt
 rm -rf $WORK
 
-echo "total: $(( $(date +%s) - t0 )) s"
+echo "total: $(( $(date +%s) - T0 )) s"
 tar -czf $OUT/ckpt_results.tar.gz -C $OUT ckpt
 echo "---- summary ----"
 printf "%-28s %s\n" "device" "$(tail -1 $R/device.txt)"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device run QUICK: the GPU tests (zt_gpu: NCCL collectives, the fused Adam kernel) and
+# Device run STAGES_QUICK: the GPU tests (zt_gpu: NCCL collectives, the fused Adam kernel) and
 # GPT-2 Large (bf16, micro-batch 8, seq 1024) with zerotrain only: 1 GPU ZeRO-0, then
 # 2 GPUs ZeRO-0/1/2 (and 3 with ZT_Z3=1). For A/B checks between full sweeps; the
 # PyTorch anchors are in the last sweep. Results: $OUT/quick.tar.gz.

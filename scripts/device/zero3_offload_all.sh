@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device run OFFALL (2 GPUs): the sweep's z3-offall row (ZeRO-3, optimizer and parameters
+# Device run ZERO3_OFFLOAD_ALL (2 GPUs): the sweep's z3-offall row (ZeRO-3, optimizer and parameters
 # offloaded to the CPU) alone. Results: $OUT/offall.tar.gz.
 set -uo pipefail
 source scripts/device/common.sh offall zerotrain_cli

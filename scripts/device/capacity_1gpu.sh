@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Device run CAP (1 GPU of the 2-GPU host, 251 GiB host memory): the largest GPT-2-shaped
+# Device run CAPACITY_1GPU (1 GPU of the 2-GPU host, 251 GiB host memory): the largest GPT-2-shaped
 # model (width 4096, 32 heads, micro-batch 1, seq 1024, checkpointing) that trains on ONE
 # GPU without offload (ZeRO-3 at world 1) and with CPU offload of optimizer + parameters.
-# Usage: LAYERS_NO="44 48" LAYERS_OFF="59" T=170 STEPS=3 bash scripts/device/gpu_cap.sh
+# Usage: LAYERS_NO="44 48" LAYERS_OFF="59" T=170 STEPS=3 bash scripts/device/capacity_1gpu.sh
 #   PROBES  further runs, "config:layers ..." (bench/configs/<config>.json), after those; a config
 #           with offload_param nvme writes its parameter file under /tmp/zerotrain_nvme
 #   T       per-run timeout in seconds; BUDGET (s, default 560): a probe that could end past it

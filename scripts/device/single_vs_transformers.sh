@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device run SINGLE (1 GPU): zerotrain train vs transformers GPT2LMHeadModel (autocast bf16,
+# Device run SINGLE_VS_TRANSFORMERS (1 GPU): zerotrain train vs transformers GPT2LMHeadModel (autocast bf16,
 # fused AdamW) in the same call. GPT-2 Large, bf16, micro-batch 8, seq 1024.
 set -uo pipefail
 source scripts/device/common.sh single zerotrain_cli

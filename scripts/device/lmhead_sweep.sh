@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device run MFU: the padded LM head. GPT2 unit tests on the device, one profiled step of
+# Device run LMHEAD_SWEEP: the padded LM head. GPT2 unit tests on the device, one profiled step of
 # GPT-2 Large on 1 GPU, then the stage 0-3 sweep with the PyTorch anchors in the same call.
 set -uo pipefail
 source scripts/device/common.sh mfu zerotrain_cli zt_unit

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device run FINAL (2 GPUs): the whole `zerotrain bench` sweep with PyTorch anchors on
+# Device run SWEEP_AND_NVME (2 GPUs): the whole `zerotrain bench` sweep with PyTorch anchors on
 # GPT-2 Large (as scripts/device/sweep.sh), then ZeRO-2 with offload_optimizer nvme on the
 # machine's disk. Results: $OUT/final_results.tar.gz.
 set -uo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device run DEBUG_OFFALL (2 GPUs): where ZeRO-3 with offload_param fails on rank 1.
+# Device run ZERO3_OFFLOAD_PARAM_CRASH (2 GPUs): where ZeRO-3 with offload_param fails on rank 1.
 # A: gpt2 (124M) 2 GPUs with CUDA_LAUNCH_BLOCKING=1; B: gpt2-large on one GPU (cuda:1);
 # C: gpt2-large 2 GPUs with CUDA_LAUNCH_BLOCKING=1; D: compute-sanitizer on gpt2-tiny.
 set -uo pipefail
