@@ -1,14 +1,25 @@
 # The two commands of the quick start:
 #   make demo   install what is missing, build, train gpt2-tiny with ZeRO-2 on 2 ranks
 #   make test   install what is missing, build, run the whole test suite
-BUILD ?= build
+# CI runs `make test SANITIZE=1`: the same suite built with AddressSanitizer and
+# UndefinedBehaviorSanitizer (SANITIZE=1 means address,undefined) in build-san/.
+SANITIZE ?=
+ifeq ($(SANITIZE),1)
+  override SANITIZE := address,undefined
+endif
+ifneq ($(SANITIZE),)
+  BUILD ?= build-san
+  CMAKE_ARGS += -DZT_SANITIZE=$(SANITIZE)
+else
+  BUILD ?= build
+endif
 
 .PHONY: all setup build test demo clean
 all: build
 setup:
 	@scripts/setup.sh >/dev/null
 build:
-	@scripts/build.sh $(BUILD)
+	@scripts/build.sh $(BUILD) $(CMAKE_ARGS)
 test: build
 	cd $(BUILD) && ctest --output-on-failure --timeout 1200
 demo: build

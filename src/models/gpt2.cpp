@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "models/model_util.h"
 #include "models/checkpoint.h"
 #include "kernels/aten.h"
 #include "kernels/column_sum.h"
@@ -21,9 +22,7 @@ namespace zt::models {
 namespace F = torch::nn::functional;
 
 namespace {
-
-constexpr double kInitStd = 0.02;
-constexpr double kLayerNormEps = 1e-5;
+using util::ends_with;
 
 struct NamedConfig {
   const char* name;
@@ -44,10 +43,6 @@ void validate(const GPT2Config& c, const std::string& where) {
              ", n_embd=", c.n_embd, ", vocab_size=", c.vocab_size, ", n_positions=", c.n_positions, ")");
   ZT_CHECK_T(c.n_embd % c.n_head == 0, zt::ConfigError, where, ": n_embd (", c.n_embd,
              ") must be divisible by n_head (", c.n_head, ")");
-}
-
-torch::nn::LayerNorm make_ln(int64_t c) {
-  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({c}).eps(kLayerNormEps).elementwise_affine(true));
 }
 
 }  // namespace
@@ -111,7 +106,7 @@ GPT2Config gpt2_config_from_hf_json(const std::string& path) {
   }
   if (j.contains("layer_norm_epsilon")) {
     double eps = j["layer_norm_epsilon"].get<double>();
-    ZT_CHECK_T(std::abs(eps - kLayerNormEps) < 1e-12, zt::ConfigError, where, ": layer_norm_epsilon ", eps,
+    ZT_CHECK_T(std::abs(eps - util::kGpt2LayerNormEps) < 1e-12, zt::ConfigError, where, ": layer_norm_epsilon ", eps,
                " is not supported (only 1e-5)");
   }
   if (j.contains("n_inner") && !j["n_inner"].is_null())
@@ -141,8 +136,8 @@ std::string gpt2_config_to_hf_json(const GPT2Config& c) {
   j["n_ctx"] = c.n_positions;
   j["n_inner"] = nullptr;
   j["activation_function"] = "gelu_new";
-  j["layer_norm_epsilon"] = kLayerNormEps;
-  j["initializer_range"] = kInitStd;
+  j["layer_norm_epsilon"] = util::kGpt2LayerNormEps;
+  j["initializer_range"] = util::kGpt2InitStd;
   // zerotrain's GPT-2 has no dropout; say so, so HF in train mode computes the same.
   j["resid_pdrop"] = 0.0;
   j["embd_pdrop"] = 0.0;
@@ -334,9 +329,9 @@ torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
 }
 
 BlockImpl::BlockImpl(const GPT2Config& cfg) {
-  ln_1 = register_module("ln_1", make_ln(cfg.n_embd));
+  ln_1 = register_module("ln_1", util::make_gpt2_ln(cfg.n_embd));
   attn = register_module("attn", CausalSelfAttention(cfg));
-  ln_2 = register_module("ln_2", make_ln(cfg.n_embd));
+  ln_2 = register_module("ln_2", util::make_gpt2_ln(cfg.n_embd));
   mlp = register_module("mlp", MLP(cfg));
 }
 
@@ -355,7 +350,7 @@ GPT2Impl::GPT2Impl(const GPT2Config& cfg) : cfg_(cfg) {
     blocks_.emplace_back(cfg);
     h->push_back(blocks_.back());
   }
-  ln_f = register_module("ln_f", make_ln(cfg.n_embd));
+  ln_f = register_module("ln_f", util::make_gpt2_ln(cfg.n_embd));
   reset_parameters();
 }
 
@@ -365,12 +360,6 @@ void GPT2Impl::reset_parameters() {
   // Registration order: the generator is drawn in the same order as GPT-2's reference.
   for (auto& kv : named_parameters()) init_parameter(kv.key(), kv.value());
 }
-
-namespace {
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-}  // namespace
 
 std::vector<int64_t> GPT2Impl::param_shape(const std::string& name) const {
   const int64_t C = cfg_.n_embd;
@@ -401,9 +390,9 @@ void GPT2Impl::init_parameter(const std::string& name, torch::Tensor& t) const {
     t.zero_();
   } else if (ends_with(name, "c_proj.weight")) {
     // Residual projections: GPT-2 scales their init by 1/sqrt(2 * n_layer).
-    t.normal_(0.0, kInitStd / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer)));
+    t.normal_(0.0, util::kGpt2InitStd / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer)));
   } else {
-    t.normal_(0.0, kInitStd);
+    t.normal_(0.0, util::kGpt2InitStd);
   }
 }
 

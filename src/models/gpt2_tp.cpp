@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "models/model_util.h"
 #include "models/checkpoint.h"
 #include "tp/cross_entropy.h"
 #include "tp/mappings.h"
@@ -13,24 +14,14 @@ namespace zt::models {
 namespace F = torch::nn::functional;
 
 namespace {
-
-constexpr double kInitStd = 0.02;
-constexpr double kLayerNormEps = 1e-5;
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-torch::nn::LayerNorm make_ln(int64_t c) {
-  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({c}).eps(kLayerNormEps).elementwise_affine(true));
-}
+using util::ends_with;
 
 // LayerNorm; under sequence parallelism its parameters see only this rank's positions, so
 // their gradients are summed over tp (see [TP Regions]).
 torch::Tensor tp_layer_norm(const torch::nn::LayerNorm& ln, const torch::Tensor& x, const comm::GroupPtr& g, bool sp) {
   if (!sp) return layer_norm(ln, x);  // GPT2's own LayerNorm (same kernels as tp 1)
   return at::layer_norm(x, {x.size(-1)}, tp::copy_to_region(ln->weight, g), tp::copy_to_region(ln->bias, g),
-                        kLayerNormEps);
+                        util::kGpt2LayerNormEps);
 }
 
 // The full shape of a GPT-2 parameter.
@@ -108,9 +99,9 @@ TPMLPImpl::TPMLPImpl(const GPT2Config& cfg, const comm::GroupPtr& g, bool sp) {
 torch::Tensor TPMLPImpl::forward(const torch::Tensor& x) { return c_proj(torch::gelu(c_fc(x), "tanh")); }
 
 TPBlockImpl::TPBlockImpl(const GPT2Config& cfg, const comm::GroupPtr& g, bool sp) : group(g), sequence_parallel(sp) {
-  ln_1 = register_module("ln_1", make_ln(cfg.n_embd));
+  ln_1 = register_module("ln_1", util::make_gpt2_ln(cfg.n_embd));
   attn = register_module("attn", TPAttention(cfg, g, sp));
-  ln_2 = register_module("ln_2", make_ln(cfg.n_embd));
+  ln_2 = register_module("ln_2", util::make_gpt2_ln(cfg.n_embd));
   mlp = register_module("mlp", TPMLP(cfg, g, sp));
 }
 
@@ -143,7 +134,7 @@ GPT2TPImpl::GPT2TPImpl(const GPT2Config& cfg, comm::GroupPtr g, bool sequence_pa
     blocks_.emplace_back(cfg, group_, sp_);
     h->push_back(blocks_.back());
   }
-  ln_f = register_module("ln_f", make_ln(cfg.n_embd));
+  ln_f = register_module("ln_f", util::make_gpt2_ln(cfg.n_embd));
   gen.set_state(state);
   // GPT-2's scheme (GPT2Impl::init_parameter) on the full tensor, then this rank's slice.
   torch::NoGradGuard no_grad;
@@ -155,9 +146,9 @@ GPT2TPImpl::GPT2TPImpl(const GPT2Config& cfg, comm::GroupPtr g, bool sequence_pa
     } else if (ends_with(name, ".bias")) {
       full.zero_();
     } else if (ends_with(name, "c_proj.weight")) {
-      full.normal_(0.0, kInitStd / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer)));
+      full.normal_(0.0, util::kGpt2InitStd / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer)));
     } else {
-      full.normal_(0.0, kInitStd);
+      full.normal_(0.0, util::kGpt2InitStd);
     }
     kv.value().copy_(tp::cut(full, split_spec(name), tp_rank(), n));
   }

@@ -12,26 +12,14 @@
 #include <regex>
 #include <set>
 
+#include "models/model_util.h"
 #include "zerotrain/error.h"
 
 namespace zt::models {
 namespace fs = std::filesystem;
 
 namespace {
-
-void write_text_atomic(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    ZT_CHECK(out.good(), "cannot create '", tmp.string(), "'");
-    out << text;
-    out.flush();
-    ZT_CHECK(out.good(), "failed writing '", tmp.string(), "' (disk full?)");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  ZT_CHECK(!ec, "cannot rename '", tmp.string(), "' to '", path.string(), "': ", ec.message());
-}
+using util::write_text_atomic;
 
 }  // namespace
 

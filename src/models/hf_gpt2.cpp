@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "models/model_util.h"
 #include "io/safetensors.h"
 #include "zerotrain/error.h"
 
@@ -16,12 +17,11 @@ using io::SafetensorsFile;
 using io::save_safetensors;
 using io::safetensors_dtype_name;
 namespace {
+using util::ends_with;
+using util::shape_str;
+using util::write_text_atomic;
 
 constexpr const char* kPrefix = "transformer.";
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // HF stores these as Conv1D, weight (in, out).
 bool is_conv1d_weight(const std::string& name) {
@@ -32,12 +32,6 @@ bool is_conv1d_weight(const std::string& name) {
 // Tensors in HF checkpoints that are not parameters of this model.
 bool is_skipped(const std::string& name) {
   return name == "lm_head.weight" || ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias");
-}
-
-std::string shape_str(c10::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
 }
 
 std::vector<std::string> resolve_files(const std::string& dir_or_file) {
@@ -76,20 +70,6 @@ std::vector<std::string> resolve_files(const std::string& dir_or_file) {
     files.insert((p / rel).string());
   }
   return {files.begin(), files.end()};
-}
-
-void write_text_atomic(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    ZT_CHECK(out.good(), "cannot create '", tmp.string(), "'");
-    out << text;
-    out.flush();
-    ZT_CHECK(out.good(), "failed writing '", tmp.string(), "' (disk full?)");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  ZT_CHECK(!ec, "cannot rename '", tmp.string(), "' to '", path.string(), "': ", ec.message());
 }
 
 const char* hf_dtype_name(at::ScalarType t) {

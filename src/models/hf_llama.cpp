@@ -5,21 +5,14 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "models/model_util.h"
 #include "zerotrain/error.h"
 
 namespace zt::models {
 namespace fs = std::filesystem;
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-std::string shape_str(c10::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
+using util::ends_with;
+using util::shape_str;
 
 }  // namespace
 

@@ -1,4 +1,5 @@
 // The Llama family's modules and model (see llama.h for the layout).
+#include "models/model_util.h"
 #include "models/llama.h"
 
 #include <limits>
@@ -12,10 +13,8 @@ namespace zt::models {
 namespace F = torch::nn::functional;
 
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
+using util::ends_with;
+using util::rotate_half;
 
 // A Linear (in -> out), or a 1x1 placeholder (with a bias placeholder when it has one)
 // when the model is built deferred.
@@ -34,11 +33,6 @@ torch::Tensor proj(const torch::nn::Linear& l, const torch::Tensor& x) {
 }
 
 // HF's rotate_half: (x1, x2) -> (-x2, x1) over the two halves of the last dimension.
-torch::Tensor rotate_half(const torch::Tensor& x) {
-  const int64_t h = x.size(-1) / 2;
-  return torch::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1);
-}
-
 // Rows of the chunked LM-head loss: about 512 MiB of fp32 logits, at least 64.
 int64_t loss_chunk_rows(const LlamaConfig& c) {
   const int64_t m = std::max<int64_t>(1, c.lm_head_pad_multiple);

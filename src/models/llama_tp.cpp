@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "models/model_util.h"
 #include "tp/cross_entropy.h"
 #include "tp/mappings.h"
 #include "zerotrain/error.h"
@@ -10,15 +11,8 @@ namespace zt::models {
 namespace F = torch::nn::functional;
 
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-torch::Tensor rotate_half(const torch::Tensor& x) {
-  const int64_t h = x.size(-1) / 2;
-  return torch::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1);
-}
+using util::ends_with;
+using util::rotate_half;
 
 // RMSNorm (models/llama.h); under sequence parallelism its weight's gradient is summed
 // over tp (see [TP Regions]).

@@ -313,7 +313,7 @@ std::unique_ptr<LrSchedule> make_lr_schedule(const SchedulerConfig& scheduler, d
   if (type == "OneCycle") return std::make_unique<OneCycle>(params);
   if (type == "LRRangeTest") return std::make_unique<LrRangeTest>(params);
   // The config layer lists a type it knows but zerotrain does not run in not_supported_yet.
-  throw ConfigError(detail::cat("scheduler.type \"", type, "\" is not supported yet by zerotrain: use WarmupLR, "
+  throw ConfigError(zt::detail::cat("scheduler.type \"", type, "\" is not supported yet by zerotrain: use WarmupLR, "
                                 "WarmupDecayLR, WarmupCosineLR, OneCycle or LRRangeTest"));
 }
 

@@ -13,7 +13,7 @@
 
 namespace zt::zero {
 namespace {
-constexpr int64_t kAlign = 64;
+constexpr int64_t kUnitAlign = 64;  // elements, as the flat layout's (zero_optimizer.cpp)
 }  // namespace
 
 void ZeroOptimizer::init_stage3(std::vector<torch::Tensor>& params) {
@@ -40,7 +40,7 @@ void ZeroOptimizer::init_stage3(std::vector<torch::Tensor>& params) {
     user_index_.push_back(i);
     shapes_.push_back(shape_of(i));
   }
-  L_.flat = make_unit_layout(plan.numels, world_, kAlign);
+  L_.flat = make_unit_layout(plan.numels, world_, kUnitAlign);
   make_reducer();
   check_host_memory();  // before the host shard (offload_param cpu) is allocated
 

@@ -24,6 +24,8 @@
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_checkpoint {
+
 namespace {
 
 struct NetImpl : torch::nn::Module {
@@ -560,3 +562,5 @@ TEST(CheckpointAsync, WriterErrorSurfacesNamingTheFile) {
 }
 
 }  // namespace
+
+}  // namespace zt_test_checkpoint

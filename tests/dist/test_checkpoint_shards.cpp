@@ -25,6 +25,8 @@
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_checkpoint_shards {
+
 namespace {
 
 using zt::ckpt::ShardCoord;
@@ -293,3 +295,5 @@ TEST(CheckpointShards, CoordinateMismatchNamesTheTensor) {
 }
 
 }  // namespace
+
+}  // namespace zt_test_checkpoint_shards

@@ -21,6 +21,7 @@
 #include "zerotrain/error.h"
 
 namespace zt::comm {
+namespace test_collectives {
 namespace {
 
 using zt::test_support::same;
@@ -429,4 +430,5 @@ TEST(RankInfo, MatchesTheWorldGroup) {
 }
 
 }  // namespace
+}  // namespace test_collectives
 }  // namespace zt::comm

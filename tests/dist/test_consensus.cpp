@@ -15,6 +15,8 @@
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_consensus {
+
 namespace {
 
 using zt::test_support::Mlp;
@@ -95,3 +97,5 @@ TEST(Consensus, AgreeingRanksInitialize) {
 }
 
 }  // namespace
+
+}  // namespace zt_test_consensus

@@ -16,6 +16,8 @@
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_divergence {
+
 namespace {
 
 using zt::test_support::global_batch;
@@ -133,3 +135,5 @@ TEST(Divergence, LatestNeverMovesOntoNonFiniteWeights) {
 }
 
 }  // namespace
+
+}  // namespace zt_test_divergence

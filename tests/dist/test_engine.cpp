@@ -10,6 +10,8 @@
 #include "zerotrain/engine.h"
 #include "support/dist_util.h"
 
+namespace zt_test_engine {
+
 namespace {
 
 using zt::test_support::Mlp;
@@ -223,3 +225,5 @@ TEST(EngineOverflow, InfOnOneRankSkipsEverywhere) {
 }
 
 }  // namespace
+
+}  // namespace zt_test_engine

@@ -16,6 +16,7 @@
 #include "zerotrain/comm.h"
 
 namespace zt::zero {
+namespace test_grad_norm {
 namespace {
 
 comm::GroupPtr world() {
@@ -81,4 +82,5 @@ TEST(GradNorm, ModelParallelGroupGivesTheGlobalClipNorm) {
 }
 
 }  // namespace
+}  // namespace test_grad_norm
 }  // namespace zt::zero

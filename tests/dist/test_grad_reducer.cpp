@@ -18,6 +18,7 @@
 #include "zerotrain/comm.h"
 
 namespace zt::zero {
+namespace test_grad_reducer {
 namespace {
 
 constexpr int64_t kAlign = 4;
@@ -209,4 +210,5 @@ TEST(GradReducer, ReducesOverASubGroupOnly) {
 }
 
 }  // namespace
+}  // namespace test_grad_reducer
 }  // namespace zt::zero

@@ -13,6 +13,8 @@
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
 
+namespace zt_test_llama {
+
 namespace {
 
 constexpr int64_t kMicro = 2, kSeq = 16;
@@ -117,3 +119,5 @@ TEST(LlamaStages, HfCheckpointInitialisesAPartitionedModel) {
   expect_same(r0, train(2, false, dir.path), "stage 2 from the HF checkpoint");
   expect_same(r0, train(3, true, dir.path), "stage 3 + checkpointing from the HF checkpoint");
 }
+
+}  // namespace zt_test_llama

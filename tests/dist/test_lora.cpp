@@ -18,6 +18,8 @@
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
 
+namespace zt_test_lora {
+
 namespace {
 
 constexpr int64_t kMicro = 2, kSeq = 16, kVocab = 96;
@@ -224,3 +226,5 @@ TEST_P(LoraTraining, SavedAdapterLoadsAndMergesToTheTrainedModel) {
 INSTANTIATE_TEST_SUITE_P(Families, LoraTraining, ::testing::Values("llama", "gpt2"));
 
 }  // namespace
+
+}  // namespace zt_test_lora

@@ -16,6 +16,8 @@
 #include "zerotrain/error.h"
 #include "zerotrain/model.h"
 
+namespace zt_test_model_interface {
+
 namespace {
 
 constexpr int64_t kIn = 8, kWidth = 12, kDepth = 3, kMicro = 2;
@@ -226,3 +228,5 @@ TEST(ModelInterface, ExplicitUnitsTakePrecedence) {
 }
 
 }  // namespace
+
+}  // namespace zt_test_model_interface

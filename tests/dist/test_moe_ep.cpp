@@ -20,6 +20,7 @@
 #include "zerotrain/error.h"
 
 namespace zt::models {
+namespace test_moe_ep {
 namespace {
 
 comm::GroupPtr world() {
@@ -134,4 +135,5 @@ TEST(MoEExpertParallel, ExpertsThatDoNotDivideAreNamed) {
 }
 
 }  // namespace
+}  // namespace test_moe_ep
 }  // namespace zt::models

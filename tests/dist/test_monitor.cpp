@@ -16,6 +16,8 @@
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
 
+namespace zt_test_monitor {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -99,3 +101,5 @@ TEST(EngineMonitor, RankZeroWritesTensorBoardAndCsvPerStep) {
 }
 
 }  // namespace
+
+}  // namespace zt_test_monitor

@@ -15,6 +15,8 @@
 #include "zerotrain/error.h"
 #include "support/dist_util.h"
 
+namespace zt_test_offload {
+
 namespace {
 
 constexpr int64_t kWidth = 24, kMicro = 2;
@@ -518,3 +520,5 @@ TEST(OffloadHostMemory, TooLittleHostMemoryIsAConfigErrorAtInitialize) {
 }
 
 }  // namespace
+
+}  // namespace zt_test_offload

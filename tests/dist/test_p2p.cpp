@@ -21,6 +21,7 @@
 #include "zerotrain/error.h"
 
 namespace zt::comm {
+namespace test_p2p {
 namespace {
 
 using zt::test_support::same;
@@ -291,4 +292,5 @@ TEST(P2P, BadArgumentsNamed) {
 }
 
 }  // namespace
+}  // namespace test_p2p
 }  // namespace zt::comm

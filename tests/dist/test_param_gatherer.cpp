@@ -15,6 +15,7 @@
 #include "zerotrain/comm.h"
 
 namespace zt::zero {
+namespace test_param_gatherer {
 namespace {
 
 comm::GroupPtr world() {
@@ -129,4 +130,5 @@ TEST(ParamGatherer, NoPrefetchBeyondTheBudget) {
 }
 
 }  // namespace
+}  // namespace test_param_gatherer
 }  // namespace zt::zero

@@ -17,6 +17,8 @@
 #include "zerotrain/error.h"
 #include "support/dist_util.h"
 
+namespace zt_test_param_groups {
+
 namespace {
 
 using zt::test_support::Mlp;
@@ -387,3 +389,5 @@ TEST(NoDecayGroups, Gpt2TinyStage3MatchesStage0) {
 }
 
 }  // namespace
+
+}  // namespace zt_test_param_groups

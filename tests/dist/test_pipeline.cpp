@@ -34,6 +34,7 @@
 #include "zerotrain/error.h"
 
 namespace zt::pipe {
+namespace test_pipeline {
 namespace {
 
 constexpr int kSteps = 5;
@@ -336,4 +337,5 @@ TEST(PipelineErrors, BadLayoutsAndConfigs) {
 }
 
 }  // namespace
+}  // namespace test_pipeline
 }  // namespace zt::pipe

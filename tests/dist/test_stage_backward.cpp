@@ -18,6 +18,8 @@
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_stage_backward {
+
 namespace {
 
 using zt::test_support::global_batch;
@@ -220,3 +222,5 @@ TEST(StageBackward, NegativeNormWeightIsAConfigError) {
 }
 
 }  // namespace
+
+}  // namespace zt_test_stage_backward

@@ -38,6 +38,7 @@
 #include "zerotrain/error.h"
 
 namespace zt::models {
+namespace test_tensor_parallel {
 namespace {
 
 constexpr int64_t kSeed = 21, kMicro = 2, kSeq = 16;
@@ -436,4 +437,5 @@ TEST(SequenceParallel, CutsActivationBytesPerRank) {
 }
 
 }  // namespace
+}  // namespace test_tensor_parallel
 }  // namespace zt::models

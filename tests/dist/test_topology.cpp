@@ -22,6 +22,7 @@
 #include "zerotrain/error.h"
 
 namespace zt::parallel {
+namespace test_topology {
 namespace {
 
 using Groups = std::vector<std::vector<int>>;
@@ -176,4 +177,5 @@ TEST(Topology, DescribeAndWrongWorld) {
 }
 
 }  // namespace
+}  // namespace test_topology
 }  // namespace zt::parallel

@@ -21,6 +21,7 @@
 #include "zerotrain/error.h"
 
 namespace zt::tp {
+namespace test_tp_layers {
 namespace {
 
 namespace F = torch::nn::functional;
@@ -290,4 +291,5 @@ TEST(TpLayers, SizesThatDoNotDivideAreConfigErrors) {
 }
 
 }  // namespace
+}  // namespace test_tp_layers
 }  // namespace zt::tp

@@ -15,6 +15,8 @@
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_zero3 {
+
 namespace {
 
 constexpr int64_t kWidth = 16, kDepth = 4, kMicro = 2;
@@ -340,3 +342,5 @@ TEST(Zero3Save, Save16BitModelGathersFullWeights) {
 }
 
 }  // namespace
+
+}  // namespace zt_test_zero3

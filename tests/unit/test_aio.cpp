@@ -33,6 +33,8 @@
 #include "offload/aio.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_aio {
+
 namespace {
 
 using zt::offload::AioOptions;
@@ -431,3 +433,5 @@ TEST(Aio, CheckNvmePath) {
                                 {key, dir.path(), "free", "4611686018427387904 bytes"});
   EXPECT_TRUE(dir.empty());
 }
+
+}  // namespace zt_test_aio

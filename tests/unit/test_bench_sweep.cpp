@@ -16,6 +16,8 @@
 #include "ckpt/fs.h"
 #include "support/png_reader.h"
 
+namespace zt_test_bench_sweep {
+
 namespace {
 
 std::string read_all(const std::string& path) {
@@ -176,3 +178,5 @@ TEST(BenchSweep, AnchorRatiosPairEachRowWithItsAnchors) {
   EXPECT_DOUBLE_EQ(anchors[3]["speedup"].get<double>(), 4.0);
   EXPECT_FALSE(anchors[2].contains("speedup"));
 }
+
+}  // namespace zt_test_bench_sweep

@@ -13,6 +13,8 @@
 #include "data/unicode.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_bpe_tokenizer {
+
 using namespace zt::data;
 using nlohmann::json;
 
@@ -201,3 +203,5 @@ TEST_F(BpeFixture, UnsupportedPiecesAreNamed) {
   const BpeTokenizer tok(base_);
   EXPECT_THROW(tok.decode(std::vector<int32_t>{5000}), zt::Error);
 }
+
+}  // namespace zt_test_bpe_tokenizer

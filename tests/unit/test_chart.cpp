@@ -24,6 +24,8 @@
 #include "report/text_fit.h"
 #include "support/png_reader.h"
 
+namespace zt_test_chart {
+
 namespace {
 
 using zt::report::BarChart;
@@ -484,3 +486,5 @@ TEST(Chart, FullSizeChartPngIsSmall) {
   const DecodedPng d = decode_png(png);
   EXPECT_TRUE(d.img.rgb == img.rgb);
 }
+
+}  // namespace zt_test_chart

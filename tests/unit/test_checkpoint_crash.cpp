@@ -13,6 +13,8 @@
 
 #include "ckpt/fs.h"
 
+namespace zt_test_checkpoint_crash {
+
 namespace {
 
 using ProgRun = zt::test_support::ShellRun;
@@ -73,3 +75,5 @@ INSTANTIATE_TEST_SUITE_P(Points, CheckpointCrash, ::testing::Values("after_shard
                          });
 
 }  // namespace
+
+}  // namespace zt_test_checkpoint_crash

@@ -12,6 +12,8 @@
 #include "models/cifar_net.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_cifar {
+
 namespace fs = std::filesystem;
 using zt::data::Cifar10Dataset;
 
@@ -124,3 +126,5 @@ TEST(CifarNet, ShapesParametersAndBackward) {
   loss.backward();
   EXPECT_GT(net->conv1->weight.grad().abs().sum().item<double>(), 0.0);
 }
+
+}  // namespace zt_test_cifar

@@ -18,6 +18,8 @@
 
 #include "ckpt/dir_lock.h"
 
+namespace zt_test_cli_inputs {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -299,3 +301,5 @@ TEST(CliInputs, SetOverridesVersionAndHelp) {
 }
 
 }  // namespace
+
+}  // namespace zt_test_cli_inputs

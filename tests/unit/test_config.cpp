@@ -14,6 +14,8 @@
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_config {
+
 namespace {
 
 using nlohmann::json;
@@ -691,3 +693,5 @@ TEST(ConfigStrict, TypeErrorsNameTheKey) {
     EXPECT_EQ(what.find("type_error"), std::string::npos) << what;
   }
 }
+
+}  // namespace zt_test_config

@@ -26,6 +26,8 @@
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_config_mutator {
+
 namespace {
 
 using nlohmann::json;
@@ -366,3 +368,5 @@ TEST(ConfigMutator, TextMutationsNeverCrashAndNameTheFile) {
 }
 
 }  // namespace
+
+}  // namespace zt_test_config_mutator

@@ -7,6 +7,8 @@
 #include "config/notes.h"
 #include "zerotrain/config.h"
 
+namespace zt_test_config_notes {
+
 namespace {
 
 using nlohmann::json;
@@ -56,3 +58,5 @@ TEST(ConfigNotes, OverlapCommMattersAtStageOneOnly) {
 }
 
 }  // namespace
+
+}  // namespace zt_test_config_notes

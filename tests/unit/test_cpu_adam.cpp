@@ -21,6 +21,8 @@
 #include "optim/cpu_adam_impl.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_cpu_adam {
+
 using namespace zt::optim;
 namespace ztd = zt::optim::detail;
 using ztd::Dt;
@@ -383,3 +385,5 @@ TEST(CpuAdam, TensorWrapperChecks) {
   auto e = torch::zeros({0});
   EXPECT_NO_THROW(cpu_adam_step(e, e.clone(), e.clone(), e.clone(), hy, torch::zeros({0}, torch::kHalf)));
 }
+
+}  // namespace zt_test_cpu_adam

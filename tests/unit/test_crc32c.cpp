@@ -6,6 +6,8 @@
 
 #include "ckpt/crc32c.h"
 
+namespace zt_test_crc32c {
+
 TEST(Crc32c, StandardCheckValue) {
   const std::string s = "123456789";
   EXPECT_EQ(zt::ckpt::crc32c(0, s.data(), s.size()), 0xE3069283u);
@@ -27,3 +29,5 @@ TEST(Crc32c, ChunkedEqualsWholeAndDetectsOneBit) {
   buf[5000] ^= 0x10;
   EXPECT_NE(zt::ckpt::crc32c(0, buf.data(), buf.size()), whole);
 }
+
+}  // namespace zt_test_crc32c

@@ -14,6 +14,8 @@
 #include "data/tokenizer.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_data {
+
 namespace fs = std::filesystem;
 using namespace zt::data;
 
@@ -250,3 +252,5 @@ TEST(DataLoader, CudaBatchesMatchCpuBatches) {
   }
   EXPECT_EQ(gpu.state(), cpu.state());
 }
+
+}  // namespace zt_test_data

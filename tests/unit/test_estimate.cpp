@@ -13,6 +13,8 @@
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_estimate {
+
 namespace {
 
 struct Measured {
@@ -42,7 +44,9 @@ TEST(Estimate, WithinFivePercentOfEveryMeasuredPeak) {
   const double gib = 1024.0 * 1024.0 * 1024.0;
   for (const auto& m : kMeasured) {
     SCOPED_TRACE(std::string(m.config) + " from " + m.source);
-    auto cfg = zt::Config::from_file(std::string(ZT_SOURCE_DIR) + "/bench/configs/" + m.config + ".json", m.gpus);
+    std::string path = ZT_SOURCE_DIR "/bench/configs/";
+    path.append(m.config).append(".json");
+    auto cfg = zt::Config::from_file(path, m.gpus);
     zt::estimate::Job job;
     job.model = zt::models::named_gpt2(m.model);
     if (m.layers) job.model.n_layer = m.layers;
@@ -189,3 +193,5 @@ TEST(Estimate, HostMemoryWithinOnePercentOfTheCapacityRuns) {
 }
 
 }  // namespace
+
+}  // namespace zt_test_estimate

@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+namespace zt_test_generate_cli {
+
 namespace {
 
 using Ran = zt::test_support::ShellRun;
@@ -63,3 +65,5 @@ TEST(CliGenerate, BadInputIsNamed) {
 }
 
 }  // namespace
+
+}  // namespace zt_test_generate_cli

@@ -13,6 +13,8 @@
 #include "models/lm_head_loss.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_gpt2 {
+
 using zt::models::GPT2;
 using zt::models::GPT2Config;
 using zt::models::named_gpt2;
@@ -394,3 +396,5 @@ TEST(GPT2, CudaForwardAndHostCheckpointing) {
   EXPECT_EQ(out.scalar_type(), torch::kBFloat16);
   EXPECT_TRUE(torch::isfinite(out).all().item<bool>());
 }
+
+}  // namespace zt_test_gpt2

@@ -7,6 +7,8 @@
 
 #include "offload/host_memory.h"
 
+namespace zt_test_host_memory {
+
 namespace {
 
 TEST(HostMemory, ZeroFilledOfTheRequestedSizeAndDtype) {
@@ -25,3 +27,5 @@ TEST(HostMemory, ZeroFilledOfTheRequestedSizeAndDtype) {
 }
 
 }  // namespace
+
+}  // namespace zt_test_host_memory

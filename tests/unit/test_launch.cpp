@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+namespace zt_test_launch {
+
 namespace {
 
 struct Launched {
@@ -208,3 +210,5 @@ TEST(LaunchUsage, ExitCodeOfAFailingRankIsPropagated) {
 }
 
 }  // namespace
+
+}  // namespace zt_test_launch

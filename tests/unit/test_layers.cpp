@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+namespace zt_test_layers {
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -123,3 +125,5 @@ TEST(Layers, ScannerFindsAForbiddenInclude) {
   EXPECT_NE(v[0].find("src/zero/bad.h:4 includes \"engine/phase_timer.h\""), std::string::npos) << v[0];
   EXPECT_NE(v[1].find("src/io/bad.cpp:2 includes \"zerotrain/engine.h\""), std::string::npos) << v[1];
 }
+
+}  // namespace zt_test_layers

@@ -15,6 +15,7 @@
 #include "zerotrain/error.h"
 
 namespace zt::parallel {
+namespace test_layout {
 namespace {
 
 using Groups = std::vector<std::vector<int>>;
@@ -233,4 +234,5 @@ TEST(Layout, ValidationErrorsNameEveryFactorAndTheFix) {
 }
 
 }  // namespace
+}  // namespace test_layout
 }  // namespace zt::parallel

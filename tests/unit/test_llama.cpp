@@ -17,6 +17,8 @@
 #include "io/safetensors.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_llama {
+
 namespace fs = std::filesystem;
 using zt::models::LlamaConfig;
 using zt::models::LlamaForCausalLM;
@@ -353,3 +355,5 @@ TEST(Llama, BFloat16ForwardIsCloseToFp32) {
   EXPECT_LE((logits - f.logits).abs().max().item<double>(), 0.15);
   EXPECT_EQ(f.model->loss(f.ids, shift_labels(f.labels)).scalar_type(), torch::kFloat);
 }
+
+}  // namespace zt_test_llama

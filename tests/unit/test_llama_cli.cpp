@@ -15,6 +15,8 @@
 #include "models/hf_llama.h"
 #include "io/safetensors.h"
 
+namespace zt_test_llama_cli {
+
 namespace {
 
 std::string read_all(const std::string& path) {
@@ -62,3 +64,5 @@ TEST(LlamaCli, InitFromTrainAtStage3ConvertBackToHuggingFace) {
   EXPECT_LE((back->forward(io.at("input_ids")) - io.at("logits")).abs().max().item<double>(), 1e-4);
   zt::ckpt::remove_tree(dir);
 }
+
+}  // namespace zt_test_llama_cli

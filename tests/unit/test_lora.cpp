@@ -22,6 +22,8 @@
 #include "models/llama.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_lora {
+
 namespace fs = std::filesystem;
 using zt::lora::LoraOptions;
 
@@ -426,3 +428,5 @@ TEST(LoraSpec, BadSpecsNameTheItem) {
   EXPECT_NE(error_of([] { zt::lora::parse_lora_spec("r=8,targets=q,fast"); }).find("'fast' is not KEY=VALUE"),
             std::string::npos);
 }
+
+}  // namespace zt_test_lora

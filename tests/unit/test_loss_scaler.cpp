@@ -8,6 +8,8 @@
 #include "optim/loss_scaler.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_loss_scaler {
+
 using zt::optim::LossScaler;
 using zt::optim::LossScalerOptions;
 
@@ -204,3 +206,5 @@ TEST(LossScaler, BadOptionsNameTheKey) {
   o.initial_scale_power = 200;
   expect(o, "fp16.initial_scale_power");
 }
+
+}  // namespace zt_test_loss_scaler

@@ -11,6 +11,8 @@
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_lr_schedule {
+
 using nlohmann::json;
 
 namespace {
@@ -260,3 +262,5 @@ TEST(LrSchedule, ReadsOnlyResolvedParams) {
   const zt::Config cfg = zt::Config::from_json(j, 1);
   EXPECT_EQ(zt::optim::make_lr_schedule(cfg.scheduler, cfg.optimizer.params.lr)->resolved_params(), cfg.scheduler.params);
 }
+
+}  // namespace zt_test_lr_schedule

@@ -10,6 +10,8 @@
 #include "models/moe.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_moe {
+
 using namespace zt::models;
 
 namespace {
@@ -381,3 +383,5 @@ TEST(MoELayer, ParameterNames) {
   o.gate.noisy_gate_policy = NoisyGatePolicy::RSample;
   EXPECT_THROW(MoE(o, [] { return torch::nn::AnyModule(torch::nn::Linear(4, 4)); }), zt::ConfigError);
 }
+
+}  // namespace zt_test_moe

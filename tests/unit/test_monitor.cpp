@@ -28,6 +28,8 @@
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_monitor {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -421,3 +423,5 @@ TEST(DevicePeak, TableByDeviceName) {
 }
 
 }  // namespace
+
+}  // namespace zt_test_monitor

@@ -9,6 +9,8 @@
 #include "io/safetensors.h"
 #include "quant/nf4.h"
 
+namespace zt_test_nf4 {
+
 using namespace zt::quant;
 
 namespace {
@@ -119,3 +121,5 @@ TEST(Nf4, MatchesBitsandbytesByteForByte) {
         << "max diff " << (d - f.at("deq_" + s)).abs().max().item<float>();
   }
 }
+
+}  // namespace zt_test_nf4

@@ -22,6 +22,8 @@
 #include "offload/nvme_state.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_nvme_state {
+
 namespace {
 
 using zt::offload::NvmeOptimizerState;
@@ -256,3 +258,5 @@ TEST(NvmeParamFile, UnalignedRangesRoundTripAndSlotsAreFenced) {
 }
 
 }  // namespace
+
+}  // namespace zt_test_nvme_state

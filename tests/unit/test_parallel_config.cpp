@@ -16,6 +16,8 @@
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_parallel_config {
+
 namespace {
 
 using nlohmann::json;
@@ -209,3 +211,5 @@ TEST(ParallelCli, CheckConfigShowsTheDegrees) {
 }
 
 }  // namespace
+
+}  // namespace zt_test_parallel_config

@@ -4,6 +4,8 @@
 #include "zero/partition.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_partition {
+
 namespace {
 using zt::zero::FlatLayout;
 
@@ -59,3 +61,5 @@ TEST(Partition, UnitLayoutMakesOneBucketPerUnit) {
 }
 
 }  // namespace
+
+}  // namespace zt_test_partition

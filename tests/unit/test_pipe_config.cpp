@@ -11,6 +11,7 @@
 #include "zerotrain/error.h"
 
 namespace zt {
+namespace test_pipe_config {
 namespace {
 
 using nlohmann::json;
@@ -99,4 +100,5 @@ TEST(PipeConfig, ConfigParseAndPipelineConfig) {
 }
 
 }  // namespace
+}  // namespace test_pipe_config
 }  // namespace zt

@@ -10,6 +10,7 @@
 #include "zerotrain/error.h"
 
 namespace zt::pipe {
+namespace test_pipe_partition {
 namespace {
 
 using V = std::vector<int>;
@@ -75,4 +76,5 @@ TEST(PipePartition, BadInputIsANamedError) {
 }
 
 }  // namespace
+}  // namespace test_pipe_partition
 }  // namespace zt::pipe

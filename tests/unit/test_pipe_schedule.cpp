@@ -10,6 +10,7 @@
 #include "zerotrain/error.h"
 
 namespace zt::pipe {
+namespace test_pipe_schedule {
 namespace {
 
 std::vector<std::string> lines(const Schedule& s, bool with_comm) {
@@ -160,4 +161,5 @@ TEST(PipeSchedule, ValidateCatchesMismatchedMessages) {
 }
 
 }  // namespace
+}  // namespace test_pipe_schedule
 }  // namespace zt::pipe

@@ -12,6 +12,8 @@
 #include "quant/nf4.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_qlora {
+
 namespace {
 
 zt::models::LlamaForCausalLM tiny_llama() {
@@ -105,3 +107,5 @@ TEST(QLora, OnlyAdaptersTrainAndDequantizedMergeKeepsTheLogits) {
   zt::lora::merge_lora(lm);
   EXPECT_LE(max_diff(m->forward(ids()), q), 1e-5);
 }
+
+}  // namespace zt_test_qlora

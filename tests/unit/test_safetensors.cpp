@@ -14,6 +14,8 @@
 #include "io/safetensors.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_safetensors {
+
 namespace fs = std::filesystem;
 using namespace zt::models;
 using namespace zt::io;
@@ -377,3 +379,5 @@ TEST(HFGPT2, ConfigJsonWrongTypesAreNamed) {
   write("{" + sizes + R"(,"n_inner":"512"})");
   expect_error_mentions([&] { gpt2_config_from_hf_json(d.path.string()); }, {"n_inner must be an integer"});
 }
+
+}  // namespace zt_test_safetensors

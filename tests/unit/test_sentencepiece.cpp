@@ -12,6 +12,8 @@
 #include "data/sentencepiece.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_sentencepiece {
+
 using zt::data::SentencePieceTokenizer;
 
 namespace {
@@ -89,3 +91,5 @@ TEST(SentencePiece, BadFilesAreNamed) {
   EXPECT_THROW(SentencePieceTokenizer(std::string_view("\x0a\xff\xff\xff\x0f", 5), "x.model"), zt::ConfigError);
   EXPECT_THROW(SentencePieceTokenizer(read_file(kBpe + "tokenizer.json"), "tokenizer.json"), zt::ConfigError);
 }
+
+}  // namespace zt_test_sentencepiece

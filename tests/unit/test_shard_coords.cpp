@@ -9,6 +9,7 @@
 #include "zerotrain/error.h"
 
 namespace zt::ckpt {
+namespace test_shard_coords {
 namespace {
 
 template <typename Fn>
@@ -88,4 +89,5 @@ TEST(ShardCoords, FindsExactlyTheRequestedShard) {
 }
 
 }  // namespace
+}  // namespace test_shard_coords
 }  // namespace zt::ckpt

@@ -12,6 +12,8 @@
 #include "data/shards.h"
 #include "zerotrain/error.h"
 
+namespace zt_test_shards {
+
 namespace fs = std::filesystem;
 using namespace zt::data;
 
@@ -155,3 +157,5 @@ TEST(Shards, TokensOutsideTheModelVocabularyAreAnError) {
             std::string::npos);
   zt::ckpt::remove_tree(d);
 }
+
+}  // namespace zt_test_shards

@@ -13,6 +13,7 @@
 #include "zero/step_device.h"
 
 namespace zt::zero {
+namespace test_step_device {
 namespace {
 
 constexpr double kLr = 1e-2;
@@ -146,4 +147,5 @@ TEST(OptimizerRule, StateKinds) {
 }
 
 }  // namespace
+}  // namespace test_step_device
 }  // namespace zt::zero

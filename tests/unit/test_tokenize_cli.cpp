@@ -18,6 +18,8 @@
 #include "data/sentencepiece.h"
 #include "data/shards.h"
 
+namespace zt_test_tokenize_cli {
+
 namespace fs = std::filesystem;
 using namespace zt::data;
 
@@ -219,3 +221,5 @@ TEST_F(TokenizeCli, SentencePieceModelsTokenizeToo) {
   EXPECT_EQ(read_shard_info(files[0]).vocab_size, 2000);
   EXPECT_EQ(read_stream(files), want);
 }
+
+}  // namespace zt_test_tokenize_cli

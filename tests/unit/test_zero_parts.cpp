@@ -11,6 +11,7 @@
 #include "zerotrain/error.h"
 
 namespace zt::zero {
+namespace test_zero_parts {
 namespace {
 
 // {5, 7} | {130} | {3} at bucket size 12, world 4, align 4: buckets of 16, 144 and 16
@@ -95,4 +96,5 @@ TEST(PlanUnits, BadUnitsAreConfigErrors) {
 }
 
 }  // namespace
+}  // namespace test_zero_parts
 }  // namespace zt::zero
