@@ -55,6 +55,7 @@ step "run it: 2 ranks, 5 steps"
 out="$(OMP_NUM_THREADS=1 "$prefix/bin/zerotrain" launch -n 2 -- "$work/app/train_mlp" "$src/configs/zero2.json" 5 2>&1)" ||
   { echo "$out"; exit 1; }
 echo "$out"
-grep -q "^zerotrain $version, 2 rank(s), 5 steps" <<<"$out" || { echo "no 'zerotrain $version, 2 rank(s)' line"; exit 1; }
-grep -q "^step 4 loss" <<<"$out" || { echo "no 'step 4 loss' line"; exit 1; }
+# (zerotrain launch prefixes each line with "[rank R] ".)
+grep -qF "] zerotrain $version, 2 rank(s), 5 steps" <<<"$out" || { echo "no 'zerotrain $version, 2 rank(s)' line"; exit 1; }
+grep -qF "] step 4 loss" <<<"$out" || { echo "no 'step 4 loss' line"; exit 1; }
 step "passed"
