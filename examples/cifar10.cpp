@@ -8,13 +8,13 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "data/cifar10.h"
-#include "data/loader.h"
-#include "data/sampler.h"
-#include "models/cifar_net.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
+#include "zerotrain/data/cifar10.h"
+#include "zerotrain/data/loader.h"
+#include "zerotrain/data/sampler.h"
 #include "zerotrain/engine.h"
+#include "zerotrain/models/cifar_net.h"
 
 int main(int argc, char** argv) {
   if (argc < 3) {

@@ -34,6 +34,7 @@
 #include "ckpt/fs.h"
 #include "io/safetensors.h"
 #include "zerotrain/error.h"
+#include "zerotrain/version.h"
 
 namespace zt::ckpt {
 namespace {
@@ -260,9 +261,16 @@ nlohmann::json read_manifest(const std::string& dir, const std::string& tag_in) 
   }
   ZT_CHECK_T(m.value("format", "") == kFormat, CheckpointError, "'", path, "' is not a zerotrain checkpoint manifest");
   const int version = m.value("version", 0);
+  // "zerotrain_version" (the release that wrote it; absent before 0.8) only names the
+  // writer in this message: the format version alone decides what loads.
+  const auto writer = m.find("zerotrain_version");
+  const std::string newer = version <= kVersion ? ""
+                            : writer != m.end() && writer->is_string()
+                                ? " (it was written by zerotrain " + writer->get<std::string>() + ")"
+                                : " (it was written by a newer zerotrain)";
   ZT_CHECK_T(version >= kOldestReadableVersion && version <= kVersion, CheckpointError, "'", path,
              "' has format version ", version, "; this build reads versions ", kOldestReadableVersion, " to ",
-             kVersion, version > kVersion ? " (it was written by a newer zerotrain)" : "");
+             kVersion, newer);
   for (const char* key : {"files", "params", "extra", "counters", "state_kinds", "world_size"}) {
     ZT_CHECK_T(m.contains(key), CheckpointError, "checkpoint manifest '", path, "' lacks \"", key, "\"");
   }
@@ -436,6 +444,9 @@ std::unique_ptr<Snapshot> take_snapshot(EngineParts& e, const std::string& dir, 
     nlohmann::json& m = s->manifest;
     m["format"] = kFormat;
     m["version"] = kVersion;
+    // Informational: which release wrote this checkpoint (load ignores it; "version" above
+    // is the format version that decides readability).
+    m["zerotrain_version"] = zt::version();
     m["tag"] = s->tag;
     m["world_size"] = s->world;
     m["zero_stage"] = e.config.zero_optimization.stage;

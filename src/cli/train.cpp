@@ -16,14 +16,12 @@
 #include <sys/statvfs.h>
 #include <string>
 
+#include "ckpt/dir_lock.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/profile.h"
 #include "cli/train_model.h"
 #include "config/notes.h"
-#include "ckpt/dir_lock.h"
-#include "data/loader.h"
-#include "data/sampler.h"
 #include "data/shards.h"
 #include "data/token_dataset.h"
 #include "lora/lora_spec.h"
@@ -32,6 +30,8 @@
 #include "parallel/topology.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
+#include "zerotrain/data/loader.h"
+#include "zerotrain/data/sampler.h"
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
 

@@ -1,4 +1,4 @@
-#include "data/cifar10.h"
+#include "zerotrain/data/cifar10.h"
 
 #include <filesystem>
 #include <fstream>

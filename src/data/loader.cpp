@@ -1,4 +1,4 @@
-#include "data/loader.h"
+#include "zerotrain/data/loader.h"
 
 #include "zerotrain/error.h"
 

@@ -1,4 +1,4 @@
-#include "data/sampler.h"
+#include "zerotrain/data/sampler.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "data/dataset.h"
+#include "zerotrain/data/dataset.h"
 
 namespace zt::data {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "dataset.h"
+#include "zerotrain/data/dataset.h"
 
 namespace zt::data {
 

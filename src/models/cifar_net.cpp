@@ -1,4 +1,4 @@
-#include "models/cifar_net.h"
+#include "zerotrain/models/cifar_net.h"
 
 #include "zerotrain/error.h"
 

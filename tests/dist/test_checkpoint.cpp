@@ -23,6 +23,7 @@
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
+#include "zerotrain/version.h"
 
 namespace zt_test_checkpoint {
 
@@ -424,6 +425,38 @@ TEST(CheckpointVerify, PartialDirectoryIsIgnoredAndReplaced) {
   EXPECT_FALSE(zt::ckpt::path_exists(dir.path + "/.t2.partial"));
   EXPECT_EQ(zt::ckpt::read_text_file(dir.path + "/latest"), "t2");
   EXPECT_EQ(load_error(dir.path, world), "");
+}
+
+// ---------------------------------------------------------------------------------------
+// The manifest records the release that wrote it ("zerotrain_version", the CMake project
+// version: ZT_PROJECT_VERSION comes from CMakeLists.txt); load ignores it, so a manifest
+// without it (written before 0.8) still loads, and only a too-new format names it.
+
+TEST(CheckpointManifest, RecordsTheZerotrainVersion) {
+  auto world = zt::comm::world_group();
+  TempDir dir(world);
+  const std::string ck = saved_checkpoint(dir.path, world);
+  const auto m = nlohmann::json::parse(zt::ckpt::read_text_file(ck + "/manifest.json"));
+  EXPECT_EQ(m.value("zerotrain_version", ""), ZT_PROJECT_VERSION);
+  EXPECT_STREQ(zt::version(), ZT_PROJECT_VERSION);
+  world->barrier();  // every rank has read the manifest before rank 0 rewrites it
+
+  auto rewrite = [&](const nlohmann::json& j) {
+    if (world->rank() == 0) std::ofstream(ck + "/manifest.json", std::ios::trunc) << j.dump(1);
+    world->barrier();
+  };
+  auto old = m;
+  old.erase("zerotrain_version");
+  rewrite(old);
+  EXPECT_EQ(load_error(dir.path, world), "");
+
+  auto newer = m;
+  newer["version"] = m.at("version").get<int>() + 1;
+  newer["zerotrain_version"] = "99.1.0";
+  rewrite(newer);
+  const std::string err = load_error(dir.path, world);
+  EXPECT_TRUE(has(err, "format version")) << err;
+  EXPECT_TRUE(has(err, "99.1.0")) << err;
 }
 
 // ---------------------------------------------------------------------------------------

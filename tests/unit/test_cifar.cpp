@@ -7,10 +7,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "data/cifar10.h"
-#include "data/loader.h"
-#include "models/cifar_net.h"
+#include "zerotrain/data/cifar10.h"
+#include "zerotrain/data/loader.h"
 #include "zerotrain/error.h"
+#include "zerotrain/models/cifar_net.h"
 
 namespace zt_test_cifar {
 

@@ -8,10 +8,10 @@
 #include <fstream>
 #include <set>
 
-#include "data/loader.h"
-#include "data/sampler.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
+#include "zerotrain/data/loader.h"
+#include "zerotrain/data/sampler.h"
 #include "zerotrain/error.h"
 
 namespace zt_test_data {

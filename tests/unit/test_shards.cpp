@@ -8,8 +8,8 @@
 #include <set>
 
 #include "ckpt/fs.h"
-#include "data/sampler.h"
 #include "data/shards.h"
+#include "zerotrain/data/sampler.h"
 #include "zerotrain/error.h"
 
 namespace zt_test_shards {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "dataset.h"
+#include "zerotrain/data/dataset.h"
 
 namespace zt::data {
 

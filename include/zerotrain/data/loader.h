@@ -27,8 +27,8 @@
 #include <thread>
 #include <utility>
 
-#include "dataset.h"
-#include "sampler.h"
+#include "zerotrain/data/dataset.h"
+#include "zerotrain/data/sampler.h"
 
 namespace zt::data {
 
