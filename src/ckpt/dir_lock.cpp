@@ -8,6 +8,9 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
+#include <map>
+#include <mutex>
 
 #include "ckpt/fs.h"
 #include "zerotrain/error.h"
@@ -29,9 +32,27 @@ std::string holder_text() {
 
 }  // namespace
 
+struct DirLock::Held {
+  int fd = -1;
+  std::string path;
+  ~Held() {
+    if (fd >= 0) ::close(fd);  // releases the flock
+  }
+};
+
+const std::string& DirLock::path() const { return held_->path; }
+
 std::unique_ptr<DirLock> DirLock::acquire(const std::string& dir) {
   make_dirs(dir);
   const std::string path = join_path(dir, ".zerotrain.lock");
+  // This process's locks, by lock file: a directory it already holds is shared.
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<Held>> held_here;
+  std::error_code ec;
+  std::string key = std::filesystem::weakly_canonical(path, ec).string();
+  if (ec) key = path;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto h = held_here[key].lock()) return std::unique_ptr<DirLock>(new DirLock(h));
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   ZT_CHECK_T(fd >= 0, CheckpointError, "cannot open the lock file ", path, ": ", std::strerror(errno));
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -55,11 +76,13 @@ std::unique_ptr<DirLock> DirLock::acquire(const std::string& dir) {
     ::close(fd);
     ZT_CHECK_T(false, CheckpointError, "cannot write the lock file ", path, ": ", std::strerror(err));
   }
-  return std::unique_ptr<DirLock>(new DirLock(fd, path));
+  auto h = std::make_shared<Held>();
+  h->fd = fd;
+  h->path = path;
+  held_here[key] = h;
+  return std::unique_ptr<DirLock>(new DirLock(h));
 }
 
-DirLock::~DirLock() {
-  if (fd_ >= 0) ::close(fd_);  // releases the flock
-}
+DirLock::~DirLock() = default;
 
 }  // namespace zt::ckpt

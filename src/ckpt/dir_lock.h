@@ -7,7 +7,10 @@
 //  * The holder writes "host <name> pid <pid> since <UTC time>" into the file; a job that
 //    finds the lock taken reads it back and names the other job.
 //  * Advisory: it binds zerotrain jobs (`zerotrain train --save` takes it on rank 0 before
-//    the first step), not other programs. On file systems without flock (some network
+//    the first step; the engine's save_checkpoint takes it on rank 0 at its first save into
+//    a directory and keeps it while the process lives), not other programs.
+//  * Within one process the lock is shared: a second acquire of a directory this process
+//    already holds succeeds and shares the one flock, released with the last holder. On file systems without flock (some network
 //    file systems) the lock cannot be taken and the job is told so.
 #pragma once
 #include <memory>
@@ -23,12 +26,12 @@ class DirLock {
   ~DirLock();
   DirLock(const DirLock&) = delete;
   DirLock& operator=(const DirLock&) = delete;
-  const std::string& path() const { return path_; }
+  const std::string& path() const;
 
  private:
-  DirLock(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
-  int fd_ = -1;
-  std::string path_;
+  struct Held;
+  explicit DirLock(std::shared_ptr<Held> held) : held_(std::move(held)) {}
+  std::shared_ptr<Held> held_;
 };
 
 }  // namespace zt::ckpt

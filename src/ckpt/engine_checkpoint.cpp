@@ -31,6 +31,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "ckpt/crc32c.h"
+#include "ckpt/dir_lock.h"
 #include "ckpt/fs.h"
 #include "io/safetensors.h"
 #include "zerotrain/error.h"
@@ -647,6 +648,17 @@ void AsyncSaver::save(EngineParts& e, const std::string& dir, const std::string&
                       const nlohmann::json& client_state, bool async, double wait_ms_before) {
   const auto t0 = std::chrono::steady_clock::now();
   wait(e.group, e.counters.global_steps);  // a second save waits for the first
+  // [Save Dir Lock]: one job per directory, taken at the first save into it.
+  std::string lock_error;
+  if (e.group->rank() == 0 && !dir_locks_.count(dir)) {
+    try {
+      dir_locks_[dir] = DirLock::acquire(dir);
+    } catch (const std::exception& ex) {
+      lock_error = ex.what();
+    }
+  }
+  const auto lock_failure = comm::lowest_failure(e.group, lock_error);
+  ZT_CHECK_T(!lock_failure, CheckpointError, lock_failure ? lock_failure->message : "");
   const double wait_ms = wait_ms_before + ms_since(t0);
   if (!async) {
     last_ = save_checkpoint(e, dir, tag, client_state);

@@ -3,6 +3,7 @@
 // Layout and guarantees: docs/checkpoints.md. The engine (src/engine/engine.cpp) calls
 // these with references to its state; nothing here outlives the call.
 #pragma once
+#include <map>
 #include <torch/torch.h>
 
 #include <atomic>
@@ -58,6 +59,7 @@ CheckpointSaveReport save_checkpoint(EngineParts& e, const std::string& dir, con
                                      const nlohmann::json& client_state);
 
 struct Snapshot;  // one save's state, in host memory (async) or referencing the engine (sync)
+class DirLock;
 
 // [Async Save] One per engine. save(async) snapshots on the calling thread and starts a
 // writer thread that only writes this rank's file; everything collective (error
@@ -71,7 +73,9 @@ class AsyncSaver {
   ~AsyncSaver();  // abandon(): joins the writer, runs no collective
 
   // Collective. Waits for (and publishes) an in-flight save first. async = false is
-  // save_checkpoint() above.
+  // save_checkpoint() above. At the first save into DIR, rank 0 takes DIR's lock
+  // ([Save Dir Lock]) and holds it while this saver lives; another job holding it is a
+  // CheckpointError on every rank naming that job, and nothing is written.
   void save(EngineParts& e, const std::string& dir, const std::string& tag, const nlohmann::json& client_state,
             bool async, double wait_ms_before = 0);
   bool pending() const { return pending_ != nullptr; }
@@ -90,6 +94,7 @@ class AsyncSaver {
   torch::Tensor host_flat_;  // reused snapshot buffer for the fp32 fragments (pinned on CUDA)
   CheckpointSaveReport last_;
   int64_t published_ = 0;
+  std::map<std::string, std::unique_ptr<DirLock>> dir_locks_;  // rank 0: directories saved into
 };
 
 namespace testing {

@@ -13,6 +13,7 @@
 
 #include "ckpt/engine_checkpoint.h"
 #include "ckpt/fs.h"
+#include "zerotrain/config.h"
 #include "zerotrain/error.h"
 
 namespace zt::cli {
@@ -216,6 +217,27 @@ std::string self_exe() {
   ZT_CHECK(n > 0, "cannot read /proc/self/exe: ", std::strerror(errno));
   buf[n] = '\0';
   return buf;
+}
+
+}  // namespace zt::cli
+
+namespace zt::cli {
+
+void check_swap_dirs(const Config& cfg, const std::string& save, const std::string& load) {
+  const auto& z = cfg.zero_optimization;
+  const std::pair<const char*, const std::string*> swaps[] = {
+      {"zero_optimization.offload_optimizer.nvme_path",
+       z.offload_optimizer.device == OffloadDevice::nvme ? &z.offload_optimizer.nvme_path : nullptr},
+      {"zero_optimization.offload_param.nvme_path",
+       z.offload_param.device == OffloadDevice::nvme ? &z.offload_param.nvme_path : nullptr}};
+  for (const auto& [key, path] : swaps) {
+    if (!path || path->empty()) continue;
+    for (const auto& [flag, dir] : {std::pair<const char*, const std::string*>{"--save", &save}, {"--load", &load}}) {
+      ZT_CHECK_T(dir->empty() || !path_within(*path, *dir), ConfigError, "train: ", key, " '", *path, "' is inside ",
+                 flag, " '", *dir, "': the swap files would sit among the checkpoints; point ", key,
+                 " at a directory outside it");
+    }
+  }
 }
 
 }  // namespace zt::cli

@@ -68,3 +68,13 @@ void fill_parallel_flags(nlohmann::json& j, int64_t tp, int64_t pp, int64_t ep);
 std::string self_exe();
 
 }  // namespace zt::cli
+
+namespace zt {
+struct Config;
+}
+namespace zt::cli {
+// `train`, before the first step: no NVMe swap directory (offload_optimizer / offload_param
+// nvme_path) lies inside --save DIR or the --load checkpoint directory, where swap files
+// would sit among the checkpoints. A ConfigError names the key, both paths and the fix.
+void check_swap_dirs(const Config& cfg, const std::string& save, const std::string& load);
+}  // namespace zt::cli

@@ -296,6 +296,7 @@ int cmd_train(int argc, char** argv) {
   const auto unflagged = fill_precision_auto(j, a.bf16, a.fp16, a.lr);
   fill_parallel_flags(j, a.tp, a.pp, a.ep);
   Config cfg = Config::from_json(j, world, a.config);
+  check_swap_dirs(cfg, a.save, a.load);
   if (rank == 0) {
     for (const auto& n : config::config_notes(j, cfg)) std::printf("[zerotrain] note: %s\n", n.c_str());
     std::string keys;

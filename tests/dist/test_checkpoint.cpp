@@ -4,7 +4,11 @@
 // Run at world 1, 2 and 4 by ctest. The crash-during-save test is in
 // tests/unit/test_checkpoint_crash.cpp (it needs to kill ranks).
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/file.h>
+#include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -425,6 +429,53 @@ TEST(CheckpointVerify, PartialDirectoryIsIgnoredAndReplaced) {
   EXPECT_FALSE(zt::ckpt::path_exists(dir.path + "/.t2.partial"));
   EXPECT_EQ(zt::ckpt::read_text_file(dir.path + "/latest"), "t2");
   EXPECT_EQ(load_error(dir.path, world), "");
+}
+
+// The engine's own saves take the directory's lock ([Save Dir Lock]): another job holding
+// it (here a forked process of rank 0, flock on DIR/.zerotrain.lock) is a CheckpointError
+// on every rank naming that job, nothing is written; once it is gone the save goes through.
+TEST(CheckpointVerify, DirectoryLockedByAnotherJobIsNamed) {
+  auto world = zt::comm::world_group();
+  TempDir dir(world);
+  pid_t holder = -1;
+  if (world->rank() == 0) {
+    const std::string lock = dir.path + "/.zerotrain.lock";
+    int ready[2];
+    ASSERT_EQ(::pipe(ready), 0);
+    holder = ::fork();
+    if (holder == 0) {
+      const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT, 0644);
+      const char text[] = "host elsewhere pid 4242 since noon\n";
+      if (fd < 0 || ::write(fd, text, sizeof text - 1) < 0 || ::flock(fd, LOCK_EX) != 0) ::_exit(1);
+      const char c = 1;
+      if (::write(ready[1], &c, 1) != 1) ::_exit(1);
+      ::pause();
+      ::_exit(0);
+    }
+    char c = 0;
+    ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  }
+  world->barrier();
+  torch::manual_seed(7);
+  Net m;
+  auto e = engine_for(m, config(2, "fp32", 1), world);
+  train(*e, m, 0, 1);
+  std::string err;
+  try {
+    e->save_checkpoint(dir.path, "t1");
+  } catch (const zt::CheckpointError& ex) {
+    err = ex.what();
+  }
+  EXPECT_TRUE(has(err, "is in use by another zerotrain job (host elsewhere pid 4242 since noon)")) << err;
+  EXPECT_FALSE(zt::ckpt::path_exists(dir.path + "/latest"));
+  EXPECT_FALSE(zt::ckpt::path_exists(dir.path + "/t1"));
+  if (world->rank() == 0) {
+    ::kill(holder, SIGKILL);
+    ::waitpid(holder, nullptr, 0);
+  }
+  world->barrier();
+  e->save_checkpoint(dir.path, "t1");
+  EXPECT_EQ(zt::ckpt::read_text_file(dir.path + "/latest"), "t1");
 }
 
 // ---------------------------------------------------------------------------------------

@@ -300,6 +300,49 @@ TEST(CliInputs, SetOverridesVersionAndHelp) {
   rm_rf(d);
 }
 
+// NVMe swap files never go into a checkpoint directory: a nvme_path inside --save or
+// --load is named with its key before the first step.
+TEST(CliInputs, SwapDirInsideTheCheckpointsIsNamed) {
+  const fs::path d = temp_dir("swap");
+  const fs::path save = d / "ckpt";
+  const fs::path cfg = write(d / "c.json", R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"},
+      "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                                              (save / "swap").string() + R"("}}})");
+  Ran r = run("train --config " + cfg.string() + " --model gpt2-tiny --layers 1 --seq 16 --steps 1 --device cpu --save " +
+              save.string());
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "zero_optimization.offload_optimizer.nvme_path '" + (save / "swap").string() +
+                                     "' is inside --save '" + save.string() + "'"))
+      << r.output;
+  EXPECT_FALSE(contains(r.output, "Step 0")) << "no step may run: " << r.output;
+  EXPECT_FALSE(fs::exists(save / "swap")) << "nothing written there";
+  rm_rf(d);
+}
+
+// A save location without room for one checkpoint stops the run before its first step:
+// --save on a 1 MiB tmpfs (mounted in a private mount namespace, where the machine allows).
+TEST(CliInputs, FullSaveLocationFailsBeforeTheFirstStep) {
+  const fs::path d = temp_dir("full");
+  const fs::path mnt = d / "small";
+  fs::create_directories(mnt);
+  Ran probe = zt::test_support::run_shell("unshare -m sh -c 'mount -t tmpfs -o size=1m tmpfs " + mnt.string() +
+                                          " && df -k " + mnt.string() + "'");
+  if (probe.code != 0) {
+    rm_rf(d);
+    GTEST_SKIP() << "cannot mount a small tmpfs here (unshare -m + mount): " << probe.output;
+  }
+  const fs::path cfg = write(d / "c.json", R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"}})");
+  Ran r = zt::test_support::run_shell(
+      "unshare -m sh -c 'mount -t tmpfs -o size=1m tmpfs " + mnt.string() + " && timeout -k 5 120 " ZT_BINARY_DIR
+      "/zerotrain train --config " + cfg.string() + " --model gpt2-tiny --layers 1 --seq 16 --steps 2 --device cpu "
+      "--save " + (mnt / "ckpt").string() + "'");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "MiB free but one checkpoint needs about")) << r.output;
+  EXPECT_TRUE(contains(r.output, "--save " + (mnt / "ckpt").string())) << r.output;
+  EXPECT_FALSE(contains(r.output, "Step 0")) << "no step may run: " << r.output;
+  rm_rf(d);
+}
+
 }  // namespace
 
 }  // namespace zt_test_cli_inputs
