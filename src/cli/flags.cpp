@@ -225,9 +225,13 @@ bool Flags::parse(int argc, char** argv) {
     m.fail(one_line(e.what()));
   }
   if (m.help->count() > 0) return false;
-  for (const auto& e : m.entries)
-    if (e.kind != Kind::kFlag)
-      for (const auto& r : e.opt->results()) m.check_not_a_flag(e, r);
+  for (const auto& e : m.entries) {
+    if (e.kind == Kind::kFlag) continue;
+    for (const auto& r : e.opt->results()) {
+      if (r == "-h" || r == "--help") return false;  // `--config --help`: help, not a config named --help
+      m.check_not_a_flag(e, r);
+    }
+  }
   m.sort_remaining();
   for (auto& e : m.entries) m.convert(e);
   if (m.positionals) {

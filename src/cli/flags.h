@@ -5,8 +5,10 @@
 // [CLI Flags] Every subcommand reads its command line the same way:
 // - `--name V` and `--name=V` both work (short options: `-n V`, `-nV`); a value flag given
 //   twice keeps the last value, list() keeps every value in order;
-// - `-h` / `--help` anywhere before `--` makes parse() return false (the caller prints
-//   its own help text, which lists every flag);
+// - `-h` / `--help` among the command's own arguments (before `--`; for launch, before
+//   PROGRAM) makes parse() return false, even in place of a value or beside a bad one (the
+//   caller prints its own help text, which lists every flag);
+// - a value that is one of the command's flags (`--save --load DIR`) is a missing value;
 // - a bad number, an out-of-range value, an unknown flag, a missing value or a stray
 //   argument throws UsageError with ONE line naming the command, the flag and the value,
 //   e.g. "train: --steps: 'abc' is not a non-negative integer"; main() prints it as

@@ -434,6 +434,9 @@ TEST(CliInputs, EveryCommandHasHelp) {
   Ran r = run("help launch");
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "-n N, --nproc N")) << r.output;
+  r = run("train --config --help");  // help, not a config file named --help
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "usage: zerotrain train")) << r.output;
 }
 
 // Checks across flags stay errors of the run (exit 1) after the flags parse.
