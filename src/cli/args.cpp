@@ -35,7 +35,7 @@ int64_t parse_count(const std::string& command, const std::string& flag, const s
   double d = 0;
   // 9e18 < 2^63: the cast below is defined.
   if (full_double(value, d) && d >= 0 && d < 9e18 && d == std::floor(d)) return static_cast<int64_t>(d);
-  throw UsageError(command + ": " + flag + " needs a non-negative integer, got '" + value + "'");
+  throw UsageError(command + ": " + flag + ": '" + value + "' is not a non-negative integer");
 }
 
 double parse_number(const std::string& command, const std::string& flag, const std::string& value, double min) {
@@ -43,7 +43,7 @@ double parse_number(const std::string& command, const std::string& flag, const s
   if (full_double(value, d) && d >= min) return d;
   char bound[32] = "";
   if (std::isfinite(min)) std::snprintf(bound, sizeof(bound), " >= %g", min);
-  throw UsageError(command + ": " + flag + " needs a number" + bound + ", got '" + value + "'");
+  throw UsageError(command + ": " + flag + ": '" + value + "' is not a number" + bound);
 }
 
 void check_output_dir(const std::string& command, const std::string& flag, const std::string& dir) {

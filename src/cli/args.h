@@ -10,8 +10,10 @@
 
 namespace zt::cli {
 
-// A bad command line (unknown flag, missing or malformed value): main() prints its
-// one-line message and exits 2; other errors exit 1.
+// A bad command line (unknown flag, missing, malformed or out-of-range value): main()
+// prints its one-line message, which starts with the command ("train: --steps: 'abc' is
+// not a non-negative integer"), as "zerotrain <message>" and exits 2; other errors exit 1.
+// See [CLI Flags] in flags.h.
 class UsageError : public ConfigError {
   using ConfigError::ConfigError;
 };
@@ -19,7 +21,8 @@ class UsageError : public ConfigError {
 // `value` of `flag` as a non-negative integer ("1e6" is fine); UsageError naming the
 // command, the flag and the value otherwise.
 int64_t parse_count(const std::string& command, const std::string& flag, const std::string& value);
-// `value` of `flag` as a finite number >= `min`; UsageError naming the flag and value otherwise.
+// `value` of `flag` as a finite number >= `min`; UsageError naming the command, the flag and
+// the value otherwise.
 double parse_number(const std::string& command, const std::string& flag, const std::string& value,
                     double min = -std::numeric_limits<double>::infinity());
 

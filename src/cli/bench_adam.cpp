@@ -14,7 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "optim/cpu_adam.h"
 #include "optim/cpu_adam_impl.h"
 #include "zerotrain/error.h"
@@ -52,21 +54,13 @@ struct Options {
   std::string json_path;
 };
 
-int64_t parse_count(const std::string& flag, const char* s) {
-  char* end = nullptr;
-  double d = std::strtod(s, &end);  // accepts 774e6
-  ZT_CHECK(end && *end == '\0' && std::isfinite(d) && d >= 1 && d == std::floor(d) && d < 1e15,
-           flag, " takes a positive integer (1e9 form allowed), got '", s, "'");
-  return static_cast<int64_t>(d);
-}
-
 Dt parse_dt(const std::string& flag, const std::string& s, bool allow_none) {
   if (s == "bf16") return Dt::kBf16;
   if (s == "fp16") return Dt::kF16;
   if (s == "fp32" && !allow_none) return Dt::kF32;
   if (s == "none" && allow_none) return Dt::kNone;
-  throw Error(zt::detail::cat(flag, " takes ", allow_none ? "bf16, fp16 or none" : "bf16, fp16 or fp32", ", got '",
-                              s, "'"));
+  throw UsageError(zt::detail::cat("bench adam: ", flag, ": '", s, "' is not one of ",
+                                   allow_none ? "bf16, fp16, none" : "bf16, fp16, fp32"));
 }
 
 const char* dt_name(Dt d) {
@@ -95,43 +89,32 @@ std::vector<int> default_threads() {
   return t;
 }
 
-Options parse(int argc, char** argv) {
-  Options o;
-  std::string kernel = "all";
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&]() -> const char* {
-      ZT_CHECK(i + 1 < argc, a, " needs a value\n", kUsage);
-      return argv[++i];
-    };
-    if (a == "--params") {
-      o.params = parse_count(a, value());
-    } else if (a == "--threads") {
-      std::string list = value();
-      size_t pos = 0;
-      while (pos <= list.size()) {
-        size_t comma = list.find(',', pos);
-        std::string item = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-        o.threads.push_back(static_cast<int>(parse_count("--threads", item.c_str())));
-        if (comma == std::string::npos) break;
-        pos = comma + 1;
-      }
-    } else if (a == "--kernel") {
-      kernel = value();
-    } else if (a == "--grad-dtype") {
-      o.grad_dt = parse_dt(a, value(), false);
-    } else if (a == "--out-dtype") {
-      o.out_dt = parse_dt(a, value(), true);
-      o.out_given = true;
-    } else if (a == "--iters") {
-      o.iters = static_cast<int>(parse_count(a, value()));
-    } else if (a == "--triad-elems") {
-      o.triad_elems = parse_count(a, value());
-    } else if (a == "--json") {
-      o.json_path = value();
-    } else {
-      throw Error(zt::detail::cat("unknown option '", a, "'\n", kUsage));
-    }
+// Returns false for --help.
+bool parse(int argc, char** argv, Options& o) {
+  std::string kernel = "all", threads, grad_dtype = "bf16", out_dtype;
+  Flags f("bench adam");
+  f.count("--params", o.params, 1);
+  f.text("--threads", threads);
+  f.choice("--kernel", kernel, {"all", "scalar", "avx2", "avx512"});
+  f.choice("--grad-dtype", grad_dtype, {"bf16", "fp16", "fp32"});
+  f.choice("--out-dtype", out_dtype, {"bf16", "fp16", "none"});
+  f.count("--iters", o.iters, 1);
+  f.count("--triad-elems", o.triad_elems, 1);
+  f.text("--json", o.json_path);
+  if (!f.parse(argc, argv)) return false;
+  o.grad_dt = parse_dt("--grad-dtype", grad_dtype, false);
+  o.out_given = f.given("--out-dtype");
+  if (o.out_given) o.out_dt = parse_dt("--out-dtype", out_dtype, true);
+  size_t pos = 0;
+  while (!threads.empty() && pos <= threads.size()) {  // "1,2,4"
+    const size_t comma = threads.find(',', pos);
+    const std::string item = threads.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    const int64_t t = parse_count("bench adam", "--threads", item);
+    ZT_CHECK_T(t >= 1 && t <= 1 << 16, UsageError, "bench adam: --threads: '", item,
+               "' is out of range (--threads must be at least 1)");
+    o.threads.push_back(static_cast<int>(t));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
   }
   if (!o.out_given) o.out_dt = o.grad_dt == Dt::kF32 ? Dt::kNone : o.grad_dt;
   if (o.threads.empty()) o.threads = default_threads();
@@ -146,7 +129,7 @@ Options parse(int argc, char** argv) {
     o.kernels.push_back(k);
   }
   if (o.triad_elems == 0) o.triad_elems = std::clamp<int64_t>(o.params, int64_t{1} << 24, int64_t{1} << 27);
-  return o;
+  return true;
 }
 
 double now_s() {
@@ -320,12 +303,11 @@ TriadResult triad(std::vector<float>& a, const std::vector<float>& b, const std:
 }  // namespace
 
 int cmd_bench_adam(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i)
-    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-  const Options o = parse(argc, argv);
+  Options o;
+  if (!parse(argc, argv, o)) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
   const int bytes_per_param =
       optim::detail::dt_size(o.grad_dt) + 24 + optim::detail::dt_size(o.out_dt);
   const double shard_gib = static_cast<double>(o.params) * (12 + optim::detail::dt_size(o.grad_dt) +

@@ -31,6 +31,7 @@
 #include "bench/sweep.h"
 #include "ckpt/fs.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "estimate/memory.h"
 #include "kernels/fused_adam.h"
 #include "models/gpt2.h"
@@ -288,36 +289,28 @@ std::string now_utc() {
 
 Args parse(int argc, char** argv, bool& help) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
-    auto need = [&]() -> std::string {
-      ZT_CHECK_T(i + 1 < argc, ConfigError, "bench: ", f, " needs a value");
-      return argv[++i];
-    };
-    auto num = [&]() { return parse_count("bench", f, need()); };
-    if (f == "-h" || f == "--help") help = true;
-    else if (f == "--model") a.model = need();
-    else if (f == "--layers") a.layers = num();
-    else if (f == "--embd") a.embd = num();
-    else if (f == "--heads") a.heads = num();
-    else if (f == "--vocab") a.vocab = num();
-    else if (f == "--gpus") a.gpus = num();
-    else if (f == "--ranks") a.ranks = num();
-    else if (f == "--steps") a.steps = num();
-    else if (f == "--warmup") a.warmup = num();
-    else if (f == "--micro-batch") a.micro = num();
-    else if (f == "--seq") a.seq = num();
-    else if (f == "--out") a.out = need();
-    else if (f == "--only") a.only = need();
-    else if (f == "--with-anchors") a.with_anchors = true;
-    else if (f == "--anchor-set") a.anchor_set = need();
-    else if (f == "--python") a.python = need();
-    else if (f == "--anchors") a.anchors = need();
-    else if (f == "--timeout") a.timeout = num();
-    else if (f == "--commit") a.commit = need();
-    else if (f == "--report") a.report = need();
-    else throw ConfigError("bench: unknown option '" + f + "' (see zerotrain bench --help)");
-  }
+  Flags f("bench");
+  f.text("--model", a.model);
+  f.count("--layers", a.layers);
+  f.count("--embd", a.embd);
+  f.count("--heads", a.heads);
+  f.count("--vocab", a.vocab);
+  f.count("--gpus", a.gpus);
+  f.count("--ranks", a.ranks, 1);
+  f.count("--steps", a.steps, 1);
+  f.count("--warmup", a.warmup);
+  f.count("--micro-batch", a.micro);
+  f.count("--seq", a.seq);
+  f.text("--out", a.out);
+  f.text("--only", a.only);
+  f.flag("--with-anchors", a.with_anchors);
+  f.text("--anchor-set", a.anchor_set);
+  f.text("--python", a.python);
+  f.text("--anchors", a.anchors);
+  f.count("--timeout", a.timeout);
+  f.text("--commit", a.commit);
+  f.text("--report", a.report);
+  help = !f.parse(argc, argv);
   return a;
 }
 
@@ -342,10 +335,8 @@ int cmd_bench_sweep(int argc, char** argv) {
   if (a.gpus < 0) a.gpus = have_gpus;
   ZT_CHECK_T(a.gpus <= have_gpus, ConfigError, "bench: --gpus ", a.gpus, " but this machine has ", have_gpus,
              " CUDA device(s) (--gpus 0 runs CPU ranks)");
-  ZT_CHECK_T(a.steps >= 1, ConfigError, "bench: --steps must be at least 1");
   const bool cpu = a.gpus == 0;
   const int64_t ranks = cpu ? a.ranks : a.gpus;
-  ZT_CHECK_T(ranks >= 1, ConfigError, "bench: --ranks must be at least 1");
 
   models::GPT2Config mc = models::named_gpt2(a.model);
   const bool custom = a.layers || a.embd || a.heads || a.vocab;

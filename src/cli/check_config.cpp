@@ -3,12 +3,12 @@
 // stderr: batch sizes, parallel degrees, precision, "auto" keys, settings not supported yet).
 // Exit 0: valid and runnable; 1: errors or settings not supported yet; 2: bad usage.
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "config/notes.h"
 #include "parallel/topology.h"
 #include "zerotrain/config.h"
@@ -26,7 +26,7 @@ void usage(std::FILE* out) {
                "(batch sizes, gradient_clipping) are reported and shown as \"auto\".\n\n"
                "options:\n"
                "  --set K=V   override a key before the check (repeatable; V is JSON, or a string)\n"
-               "  --world N   ranks in all (default 1); the batch sizes count the data-parallel\n"
+               "  --world N   ranks in all (default 1; also -n N); the batch sizes count the data-parallel\n"
                "              ones, N / (tp x pp) (tensor_parallel.autotp_size, pipeline.stages)\n"
                "  --help      this text\n\n"
                "exit status: 0 valid, 1 errors or settings not supported yet, 2 bad usage\n");
@@ -61,55 +61,17 @@ const char* dtype_name(const Config& c) {
 }  // namespace
 
 int cmd_check_config(int argc, char** argv) {
-  std::string path;
   int world = 1;
-  std::vector<std::string> sets;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      usage(stdout);
-      return 0;
-    }
-    std::string value;
-    if (a == "--set" || a.rfind("--set=", 0) == 0) {
-      if (a == "--set" && i + 1 >= argc) {
-        std::fprintf(stderr, "check-config: --set needs KEY.PATH=VALUE\n");
-        return 2;
-      }
-      sets.push_back(a == "--set" ? std::string(argv[++i]) : a.substr(6));
-      continue;
-    }
-    if (a == "--world" || a == "-n") {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "check-config: %s needs a number\n", a.c_str());
-        return 2;
-      }
-      value = argv[++i];
-    } else if (a.rfind("--world=", 0) == 0) {
-      value = a.substr(8);
-    } else if (!a.empty() && a[0] == '-') {
-      std::fprintf(stderr, "check-config: unknown option '%s'\n\n", a.c_str());
-      usage(stderr);
-      return 2;
-    } else if (path.empty()) {
-      path = a;
-      continue;
-    } else {
-      std::fprintf(stderr, "check-config: one config at a time ('%s' and '%s')\n", path.c_str(), a.c_str());
-      return 2;
-    }
-    char* end = nullptr;
-    long n = std::strtol(value.c_str(), &end, 10);
-    if (value.empty() || *end != '\0' || n < 1 || n > 1 << 20) {
-      std::fprintf(stderr, "check-config: --world takes a positive integer, got '%s'\n", value.c_str());
-      return 2;
-    }
-    world = static_cast<int>(n);
+  std::vector<std::string> sets, paths;
+  Flags flags("check-config");
+  flags.count("--world,-n", world, 1, 1 << 20);
+  flags.list("--set", sets);
+  flags.positionals(paths, "one CONFIG.json", 1, 1);
+  if (!flags.parse(argc, argv)) {
+    usage(stdout);
+    return 0;
   }
-  if (path.empty()) {
-    usage(stderr);
-    return 2;
-  }
+  const std::string& path = paths[0];
 
   nlohmann::json json = Config::read_json_file(path);
   ZT_CHECK_T(json.is_object(), ConfigError, path, ": a DeepSpeed config is a JSON object ({...})");

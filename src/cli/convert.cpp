@@ -9,6 +9,7 @@
 #include "ckpt/fs.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "models/gpt2.h"
 #include "models/hf_gpt2.h"
 #include "io/safetensors.h"
@@ -53,29 +54,21 @@ models::GPT2Config gpt2_from_json(const nlohmann::json& j) {
 
 int cmd_convert(int argc, char** argv) {
   std::vector<std::string> pos;
-  std::string tag, dtype_s = "fp32", shard_gb = "5";
+  std::string tag, dtype_s = "fp32";
+  double shard_gb = 5;
   bool raw = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string f = argv[i];
-    if (f == "-h" || f == "--help") {
-      std::fputs(kConvertUsage, stdout);
-      return 0;
-    }
-    if (f == "--tag" || f == "--dtype" || f == "--max-shard-gb") {
-      ZT_CHECK_T(i + 1 < argc, UsageError, "convert: ", f, " needs a value");
-      (f == "--tag" ? tag : f == "--dtype" ? dtype_s : shard_gb) = argv[++i];
-    } else if (f == "--raw") {
-      raw = true;
-    } else if (!f.empty() && f[0] == '-') {
-      throw UsageError("convert: unknown option '" + f + "' (see zerotrain convert --help)");
-    } else {
-      pos.push_back(f);
-    }
+  Flags f("convert");
+  f.text("--tag", tag);
+  f.choice("--dtype", dtype_s, {"fp32", "float32", "bf16", "bfloat16", "fp16", "float16"});
+  f.number("--max-shard-gb", shard_gb, 0.0);
+  f.flag("--raw", raw);
+  f.positionals(pos, "CKPT_DIR and OUT", 2, 2);
+  if (!f.parse(argc, argv)) {
+    std::fputs(kConvertUsage, stdout);
+    return 0;
   }
-  if (pos.size() != 2) {
-    std::fputs(kConvertUsage, stderr);
-    return 2;
-  }
+  ZT_CHECK_T(shard_gb > 0, UsageError, "convert: --max-shard-gb: '", shard_gb,
+             "' is out of range (--max-shard-gb must be above 0)");
   const std::string& ckpt_dir = pos[0];
   const std::string& out = pos[1];
   const at::ScalarType dtype = parse_dtype(dtype_s);
@@ -94,12 +87,7 @@ int cmd_convert(int argc, char** argv) {
   int64_t numel = 0;
   if (llama) {
     const auto mc = models::llama_config_from_hf_json_text(client["model"]["llama"].dump(), ckpt_dir + " (manifest)");
-    double gb = 0;
-    try {
-      gb = std::stod(shard_gb);
-    } catch (const std::exception&) {
-    }
-    ZT_CHECK_T(gb > 0, ConfigError, "convert: --max-shard-gb must be a positive number, got '", shard_gb, "'");
+    const double gb = shard_gb;
     const std::string dir = out.size() > 12 && out.ends_with(".safetensors") ? ckpt::parent_dir(out) : out;
     const auto names = reader.param_names(), extras = reader.extra_names();
     const std::set<std::string> managed(names.begin(), names.end()), extra(extras.begin(), extras.end());

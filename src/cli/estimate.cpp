@@ -5,6 +5,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "estimate/memory.h"
 #include "kernels/fused_adam.h"
 #include "models/gpt2.h"
@@ -35,33 +36,26 @@ int cmd_estimate(int argc, char** argv) {
   double gpu_mem = 0, host_mem = 0;
   int64_t per_host = 0;
   bool ckpt = false, json_out = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
-    auto need = [&]() -> std::string {
-      ZT_CHECK_T(i + 1 < argc, UsageError, "estimate: ", f, " needs a value");
-      return argv[++i];
-    };
-    if (f == "-h" || f == "--help") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (f == "--model") model = need();
-    else if (f == "--config") config = need();
-    else if (f == "--layers") layers = parse_count("estimate", f, need());
-    else if (f == "--embd") embd = parse_count("estimate", f, need());
-    else if (f == "--heads") heads = parse_count("estimate", f, need());
-    else if (f == "--vocab") vocab = parse_count("estimate", f, need());
-    else if (f == "--micro-batch") micro = parse_count("estimate", f, need());
-    else if (f == "--seq") seq = parse_count("estimate", f, need());
-    else if (f == "--gpus") gpus = parse_count("estimate", f, need());
-    else if (f == "--gpu-mem") gpu_mem = parse_number("estimate", f, need(), 0.0);
-    else if (f == "--host-mem") host_mem = parse_number("estimate", f, need(), 0.0);
-    else if (f == "--gpus-per-host") per_host = parse_count("estimate", f, need());
-    else if (f == "--checkpoint-activations") ckpt = true;
-    else if (f == "--json") json_out = true;
-    else throw UsageError("estimate: unknown option '" + f + "' (see zerotrain estimate --help)");
+  Flags f("estimate");
+  f.text("--model", model);
+  f.text("--config", config);
+  f.count("--layers", layers);
+  f.count("--embd", embd);
+  f.count("--heads", heads);
+  f.count("--vocab", vocab);
+  f.count("--micro-batch", micro);
+  f.count("--seq", seq);
+  f.count("--gpus", gpus, 1, 1 << 20);
+  f.number("--gpu-mem", gpu_mem, 0.0);
+  f.number("--host-mem", host_mem, 0.0);
+  f.count("--gpus-per-host", per_host);
+  f.flag("--checkpoint-activations", ckpt);
+  f.flag("--json", json_out);
+  if (!f.parse(argc, argv)) {
+    std::fputs(kUsage, stdout);
+    return 0;
   }
-  ZT_CHECK_T(!config.empty(), ConfigError, "estimate: --config CONFIG.json is required (see zerotrain estimate --help)");
-  ZT_CHECK_T(gpus >= 1, ConfigError, "estimate: --gpus must be at least 1");
+  ZT_CHECK_T(!config.empty(), UsageError, "estimate: --config CONFIG.json is required (see zerotrain estimate --help)");
   if (per_host == 0) per_host = gpus;
   ZT_CHECK_T(per_host >= 1 && per_host <= gpus, ConfigError, "estimate: --gpus-per-host must be between 1 and --gpus (",
              gpus, ")");

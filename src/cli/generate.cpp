@@ -13,6 +13,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "data/bpe_tokenizer.h"
 #include "models/gpt2.h"
 #include "models/hf_gpt2.h"
@@ -56,32 +57,24 @@ int cmd_generate(int argc, char** argv) {
   std::string dir, prompt, prompt_ids, tokenizer_path, device = "cpu", dtype = "fp32";
   int64_t max_new = 32, top_k = 0, seed = 1234;
   double temperature = 0.0;
-  bool have_prompt = false;
-  auto need = [&](int& i) -> std::string {
-    ZT_CHECK_T(i + 1 < argc, UsageError, "generate: ", argv[i], " needs a value");
-    return argv[++i];
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
-    if (f == "-h" || f == "--help") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (f == "--model-dir") dir = need(i);
-    else if (f == "--prompt") prompt = need(i), have_prompt = true;
-    else if (f == "--prompt-ids") prompt_ids = need(i);
-    else if (f == "--tokenizer") tokenizer_path = need(i);
-    else if (f == "--max-new-tokens") max_new = parse_count("generate", f, need(i));
-    else if (f == "--temperature") temperature = parse_number("generate", f, need(i), 0.0);
-    else if (f == "--top-k") top_k = parse_count("generate", f, need(i));
-    else if (f == "--seed") seed = parse_count("generate", f, need(i));
-    else if (f == "--device") device = need(i);
-    else if (f == "--dtype") dtype = need(i);
-    else throw UsageError("generate: unknown option '" + f + "' (see zerotrain generate --help)");
+  Flags f("generate");
+  f.text("--model-dir", dir);
+  f.text("--prompt", prompt);
+  f.text("--prompt-ids", prompt_ids);
+  f.text("--tokenizer", tokenizer_path);
+  f.count("--max-new-tokens", max_new);
+  f.number("--temperature", temperature, 0.0);
+  f.count("--top-k", top_k);
+  f.count("--seed", seed);
+  f.choice("--device", device, {"cpu", "cuda"});
+  f.choice("--dtype", dtype, {"fp32", "bf16"});
+  if (!f.parse(argc, argv)) {
+    std::fputs(kUsage, stdout);
+    return 0;
   }
+  const bool have_prompt = f.given("--prompt");
   ZT_CHECK_T(!dir.empty(), UsageError, "generate: --model-dir DIR is required (see zerotrain generate --help)");
   ZT_CHECK_T(have_prompt != !prompt_ids.empty(), UsageError, "generate: give one of --prompt TEXT and --prompt-ids LIST");
-  ZT_CHECK_T(device == "cpu" || device == "cuda", UsageError, "generate: --device must be cpu or cuda, got '", device, "'");
-  ZT_CHECK_T(dtype == "fp32" || dtype == "bf16", UsageError, "generate: --dtype must be fp32 or bf16, got '", dtype, "'");
 
   // The model: the architecture named by DIR/config.json.
   std::ifstream cf(dir + "/config.json");

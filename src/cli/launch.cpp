@@ -1,4 +1,5 @@
-// `zerotrain launch -n N [--] PROGRAM ARGS...`: starts N ranks on this node.
+// `zerotrain launch -n N [--] PROGRAM ARGS...`: starts N ranks on this node. Everything
+// from PROGRAM on reaches the ranks untouched (launch reads no option after it).
 //
 // OpenMPI's mpirun is the process starter (it gives the ranks an MPI world, which
 // zerotrain's CPU collectives and NCCL rendezvous use). Each rank runs through a small
@@ -20,6 +21,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "zerotrain/error.h"
 
 namespace zt::cli {
@@ -52,53 +54,46 @@ void check_runnable(const std::string& prog) {
   }
 }
 
-// "-n" values: a whole positive number, nothing else.
-int parse_nproc(const char* v) {
-  char* end = nullptr;
-  long n = std::strtol(v, &end, 10);
-  return (end != v && *end == '\0' && n >= 1 && n <= 1 << 20) ? static_cast<int>(n) : -1;
-}
+// The synopsis that a usage error of launch ends with.
+constexpr const char* kSynopsis = "usage: zerotrain launch -n N [--] PROGRAM [ARGS...]";
 
 void launch_usage(std::FILE* out) {
   std::fprintf(out,
-               "usage: zerotrain launch -n N [--] PROGRAM [ARGS...]\n\n"
+               "%s\n\n"
                "Starts N ranks of PROGRAM on this node (through OpenMPI's mpirun). Each rank gets\n"
                "RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE; rank r uses GPU r when GPUs\n"
                "exist. Output lines are prefixed with [rank r]. If a rank fails, the others are\n"
                "ended and launch exits non-zero naming the rank and its exit code.\n"
-               "Multi-node: use mpirun or srun directly (see docs/comm.md).\n");
+               "Multi-node: use mpirun or srun directly (see docs/comm.md).\n\n"
+               "options:\n"
+               "  -n N, --nproc N   ranks to start (required; also -nN, --nproc=N)\n"
+               "  --                ends launch's options: everything after it is PROGRAM ARGS...,\n"
+               "                    passed on untouched (without it, PROGRAM is the first argument\n"
+               "                    that is not an option)\n"
+               "  -h, --help        this text\n"
+               "exit status: 0 when every rank succeeds, non-zero when one fails; 2 for bad usage\n",
+               kSynopsis);
 }
 
 }  // namespace
 
 int cmd_launch(int argc, char** argv) {
-  int n = -1;
-  int i = 1;
-  for (; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "-h" || a == "--help") {
+  int n = 0;
+  std::vector<std::string> program;  // PROGRAM ARGS..., untouched
+  Flags f("launch");
+  f.count("-n,--nproc", n, 1, 1 << 20);
+  f.passthrough(program);
+  try {
+    if (!f.parse(argc, argv)) {
       launch_usage(stdout);
       return 0;
-    } else if (a == "-n" || a == "--nproc") {
-      if (i + 1 >= argc) launch_usage(stderr);
-      ZT_CHECK(i + 1 < argc, "launch: -n needs a number");
-      n = parse_nproc(argv[++i]);
-    } else if (a.rfind("-n", 0) == 0 && a.size() > 2 && a[2] != '-') {
-      n = parse_nproc(a.c_str() + 2);
-    } else if (a == "--") {
-      ++i;
-      break;
-    } else if (!a.empty() && a[0] == '-') {
-      launch_usage(stderr);
-      throw Error("launch: unknown option '" + a + "'");
-    } else {
-      break;
     }
+    ZT_CHECK_T(n >= 1, UsageError, "launch: give the number of ranks with -n N (N >= 1)");
+    ZT_CHECK_T(!program.empty(), UsageError, "launch: no program given (zerotrain launch -n N -- PROGRAM ARGS...)");
+  } catch (const UsageError& e) {
+    throw UsageError(std::string(e.what()) + " (" + kSynopsis + ")");
   }
-  if (n < 1 || i >= argc) launch_usage(stderr);
-  ZT_CHECK(n >= 1, "launch: give the number of ranks with -n N (N >= 1)");
-  ZT_CHECK(i < argc, "launch: no program given (zerotrain launch -n N -- PROGRAM ARGS...)");
-  check_runnable(argv[i]);
+  check_runnable(program[0]);
   ZT_CHECK(on_path("mpirun"), "launch: mpirun (OpenMPI) not found on PATH: run `make setup` or install openmpi-bin");
 
   // NVLink multicast stays off in every rank (it can take a shared host's GPUs down).
@@ -116,7 +111,7 @@ int cmd_launch(int argc, char** argv) {
   std::string exe = self_exe();
   args.push_back(exe.substr(0, exe.rfind('/') + 1) + "zerotrain-rank");
   args.push_back("--");
-  for (; i < argc; ++i) args.push_back(argv[i]);
+  args.insert(args.end(), program.begin(), program.end());
   std::vector<char*> cargs;
   for (auto& s : args) cargs.push_back(s.data());
   cargs.push_back(nullptr);

@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
       try {
         return s.fn(argc - 1, argv + 1);
       } catch (const zt::cli::UsageError& e) {
-        std::fprintf(stderr, "zerotrain %s: usage error: %s\n", s.name, e.what());
+        std::fprintf(stderr, "zerotrain %s\n", e.what());  // one line that starts with the command
         return 2;
       } catch (const zt::Error& e) {
         std::fprintf(stderr, "zerotrain %s: error: %s\n", s.name, e.what());

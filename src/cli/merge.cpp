@@ -7,6 +7,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "lora/lora.h"
 #include "lora/lora_models.h"
 #include "lora/lora_spec.h"
@@ -43,28 +44,15 @@ int cmd_merge(int argc, char** argv) {
   namespace fs = std::filesystem;
   std::string base, adapter, out, dtype = "fp32";
   bool qlora = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
-    auto need = [&]() -> std::string {
-      ZT_CHECK_T(i + 1 < argc, UsageError, "merge: ", f, " needs a value");
-      return argv[++i];
-    };
-    if (f == "-h" || f == "--help") {
-      std::fputs(kMergeUsage, stdout);
-      return 0;
-    } else if (f == "--base") {
-      base = need();
-    } else if (f == "--adapter") {
-      adapter = need();
-    } else if (f == "--out") {
-      out = need();
-    } else if (f == "--dtype") {
-      dtype = need();
-    } else if (f == "--qlora") {
-      qlora = true;
-    } else {
-      throw UsageError("merge: unknown option '" + f + "' (see zerotrain merge --help)");
-    }
+  Flags f("merge");
+  f.text("--base", base);
+  f.text("--adapter", adapter);
+  f.text("--out", out);
+  f.choice("--dtype", dtype, {"fp32", "float32", "bf16", "bfloat16", "fp16", "float16"});
+  f.flag("--qlora", qlora);
+  if (!f.parse(argc, argv)) {
+    std::fputs(kMergeUsage, stdout);
+    return 0;
   }
   ZT_CHECK_T(!base.empty() && !adapter.empty() && !out.empty(), UsageError,
              "merge: --base DIR, --adapter DIR and --out DIR are all required (see zerotrain merge --help)");

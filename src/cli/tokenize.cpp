@@ -18,6 +18,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "data/bpe_tokenizer.h"
 #include "data/sentencepiece.h"
 #include "data/shards.h"
@@ -55,41 +56,24 @@ struct Args {
 
 Args parse_args(int argc, char** argv) {
   Args a;
-  auto need = [&](int& i) -> std::string {
-    ZT_CHECK_T(i + 1 < argc, ConfigError, "tokenize: ", argv[i], " needs a value");
-    return argv[++i];
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
-    if (f == "-h" || f == "--help") {
-      a.help = true;
-      return a;
-    } else if (f == "--tokenizer") a.tokenizer = need(i);
-    else if (f == "--out") a.out = need(i);
-    else if (f == "--name") a.name = need(i);
-    else if (f == "--text-field") a.text_field = need(i);
-    else if (f == "--eot") a.eot = need(i);
-    else if (f == "--shard-tokens") a.shard_tokens = parse_count("tokenize", f, need(i));
-    else if (f == "--threads") a.threads = static_cast<int>(parse_count("tokenize", f, need(i)));
-    else if (f == "--val-fraction") {
-      const std::string v = need(i);
-      try {
-        a.val_fraction = std::stod(v);
-      } catch (const std::exception&) {
-        a.val_fraction = -1;
-      }
-      ZT_CHECK_T(a.val_fraction >= 0 && a.val_fraction < 1, ConfigError,
-                 "tokenize: --val-fraction needs a number in [0, 1), got '", v, "'");
-    } else if (!f.empty() && f[0] == '-') {
-      throw ConfigError("tokenize: unknown option '" + f + "' (see zerotrain tokenize --help)");
-    } else {
-      for (auto& p : expand_glob_or_self(f)) a.inputs.push_back(p);
-    }
-  }
-  ZT_CHECK_T(!a.tokenizer.empty(), ConfigError, "tokenize: --tokenizer TOKENIZER.json is required");
-  ZT_CHECK_T(!a.out.empty(), ConfigError, "tokenize: --out DIR is required");
-  ZT_CHECK_T(!a.inputs.empty(), ConfigError, "tokenize: no input files (give text or JSONL files after the options)");
-  ZT_CHECK_T(a.shard_tokens >= 1, ConfigError, "tokenize: --shard-tokens must be at least 1");
+  std::vector<std::string> inputs;
+  Flags f("tokenize");
+  f.text("--tokenizer", a.tokenizer);
+  f.text("--out", a.out);
+  f.text("--name", a.name);
+  f.text("--text-field", a.text_field);
+  f.text("--eot", a.eot);
+  f.count("--shard-tokens", a.shard_tokens, 1);
+  f.count("--threads", a.threads);
+  f.number("--val-fraction", a.val_fraction, 0.0, 1.0);
+  f.positionals(inputs, "INPUT files");
+  a.help = !f.parse(argc, argv);
+  if (a.help) return a;
+  ZT_CHECK_T(!a.tokenizer.empty(), UsageError, "tokenize: --tokenizer TOKENIZER.json is required");
+  ZT_CHECK_T(!a.out.empty(), UsageError, "tokenize: --out DIR is required");
+  ZT_CHECK_T(!inputs.empty(), UsageError, "tokenize: no input files (give text or JSONL files after the options)");
+  for (const auto& in : inputs)
+    for (auto& p : expand_glob_or_self(in)) a.inputs.push_back(p);
   return a;
 }
 

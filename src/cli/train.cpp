@@ -19,6 +19,7 @@
 #include "ckpt/dir_lock.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cli/profile.h"
 #include "cli/train_model.h"
 #include "config/notes.h"
@@ -120,72 +121,57 @@ struct Args {
 
 Args parse_args(int argc, char** argv) {
   Args a;
-  auto need = [&](int& i) -> std::string {
-    ZT_CHECK_T(i + 1 < argc, UsageError, "train: ", argv[i], " needs a value");
-    return argv[++i];
-  };
-  auto num = [&](int& i) -> int64_t {
-    const std::string flag = argv[i];
-    return parse_count("train", flag, need(i));
-  };
-  for (int i = 1; i < argc; ++i) {
-    std::string f = argv[i];
-    if (f == "-h" || f == "--help") {
-      a.help = true;
-      return a;
-    } else if (f == "--config") a.config = need(i);
-    else if (f == "--model") a.model = need(i);
-    else if (f == "--data") a.data = need(i);
-    else if (f == "--val-data") a.val_data = need(i);
-    else if (f == "--eval-every") a.eval_every = num(i);
-    else if (f == "--eval-batches") a.eval_batches = num(i);
-    else if (f == "--metrics") a.metrics = need(i);
-    else if (f == "--summary") a.summary = need(i);
-    else if (f == "--steps") a.steps = num(i);
-    else if (f == "--seq") a.seq = num(i);
-    else if (f == "--micro-batch") a.micro = num(i);
-    else if (f == "--grad-accum") a.accum = num(i);
-    else if (f == "--layers") a.layers = num(i);
-    else if (f == "--embd") a.embd = num(i);
-    else if (f == "--heads") a.heads = num(i);
-    else if (f == "--vocab") a.vocab = num(i);
-    else if (f == "--print-every") a.print_every = num(i);
-    else if (f == "--warmup") a.warmup = num(i);
-    else if (f == "--seed") a.seed = num(i);
-    else if (f == "--clip") a.clip = parse_number("train", f, need(i), 0.0);
-    else if (f == "--peak-tflops") a.peak_tflops = parse_number("train", f, need(i), 0.0);
-    else if (f == "--lr") a.lr = parse_number("train", f, need(i), 0.0);
-    else if (f == "--set") a.sets.push_back(need(i));
-    else if (f == "--bf16") a.bf16 = true;
-    else if (f == "--fp16") a.fp16 = true;
-    else if (f == "--checkpoint-activations") a.checkpoint = true;
-    else if (f == "--no-decay-1d") a.no_decay_1d = true;
-    else if (f == "--save") a.save = need(i);
-    else if (f == "--save-every") a.save_every = num(i);
-    else if (f == "--save-async") a.save_async = true;
-    else if (f == "--max-skipped-steps") a.max_skipped_steps = num(i);
-    else if (f == "--load") a.load = need(i);
-    else if (f == "--init-from") a.init_from = need(i);
-    else if (f == "--lora") a.lora = need(i);
-    else if (f == "--lora-out") a.lora_out = need(i);
-    else if (f == "--qlora") a.qlora = true;
-    else if (f == "--device") a.device = need(i);
-    else if (f == "--profile") a.profile_step = num(i);
-    else if (f == "--profile-out") a.profile_out = need(i);
-    else if (f == "--tp") a.tp = num(i);
-    else if (f == "--pp") a.pp = num(i);
-    else if (f == "--ep") a.ep = num(i);
-    else throw UsageError("train: unknown option '" + f + "' (see zerotrain train --help)");
-  }
-  ZT_CHECK_T(!a.config.empty(), ConfigError, "train: --config CONFIG.json is required (see zerotrain train --help)");
-  ZT_CHECK_T(a.steps >= 1, ConfigError, "train: --steps must be at least 1");
+  Flags f("train");
+  f.text("--config", a.config);
+  f.text("--model", a.model);
+  f.text("--data", a.data);
+  f.text("--val-data", a.val_data);
+  f.count("--eval-every", a.eval_every);
+  f.count("--eval-batches", a.eval_batches);
+  f.text("--metrics", a.metrics);
+  f.text("--summary", a.summary);
+  f.count("--steps", a.steps, 1);
+  f.count("--seq", a.seq);
+  f.count("--micro-batch", a.micro);
+  f.count("--grad-accum", a.accum);
+  f.count("--layers", a.layers);
+  f.count("--embd", a.embd);
+  f.count("--heads", a.heads);
+  f.count("--vocab", a.vocab);
+  f.count("--print-every", a.print_every);
+  f.count("--warmup", a.warmup);
+  f.count("--seed", a.seed);
+  f.number("--clip", a.clip, 0.0);
+  f.number("--peak-tflops", a.peak_tflops, 0.0);
+  f.number("--lr", a.lr, 0.0);
+  f.list("--set", a.sets);
+  f.flag("--bf16", a.bf16);
+  f.flag("--fp16", a.fp16);
+  f.flag("--checkpoint-activations", a.checkpoint);
+  f.flag("--no-decay-1d", a.no_decay_1d);
+  f.text("--save", a.save);
+  f.count("--save-every", a.save_every);
+  f.flag("--save-async", a.save_async);
+  f.count("--max-skipped-steps", a.max_skipped_steps);
+  f.text("--load", a.load);
+  f.text("--init-from", a.init_from);
+  f.text("--lora", a.lora);
+  f.text("--lora-out", a.lora_out);
+  f.flag("--qlora", a.qlora);
+  f.choice("--device", a.device, {"cpu", "cuda"});
+  f.count("--profile", a.profile_step);
+  f.text("--profile-out", a.profile_out);
+  f.count("--tp", a.tp, 1);
+  f.count("--pp", a.pp, 1);
+  f.count("--ep", a.ep, 1);
+  a.help = !f.parse(argc, argv);
+  if (a.help) return a;
+  ZT_CHECK_T(!a.config.empty(), UsageError, "train: --config CONFIG.json is required (see zerotrain train --help)");
   ZT_CHECK_T(a.save_every == 0 || !a.save.empty(), ConfigError, "train: --save-every needs --save DIR");
   ZT_CHECK_T(!a.save_async || !a.save.empty(), ConfigError, "train: --save-async needs --save DIR");
   ZT_CHECK_T(a.eval_every == 0 || !a.val_data.empty(), ConfigError, "train: --eval-every needs --val-data GLOB");
   ZT_CHECK_T(a.lora_out.empty() || !a.lora.empty(), ConfigError, "train: --lora-out needs --lora SPEC");
   ZT_CHECK_T(!a.qlora || !a.lora.empty(), ConfigError, "train: --qlora needs --lora SPEC (the adapters to train)");
-  ZT_CHECK_T(a.device.empty() || a.device == "cpu" || a.device == "cuda", ConfigError,
-             "train: --device must be cpu or cuda, got '", a.device, "'");
   return a;
 }
 

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <vector>
 
 #include "ckpt/dir_lock.h"
 
@@ -341,6 +342,157 @@ TEST(CliInputs, FullSaveLocationFailsBeforeTheFirstStep) {
   EXPECT_TRUE(contains(r.output, "--save " + (mnt / "ckpt").string())) << r.output;
   EXPECT_FALSE(contains(r.output, "Step 0")) << "no step may run: " << r.output;
   rm_rf(d);
+}
+
+// [CLI Flags]: every subcommand reads `--flag=value` as `--flag value`.
+TEST(CliInputs, EveryCommandAcceptsFlagEqualsValue) {
+  const fs::path d = temp_dir("equals");
+  const fs::path cfg = write(d / "c.json", R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1},
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})");
+  const std::string fixture = std::string(ZT_SOURCE_DIR) + "/tests/fixtures/bpe/";
+  const std::string none = (d / "none").string();
+  struct Case {
+    std::string args;
+    int code;
+    std::string want;  // in the output: proof that the value arrived
+  };
+  const Case cases[] = {
+      {"check-config " + cfg.string() + " --world=4 --set=zero_optimization.stage=2", 0, "\"train_batch_size\": 8"},
+      {"estimate --config=" + cfg.string() + " --model=gpt2-tiny --gpus=4 --seq=32 --json", 0, "\"gpus\":4"},
+      {"train --config=" + cfg.string() + " --model=gpt2-tiny --layers=1 --seq=16 --steps=1 --device=cpu --seed=7", 0,
+       "ZeRO stage 1"},
+      {"tokenize --tokenizer=" + fixture + "tokenizer.json --out=" + (d / "shards").string() +
+           " --name=eq --threads=1 --shard-tokens=1e6 " + fixture + "test.txt",
+       0, "eq_train_000000.bin"},
+      // Flags parsed, then the missing input named (exit 1, not a usage error).
+      {"convert " + none + " " + (d / "out.safetensors").string() + " --dtype=bf16 --tag=global_step1", 1,
+       "checkpoint 'global_step1' in '" + none + "' has no manifest"},
+      {"merge --base=" + none + " --adapter=" + none + " --out=" + (d / "merged").string() + " --dtype=bf16", 1,
+       "--base '" + none + "' is not a Hugging Face model directory"},
+      {"generate --model-dir=" + none + " --prompt-ids=1,2 --max-new-tokens=2 --temperature=0.5 --top-k=3", 1,
+       "--model-dir " + none + " has no config.json"},
+      {"bench --report=" + none + " --steps=3", 1, "--report " + none + ": no " + none + "/results.json"},
+      {"bench adam --params=1e5 --threads=1 --iters=1 --kernel=scalar --grad-dtype=fp32 --triad-elems=1e5", 0,
+       "100000 params"},
+      {"launch --nproc=2 -- true", 0, ""},
+  };
+  for (const auto& c : cases) {
+    Ran r = run(c.args);
+    EXPECT_EQ(r.code, c.code) << c.args << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, c.want)) << c.args << "\nwant: " << c.want << "\n" << r.output;
+  }
+  rm_rf(d);
+}
+
+// [CLI Flags]: a bad number, an out-of-range value, an unknown flag and a missing value,
+// in every subcommand, end with one line naming the command, the flag and the value, and
+// exit code 2.
+TEST(CliInputs, EveryCommandReportsUsageErrorsInOneLineWithCode2) {
+  const std::string cfg = std::string(ZT_SOURCE_DIR) + "/configs/zero0.json";
+  struct Case {
+    std::string args;
+    std::vector<std::string> want;  // each in the message
+  };
+  const Case cases[] = {
+      {"train --config " + cfg + " --steps=abc", {"zerotrain train: --steps: 'abc' is not a non-negative integer"}},
+      {"train --config " + cfg + " --steps 0", {"zerotrain train: --steps: '0'", "at least 1"}},
+      {"train --config " + cfg + " --lr=-1e-3", {"zerotrain train: --lr: '-1e-3'", "at least 0"}},
+      {"train --config " + cfg + " --bogus=3", {"zerotrain train: unknown option '--bogus=3'"}},
+      {"train --config " + cfg + " --steps", {"zerotrain train: --steps: missing value"}},
+      {"train --config " + cfg + " --save --steps 3", {"zerotrain train: --save: missing value", "--steps"}},
+      {"train --config " + cfg + " --device=tpu", {"zerotrain train: --device: 'tpu' is not one of cpu, cuda"}},
+      {"train --config " + cfg + " --bf16=yes", {"zerotrain train: --bf16: takes no value, got 'yes'"}},
+      {"train --config " + cfg + " extra", {"zerotrain train: unexpected argument 'extra'"}},
+      {"train --steps 2", {"zerotrain train: --config CONFIG.json is required"}},
+      {"check-config " + cfg + " --world=x", {"zerotrain check-config: --world: 'x' is not a non-negative integer"}},
+      {"check-config " + cfg + " -n 0", {"zerotrain check-config: --world: '0'", "between 1 and"}},
+      {"check-config " + cfg + " --bogus", {"zerotrain check-config: unknown option '--bogus'"}},
+      {"check-config " + cfg + " --world", {"zerotrain check-config: --world: missing value"}},
+      {"check-config " + cfg + " " + cfg, {"zerotrain check-config: needs one CONFIG.json, got '" + cfg + "', '"}},
+      {"check-config", {"zerotrain check-config: needs one CONFIG.json, got none"}},
+      {"estimate --config " + cfg + " --gpus=two", {"zerotrain estimate: --gpus: 'two' is not a non-negative integer"}},
+      {"estimate --config " + cfg + " --gpu-mem=-4", {"zerotrain estimate: --gpu-mem: '-4'", "at least 0"}},
+      {"estimate --config " + cfg + " --bogus", {"zerotrain estimate: unknown option '--bogus'"}},
+      {"estimate --config " + cfg + " --seq", {"zerotrain estimate: --seq: missing value"}},
+      {"convert a b --max-shard-gb=big", {"zerotrain convert: --max-shard-gb: 'big' is not a number"}},
+      {"convert a b --max-shard-gb=0", {"zerotrain convert: --max-shard-gb: '0'", "above 0"}},
+      {"convert a b --dtype=int8", {"zerotrain convert: --dtype: 'int8' is not one of fp32"}},
+      {"convert a b --bogus", {"zerotrain convert: unknown option '--bogus'"}},
+      {"convert a b --tag", {"zerotrain convert: --tag: missing value"}},
+      {"convert a", {"zerotrain convert: needs CKPT_DIR and OUT, got 'a'"}},
+      {"merge --base a --adapter b --out c --dtype=int8", {"zerotrain merge: --dtype: 'int8' is not one of fp32"}},
+      {"merge --base a --adapter b --out c --bogus", {"zerotrain merge: unknown option '--bogus'"}},
+      {"merge --base a --adapter b --out", {"zerotrain merge: --out: missing value"}},
+      {"generate --model-dir a --prompt-ids 1 --top-k=x", {"zerotrain generate: --top-k: 'x' is not a non-negative integer"}},
+      {"generate --model-dir a --prompt-ids 1 --temperature=-1", {"zerotrain generate: --temperature: '-1'", "at least 0"}},
+      {"generate --model-dir a --prompt-ids 1 --bogus", {"zerotrain generate: unknown option '--bogus'"}},
+      {"generate --model-dir a --prompt-ids 1 --seed", {"zerotrain generate: --seed: missing value"}},
+      {"tokenize --tokenizer t --out o --threads=x in", {"zerotrain tokenize: --threads: 'x' is not a non-negative integer"}},
+      {"tokenize --tokenizer t --out o --val-fraction=1 in", {"zerotrain tokenize: --val-fraction: '1'", "in [0, 1)"}},
+      {"tokenize --tokenizer t --out o --bogus in", {"zerotrain tokenize: unknown option '--bogus'"}},
+      {"tokenize --tokenizer t in --out", {"zerotrain tokenize: --out: missing value"}},
+      {"bench --steps=x", {"zerotrain bench: --steps: 'x' is not a non-negative integer"}},
+      {"bench --ranks=0", {"zerotrain bench: --ranks: '0'", "at least 1"}},
+      {"bench --bogus", {"zerotrain bench: unknown option '--bogus'"}},
+      {"bench --timeout", {"zerotrain bench: --timeout: missing value"}},
+      {"bench adam --iters=x", {"zerotrain bench adam: --iters: 'x' is not a non-negative integer"}},
+      {"bench adam --threads=1,0", {"zerotrain bench adam: --threads: '0'", "at least 1"}},
+      {"bench adam --kernel=sse", {"zerotrain bench adam: --kernel: 'sse' is not one of all, scalar, avx2, avx512"}},
+      {"bench adam --bogus", {"zerotrain bench adam: unknown option '--bogus'"}},
+      {"bench adam --params", {"zerotrain bench adam: --params: missing value"}},
+      {"launch -n x -- true", {"zerotrain launch: -n: 'x' is not a non-negative integer", "usage: zerotrain launch -n N"}},
+      {"launch --nproc=0 -- true", {"zerotrain launch: -n: '0'", "between 1 and"}},
+      {"launch --bogus -n 2 -- true", {"zerotrain launch: unknown option '--bogus'"}},
+      {"launch -n", {"zerotrain launch: -n: missing value"}},
+  };
+  for (const auto& c : cases) {
+    Ran r = run(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.output;
+    for (const auto& w : c.want) EXPECT_TRUE(contains(r.output, w)) << c.args << "\nwant: " << w << "\n" << r.output;
+    EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << "one line: " << c.args << "\n" << r.output;
+  }
+}
+
+// What follows `launch -n N --` (or the first argument that is not a flag) reaches the
+// program untouched, flags and `--` included.
+TEST(CliInputs, LaunchPassesTheProgramsArgumentsThrough) {
+  Ran r = run("launch -n 1 -- sh -c 'echo \"args:$*\"' sh --steps=5 -- --help -n 3");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "[rank 0] args:--steps=5 -- --help -n 3\n")) << r.output;
+  r = run("launch -n1 sh -c 'echo \"args:$*\"' sh --bogus");  // no `--`: the program starts at `sh`
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "[rank 0] args:--bogus\n")) << r.output;
+}
+
+// -h/--help (or `zerotrain help CMD`) prints the command's help and exits 0, even with a
+// bad value beside it.
+TEST(CliInputs, EveryCommandHasHelp) {
+  for (const std::string cmd :
+       {"train", "check-config", "estimate", "convert", "merge", "generate", "tokenize", "bench", "bench adam", "launch"}) {
+    Ran r = run(cmd + " --help");
+    EXPECT_EQ(r.code, 0) << cmd << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "usage: zerotrain " + cmd)) << cmd << "\n" << r.output;
+    Ran h = run(cmd + " --steps=abc -h");
+    EXPECT_EQ(h.code, 0) << cmd << "\n" << h.output;
+    EXPECT_TRUE(contains(h.output, "usage: zerotrain " + cmd)) << cmd << "\n" << h.output;
+  }
+  Ran r = run("help launch");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "-n N, --nproc N")) << r.output;
+  r = run("train --config --help");  // help, not a config file named --help
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "usage: zerotrain train")) << r.output;
+}
+
+// Checks across flags stay errors of the run (exit 1) after the flags parse.
+TEST(CliInputs, CrossFlagChecksAreNamed) {
+  const std::string cfg = std::string(ZT_SOURCE_DIR) + "/configs/zero0.json";
+  Ran r = run("train --config=" + cfg + " --save-every=2");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--save-every needs --save DIR")) << r.output;
+  r = run("train --config=" + cfg + " --qlora");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--qlora needs --lora SPEC")) << r.output;
 }
 
 }  // namespace
