@@ -32,8 +32,8 @@ int env_rank() {
     return end != v && *end == '\0' && x >= 0 ? static_cast<int>(x) : -1;
   };
   // The order of comm::discover_rank (zerotrain launch, OpenMPI, Slurm, plain RANK).
+  if (std::getenv("ZT_LAUNCHER") && read("RANK") >= 0) return read("RANK");
   for (const char* name : {"OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "RANK"}) {
-    if (std::getenv("ZT_LAUNCHER") && read("RANK") >= 0) return read("RANK");
     if (const int r = read(name); r >= 0) return r;
   }
   return 0;
@@ -255,7 +255,9 @@ void Progress::print(double done, std::string_view detail, bool final) {
     std::fflush(f);
     g_bar_open = !final;
   } else {
-    const bool step = frac >= last_fraction_ + 0.1 || now - last_ >= std::chrono::seconds(5);
+    // Work done within a second gets its final line only.
+    const bool step = now - t0_ >= std::chrono::seconds(1) &&
+                      (frac >= last_fraction_ + 0.1 || now - last_ >= std::chrono::seconds(5));
     if (!final && !step) return;
     info("%s", line(done, seconds, detail).c_str());
     last_fraction_ = std::floor(frac * 10) / 10;

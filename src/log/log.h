@@ -69,7 +69,8 @@ std::string format_duration(double seconds);
 //  - on a terminal, one bar rewritten in place with '\r' (at most 10 times a second);
 //    a log line written meanwhile starts on a fresh line;
 //  - otherwise (a log file, a pipe) a plain line when the work passes the next 10% or
-//    5 s after the last line, whichever comes first, and one at the end.
+//    5 s after the last line, whichever comes first (none in the first second), and one
+//    at the end.
 // Not thread-safe itself: one thread updates it.
 class Progress {
  public:
