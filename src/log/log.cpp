@@ -255,12 +255,14 @@ void Progress::print(double done, std::string_view detail, bool final) {
     std::fflush(f);
     g_bar_open = !final;
   } else {
-    // Work done within a second gets its final line only.
-    const bool step = now - t0_ >= std::chrono::seconds(1) &&
-                      (frac >= last_fraction_ + 0.1 || now - last_ >= std::chrono::seconds(5));
+    // Work done within a second gets its final line only; 100% is finish()'s line.
+    // Deciles as integers: 0.2 + 0.1 < 0.3 in floating point.
+    const double decile = std::floor(frac * 10 + 1e-9);
+    const bool step = now - t0_ >= std::chrono::seconds(1) && frac < 1 &&
+                      (decile > std::round(last_fraction_ * 10) || now - last_ >= std::chrono::seconds(5));
     if (!final && !step) return;
     info("%s", line(done, seconds, detail).c_str());
-    last_fraction_ = std::floor(frac * 10) / 10;
+    last_fraction_ = decile / 10;
   }
   shown_ = true;
   last_ = now;
