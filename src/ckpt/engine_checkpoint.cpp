@@ -747,8 +747,8 @@ nlohmann::json load_checkpoint(EngineParts& e, const std::string& dir, const std
   // every rank; the engine is then unusable and must be rebuilt.
   collective(g, [&] {
     // Rank 0 shows the load's progress by parameter ([Log Lines]; a bar on a terminal).
-    log::Progress progress("checkpoint load: " + m.value("tag", std::string()), static_cast<double>(managed.size()),
-                           "parameters");
+    log::Progress progress("checkpoint load '" + m.value("tag", std::string()) + "'",
+                           static_cast<double>(managed.size()), "parameters");
     int done = 0;
     e.zero.import_state([&](int param, int64_t begin, int64_t end, const std::string& kind) {
       if (param + 1 > done) progress.update(done = param + 1);

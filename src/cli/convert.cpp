@@ -95,7 +95,7 @@ int cmd_convert(int argc, char** argv) {
   int64_t numel = 0;
   // One tick per tensor read from the shards (the slow part: every rank's file is read).
   const auto names = reader.param_names(), extras = reader.extra_names();
-  log::Progress progress("convert: reading " + ckpt_dir, static_cast<double>(names.size() + extras.size()), "tensors");
+  log::Progress progress("convert '" + ckpt_dir + "'", static_cast<double>(names.size() + extras.size()), "tensors");
   int64_t read = 0;
   if (llama) {
     const auto mc = models::llama_config_from_hf_json_text(client["model"]["llama"].dump(), ckpt_dir + " (manifest)");
