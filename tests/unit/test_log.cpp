@@ -2,6 +2,10 @@
 // environment and the `--log-level` flag, whole lines from many threads, progress output,
 // and the train progress line as a user sees it (a child process).
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <termios.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -241,6 +245,49 @@ TEST_F(LogTest, ProgressOfSlowWorkPrintsAtMostEveryTenPercent) {
     EXPECT_TRUE(contains(l[k - 1], want)) << l[k - 1];
   }
   EXPECT_TRUE(contains(l.back(), "tokenize: 100% (100 / 100 MB)")) << l.back();
+}
+
+// A pseudo-terminal: the bar is rewritten in place ('\r', the rest of the old bar cleared
+// with ESC[K) and a log line written meanwhile starts on a fresh line.
+TEST_F(LogTest, ProgressOnATerminalIsOneBarRewrittenInPlace) {
+  const int master = ::posix_openpt(O_RDWR | O_NOCTTY);
+  ASSERT_GE(master, 0);
+  ASSERT_EQ(::grantpt(master), 0);
+  ASSERT_EQ(::unlockpt(master), 0);
+  const int slave = ::open(::ptsname(master), O_RDWR | O_NOCTTY);
+  ASSERT_GE(slave, 0);
+  termios raw{};
+  ::tcgetattr(slave, &raw);
+  ::cfmakeraw(&raw);  // no "\n" -> "\r\n": the bytes as written
+  ::tcsetattr(slave, TCSANOW, &raw);
+  std::FILE* tty = ::fdopen(slave, "w");
+  ASSERT_NE(tty, nullptr);
+  zt::log::set_stream(tty);
+  {
+    zt::log::Progress p("load", 4, "parameters");
+    p.update(1);
+    zt::log::info("between");
+    std::this_thread::sleep_for(std::chrono::milliseconds(120));  // bars are at most 10 a second
+    p.update(2);
+    p.finish();
+  }
+  zt::log::set_stream(file_);
+  std::fclose(tty);
+  std::string got;
+  char buf[4096];
+  pollfd pfd{master, POLLIN, 0};
+  while (::poll(&pfd, 1, 200) > 0) {
+    const ssize_t n = ::read(master, buf, sizeof(buf));
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  ::close(master);
+  const std::regex want(
+      "\r\\[###### {18}\\] load: 25% \\(1 / 4 parameters\\), 0:00 elapsed, 0:00 left\x1b\\[K"
+      "\n[-0-9]{10} [0-9:.]{12} INFO \\[rank 0\\] between\n"
+      "\r\\[#{12} {12}\\] load: 50% \\(2 / 4 parameters\\), 0:00 elapsed, 0:00 left\x1b\\[K"
+      "\r\\[#{24}\\] load: 100% \\(4 / 4 parameters\\), 0:00 elapsed\x1b\\[K\n");
+  EXPECT_TRUE(std::regex_match(got, want)) << ::testing::PrintToString(got);
 }
 
 // --- through the `zerotrain` command ---------------------------------------------------
