@@ -35,6 +35,7 @@
 #include "ckpt/fs.h"
 #include "io/safetensors.h"
 #include "zerotrain/error.h"
+#include "log/log.h"
 #include "zerotrain/version.h"
 
 namespace zt::ckpt {
@@ -68,7 +69,7 @@ void crash_point(const char* point, int rank) {
   if (env == nullptr) return;
   const std::string want = std::string(point) + ":" + std::to_string(rank);
   if (want == env) {
-    std::fprintf(stderr, "[zerotrain] ZT_CKPT_TEST_CRASH: rank %d killing itself at %s\n", rank, point);
+    log::warn("ZT_CKPT_TEST_CRASH: rank %d killing itself at %s", rank, point);
     std::fflush(stderr);
     ::raise(SIGKILL);
   }
@@ -521,7 +522,7 @@ void discard_partial(const Snapshot& s) {
   try {
     remove_tree(s.partial);
   } catch (const std::exception& ex) {
-    std::fprintf(stderr, "[zerotrain] could not remove %s after the failed save: %s\n", s.partial.c_str(), ex.what());
+    log::warn("could not remove %s after the failed save: %s", s.partial.c_str(), ex.what());
   }
 }
 
@@ -590,15 +591,14 @@ void publish(const comm::GroupPtr& g, Snapshot& s, const nlohmann::json& info, c
 void print_saved(const CheckpointSaveReport& r, int rank) {
   if (rank != 0) return;
   if (r.async) {
-    std::printf("[zerotrain] saved checkpoint '%s' in %s (async, published at step %lld): stall %.1f ms "
-                "(snapshot %.1f, waiting for the previous save %.1f), write %.1f ms, publish %.1f ms, %.1f MiB\n",
+    log::info("saved checkpoint '%s' in %s (async, published at step %lld): stall %.1f ms "
+              "(snapshot %.1f, waiting for the previous save %.1f), write %.1f ms, publish %.1f ms, %.1f MiB",
                 r.tag.c_str(), r.dir.c_str(), static_cast<long long>(r.published_step), r.stall_ms, r.snapshot_ms,
                 r.wait_ms, r.write_ms, r.publish_ms, r.bytes / 1048576.0);
   } else {
-    std::printf("[zerotrain] saved checkpoint '%s' in %s: stall %.1f ms (write %.1f ms, publish %.1f ms), %.1f MiB\n",
+    log::info("saved checkpoint '%s' in %s: stall %.1f ms (write %.1f ms, publish %.1f ms), %.1f MiB",
                 r.tag.c_str(), r.dir.c_str(), r.stall_ms, r.write_ms, r.publish_ms, r.bytes / 1048576.0);
   }
-  std::fflush(stdout);
 }
 
 }  // namespace
@@ -638,7 +638,7 @@ void AsyncSaver::abandon() {
   if (!pending_) return;
   if (pending_->writer.joinable()) pending_->writer.join();
   if (pending_->snap->rank == 0) {
-    std::fprintf(stderr, "[zerotrain] asynchronous checkpoint '%s' in %s was not published (no wait_checkpoint)\n",
+    log::warn("asynchronous checkpoint '%s' in %s was not published (no wait_checkpoint)",
                  pending_->snap->tag.c_str(), pending_->snap->dir.c_str());
   }
   pending_.reset();
@@ -769,9 +769,15 @@ nlohmann::json load_checkpoint(EngineParts& e, const std::string& dir, const std
   // Phase 2: fill the state. A failure here (a file that only this rank reads) throws on
   // every rank; the engine is then unusable and must be rebuilt.
   collective(g, [&] {
+    // Rank 0 shows the load's progress by parameter ([Log Lines]; a bar on a terminal).
+    log::Progress progress("checkpoint load '" + m.value("tag", std::string()) + "'",
+                           static_cast<double>(managed.size()), "parameters");
+    int done = 0;
     e.zero.import_state([&](int param, int64_t begin, int64_t end, const std::string& kind) {
+      if (param + 1 > done) progress.update(done = param + 1);
       return rd->fetch(ids[param], begin, end, kind);
     });
+    progress.finish();
     const auto& f0 = rd->file(0);
     for (const auto& [name, t] : names.extra) {
       auto v = f0.read("model/" + name);
@@ -791,7 +797,7 @@ nlohmann::json load_checkpoint(EngineParts& e, const std::string& dir, const std
       }
 #endif
     } else if (rank == m.at("world_size").get<int>()) {
-      std::fprintf(stderr, "[zerotrain] checkpoint was saved by %d ranks: ranks >= %d keep their own RNG state\n",
+      log::warn("checkpoint was saved by %d ranks: ranks >= %d keep their own RNG state",
                    m.at("world_size").get<int>(), m.at("world_size").get<int>());
     }
   });
@@ -805,11 +811,11 @@ nlohmann::json load_checkpoint(EngineParts& e, const std::string& dir, const std
   if (m.value("fp16", false) == e.config.fp16.enabled) {
     e.scaler.load_state(m.at("loss_scaler"));
   } else if (rank == 0) {
-    std::fprintf(stderr, "[zerotrain] checkpoint fp16=%d, config fp16=%d: loss scaler state not restored\n",
+    log::warn("checkpoint fp16=%d, config fp16=%d: loss scaler state not restored",
                  m.value("fp16", false) ? 1 : 0, e.config.fp16.enabled ? 1 : 0);
   }
   if (rank == 0) {
-    std::printf("[zerotrain] loaded checkpoint '%s' (step %lld, saved by %d ranks at stage %d) into %d ranks at stage %d\n",
+    log::info("loaded checkpoint '%s' (step %lld, saved by %d ranks at stage %d) into %d ranks at stage %d",
                 m.value("tag", "").c_str(), static_cast<long long>(e.counters.global_steps),
                 m.at("world_size").get<int>(), m.value("zero_stage", 0), g->size(),
                 static_cast<int>(e.config.zero_optimization.stage));

@@ -16,6 +16,7 @@
 #include "models/hf_llama.h"
 #include "models/llama.h"
 #include "zerotrain/error.h"
+#include "log/log.h"
 
 namespace zt::cli {
 namespace {
@@ -85,11 +86,14 @@ int cmd_convert(int argc, char** argv) {
   const bool gpt2 = !raw && client.is_object() && client.contains("model") && client["model"].contains("gpt2");
   const bool llama = !raw && client.is_object() && client.contains("model") && client["model"].contains("llama");
   int64_t numel = 0;
+  // One tick per tensor read from the shards (the slow part: every rank's file is read).
+  const auto names = reader.param_names(), extras = reader.extra_names();
+  log::Progress progress("convert '" + ckpt_dir + "'", static_cast<double>(names.size() + extras.size()), "tensors");
+  int64_t read = 0;
   if (llama) {
     const auto mc = models::llama_config_from_hf_json_text(client["model"]["llama"].dump(), ckpt_dir + " (manifest)");
     const double gb = shard_gb;
     const std::string dir = out.size() > 12 && out.ends_with(".safetensors") ? ckpt::parent_dir(out) : out;
-    const auto names = reader.param_names(), extras = reader.extra_names();
     const std::set<std::string> managed(names.begin(), names.end()), extra(extras.begin(), extras.end());
     std::set<std::string> want;
     for (const auto& [n, shape] : models::llama_param_shapes(mc)) want.insert(n);
@@ -102,11 +106,13 @@ int cmd_convert(int argc, char** argv) {
           ZT_CHECK_T(managed.count(n) || extra.count(n), CheckpointError, "convert: the checkpoint lacks '", n, "'");
           auto v = managed.count(n) ? reader.param(n) : reader.extra(n);
           numel += v.numel();
+          progress.update(static_cast<double>(++read));
           return v;
         },
         dir, dtype, static_cast<int64_t>(gb * 1e9));
-    std::printf("[zerotrain] converted checkpoint '%s' (%d ranks, stage %d, step %lld): %.2fM parameters -> %s "
-                "(%s, Hugging Face %s, %zu weight file(s) and config.json)\n",
+    progress.finish();
+    log::info("converted checkpoint '%s' (%d ranks, stage %d, step %lld): %.2fM parameters -> %s "
+              "(%s, Hugging Face %s, %zu weight file(s) and config.json)",
                 m.value("tag", "").c_str(), m.at("world_size").get<int>(), m.value("zero_stage", 0),
                 static_cast<long long>(m.at("counters").value("global_steps", 0)), numel / 1e6, dir.c_str(),
                 dtype_s.c_str(), mc.architecture.c_str(), files.size());
@@ -118,7 +124,7 @@ int cmd_convert(int argc, char** argv) {
     models::GPT2 model(mc);
     torch::NoGradGuard no_grad;
     auto params = model->named_parameters(/*recurse=*/true);
-    for (const auto& name : reader.param_names()) {
+    for (const auto& name : names) {
       auto* p = params.find(name);
       ZT_CHECK_T(p != nullptr, CheckpointError, "convert: checkpoint parameter '", name,
                  "' is not a parameter of GPT-2 (", mc.n_layer, " layers)");
@@ -127,10 +133,13 @@ int cmd_convert(int argc, char** argv) {
                  " in the checkpoint but ", p->sizes(), " in GPT-2");
       p->copy_(v);
       numel += v.numel();
+      progress.update(static_cast<double>(++read));
     }
-    for (const auto& name : reader.extra_names()) {
+    for (const auto& name : extras) {
       if (auto* p = params.find(name)) p->copy_(reader.extra(name));  // frozen parameters
+      progress.update(static_cast<double>(++read));
     }
+    progress.finish();
     io::save_safetensors(out, models::hf_gpt2_tensors(*model, dtype), {{"format", "pt"}});
     auto cfg = nlohmann::json::parse(models::gpt2_config_to_hf_json(mc));
     cfg["torch_dtype"] = dtype == at::kFloat ? "float32" : dtype == at::kBFloat16 ? "bfloat16" : "float16";
@@ -139,15 +148,20 @@ int cmd_convert(int argc, char** argv) {
     // One parameter in memory at a time would need a streaming writer; the consolidated
     // tensors are held until the write (the model's size in `dtype`).
     std::map<std::string, torch::Tensor> tensors;
-    for (const auto& name : reader.param_names()) {
+    for (const auto& name : names) {
       auto v = reader.param(name).to(dtype);
       numel += v.numel();
       tensors.emplace(name, v);
+      progress.update(static_cast<double>(++read));
     }
-    for (const auto& name : reader.extra_names()) tensors.emplace(name, reader.extra(name));
+    for (const auto& name : extras) {
+      tensors.emplace(name, reader.extra(name));
+      progress.update(static_cast<double>(++read));
+    }
+    progress.finish();
     io::save_safetensors(out, tensors, {{"format", "pt"}});
   }
-  std::printf("[zerotrain] converted checkpoint '%s' (%d ranks, stage %d, step %lld): %.2fM parameters -> %s (%s%s)\n",
+  log::info("converted checkpoint '%s' (%d ranks, stage %d, step %lld): %.2fM parameters -> %s (%s%s)",
               m.value("tag", "").c_str(), m.at("world_size").get<int>(), m.value("zero_stage", 0),
               static_cast<long long>(m.at("counters").value("global_steps", 0)), numel / 1e6, out.c_str(),
               dtype_s.c_str(), gpt2 ? ", Hugging Face GPT-2 names, config.json beside it" : "");

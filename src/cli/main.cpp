@@ -1,6 +1,7 @@
 // The `zerotrain` command: dispatches to subcommands; the only place that turns a
 // zt::Error into an exit code.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -9,6 +10,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "log/log.h"
 #include "zerotrain/error.h"
 #include "zerotrain_version.h"
 
@@ -40,9 +42,55 @@ void usage(std::FILE* out) {
   std::fprintf(out, "\nzerotrain <command> --help (or zerotrain help <command>) shows a command's options;\n"
                    "zerotrain --version prints the version.\n");
 }
+// [Log Lines] in log/log.h: the global `--log-level LEVEL` (or `--log-level=LEVEL`) is
+// taken out of argv before any command parses it, so every command accepts it; it wins
+// over ZT_LOG_LEVEL, which it sets for the ranks `zerotrain launch` starts. It is looked
+// for before a `--` and, for launch, only before the command name (the program's
+// arguments are the program's). Returns false (and says why) on an invalid level.
+bool take_log_level(int& argc, char** argv) {
+  const char* value = nullptr;
+  const char* from = "ZT_LOG_LEVEL";
+  int out = 1;
+  bool stop = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (stop || a == "--") {
+      stop = true;
+    } else if (a == "--log-level" || a.rfind("--log-level=", 0) == 0) {
+      if (a == "--log-level") {
+        if (i + 1 >= argc) {
+          std::fprintf(stderr, "zerotrain: usage error: --log-level needs a value (%s)\n", zt::log::kValidLevels);
+          return false;
+        }
+        value = argv[++i];
+      } else {
+        value = argv[i] + std::strlen("--log-level=");
+      }
+      from = "--log-level";
+      continue;
+    } else if (out == 1 && a == "launch") {
+      stop = true;  // launch's own options and the program's arguments stay as they are
+    }
+    argv[out++] = argv[i];
+  }
+  argv[out] = nullptr;
+  argc = out;
+  if (value == nullptr) value = std::getenv("ZT_LOG_LEVEL");
+  if (value == nullptr || *value == '\0') return true;
+  const auto level = zt::log::parse_level(value);
+  if (!level) {
+    std::fprintf(stderr, "zerotrain: usage error: %s '%s' is not a log level; valid levels: %s\n", from, value,
+                 zt::log::kValidLevels);
+    return false;
+  }
+  zt::log::set_level(*level);
+  ::setenv("ZT_LOG_LEVEL", value, 1);  // the ranks that launch starts inherit it
+  return true;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (!take_log_level(argc, argv)) return 2;
   if (argc >= 2 && (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "version"))) {
     std::printf("zerotrain %s (LibTorch %s, %s)\n", ZT_VERSION, TORCH_VERSION,
                 ZT_TORCH_CUDA[0] ? "CUDA " ZT_TORCH_CUDA : "CPU only");

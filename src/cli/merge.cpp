@@ -16,6 +16,7 @@
 #include "models/hf_gpt2.h"
 #include "models/hf_llama.h"
 #include "zerotrain/error.h"
+#include "log/log.h"
 
 namespace zt::cli {
 namespace {
@@ -87,8 +88,8 @@ int cmd_merge(int argc, char** argv) {
     const fs::path src = fs::path(base) / name;
     if (fs::exists(src)) fs::copy_file(src, fs::path(out) / name, fs::copy_options::overwrite_existing);
   }
-  std::printf("[zerotrain] merged the adapter in %s (%s, %zu layers) into %s: wrote %s (%s)\n", adapter.c_str(),
-              family.c_str(), merged, base.c_str(), out.c_str(), dtype.c_str());
+  log::info("merged the adapter in %s (%s, %zu layers) into %s: wrote %s (%s)", adapter.c_str(), family.c_str(),
+            merged, base.c_str(), out.c_str(), dtype.c_str());
   return 0;
 }
 

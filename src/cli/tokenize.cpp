@@ -23,6 +23,7 @@
 #include "data/sentencepiece.h"
 #include "data/shards.h"
 #include "zerotrain/error.h"
+#include "log/log.h"
 
 namespace zt::cli {
 namespace {
@@ -184,29 +185,23 @@ int cmd_tokenize(int argc, char** argv) {
     ZT_CHECK_T(!ec, ConfigError, "tokenize: cannot read input '", p, "': ", ec.message());
     total_bytes += static_cast<int64_t>(sz);
   }
-  std::printf("[zerotrain] tokenize: %zu input file(s), %.1f MB, tokenizer %s (vocab %lld, eot %d '%s'), %d "
-              "thread(s), %s shards\n",
+  log::info("tokenize: %zu input file(s), %.1f MB, tokenizer %s (vocab %lld, eot %d '%s'), %d "
+            "thread(s), %s shards",
               a.inputs.size(), total_bytes / 1e6, tok_path.c_str(), static_cast<long long>(vocab), eot,
               eot_text.c_str(), threads, token_bytes == 2 ? "uint16" : "uint32");
-  std::fflush(stdout);
 
-  const bool tty = ::isatty(fileno(stderr));
   const auto t0 = std::chrono::steady_clock::now();
-  auto last_print = t0;
+  log::Progress bar("tokenize", static_cast<double>(total_bytes) / 1e6, "MB");
   int64_t read_bytes = 0, doc_index = 0;
   std::vector<std::string> batch;
   int64_t batch_bytes = 0;
   auto progress = [&](bool final) {
-    const auto now = std::chrono::steady_clock::now();
-    if (!final && now - last_print < std::chrono::milliseconds(tty ? 200 : 5000)) return;
-    last_print = now;
-    const double s = std::chrono::duration<double>(now - t0).count();
-    std::fprintf(stderr, "%s[tokenize] %.1f / %.1f MB (%.0f%%), %lld documents, %.2fM tokens, %.1f MB/s%s",
-                 tty ? "\r" : "", read_bytes / 1e6, total_bytes / 1e6,
-                 total_bytes ? 100.0 * read_bytes / total_bytes : 100.0, static_cast<long long>(doc_index),
-                 (train.tokens() + val.tokens()) / 1e6, s > 0 ? read_bytes / s / 1e6 : 0.0,
-                 tty && !final ? "" : "\n");
-    std::fflush(stderr);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    char detail[128];
+    std::snprintf(detail, sizeof(detail), "%lld documents, %.2fM tokens, %.1f MB/s", static_cast<long long>(doc_index),
+                  (train.tokens() + val.tokens()) / 1e6, s > 0 ? read_bytes / s / 1e6 : 0.0);
+    if (final) bar.finish(detail);
+    else bar.update(static_cast<double>(read_bytes) / 1e6, detail);
   };
   auto run_batch = [&] {
     if (batch.empty()) return;
@@ -265,11 +260,11 @@ int cmd_tokenize(int argc, char** argv) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (const SplitWriter* w : {&train, &val}) {
     if (w->files().empty()) continue;
-    std::printf("[zerotrain] %s: %lld documents, %lld tokens in %zu shard(s): %s%s\n", w == &train ? "train" : "val",
+    log::info("%s: %lld documents, %lld tokens in %zu shard(s): %s%s", w == &train ? "train" : "val",
                 static_cast<long long>(w->docs()), static_cast<long long>(w->tokens()), w->files().size(),
                 w->files().front().c_str(), w->files().size() > 1 ? " ..." : "");
   }
-  std::printf("[zerotrain] tokenized %.1f MB in %.2f s (%.1f MB/s, %.0f tokens/s)\n", read_bytes / 1e6, s,
+  log::info("tokenized %.1f MB in %.2f s (%.1f MB/s, %.0f tokens/s)", read_bytes / 1e6, s,
               s > 0 ? read_bytes / s / 1e6 : 0.0, s > 0 ? (train.tokens() + val.tokens()) / s : 0.0);
   return 0;
 }

@@ -35,6 +35,7 @@
 #include "zerotrain/data/sampler.h"
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
+#include "log/log.h"
 
 namespace zt::cli {
 namespace {
@@ -177,6 +178,13 @@ Args parse_args(int argc, char** argv) {
 
 std::string device_name(const torch::Device& d);
 
+// A value for a log line: 4 significant digits ("1.234", "0.0001234", "1.235e+04").
+std::string log_num(double v) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.4g", v);
+  return b;
+}
+
 // Dense bf16 peak of this device from the table (monitor/device_peak.h); 0 = unknown,
 // said in one line (rank 0), and MFU is then left out.
 double detect_peak_tflops(const torch::Device& d, int rank) {
@@ -184,8 +192,8 @@ double detect_peak_tflops(const torch::Device& d, int rank) {
   const std::string name = device_name(d);
   if (auto p = monitor::dense_bf16_peak(name)) return p->tflops;
   if (rank == 0) {
-    std::printf("[zerotrain] MFU left out: no peak TFLOP/s known for '%s' (docs/monitoring.md lists the table); "
-                "pass --peak-tflops X to report it\n", name.c_str());
+    log::info("MFU left out: no peak TFLOP/s known for '%s' (docs/monitoring.md lists the table); "
+              "pass --peak-tflops X to report it", name.c_str());
   }
   return 0;
 }
@@ -237,9 +245,9 @@ std::shared_ptr<data::ShardDataset> open_shards(const std::vector<std::string>& 
              model_vocab, ": the data was not tokenized with the model's tokenizer (tokenize with the tokenizer.json "
              "that comes with the weights)");
   if (rank == 0) {
-    std::printf("[zerotrain] %s: %zu shard(s), %lld tokens, %lld windows of %lld, vocabulary %lld%s\n", flag,
-                files.size(), static_cast<long long>(ds->num_tokens()), static_cast<long long>(ds->size()),
-                static_cast<long long>(seq), static_cast<long long>(data_vocab), declared ? "" : " (from the max id)");
+    log::info("%s: %zu shard(s), %lld tokens, %lld windows of %lld, vocabulary %lld%s", flag, files.size(),
+              static_cast<long long>(ds->num_tokens()), static_cast<long long>(ds->size()),
+              static_cast<long long>(seq), static_cast<long long>(data_vocab), declared ? "" : " (from the max id)");
   }
   return ds;
 }
@@ -284,19 +292,18 @@ int cmd_train(int argc, char** argv) {
   Config cfg = Config::from_json(j, world, a.config);
   check_swap_dirs(cfg, a.save, a.load);
   if (rank == 0) {
-    for (const auto& n : config::config_notes(j, cfg)) std::printf("[zerotrain] note: %s\n", n.c_str());
+    for (const auto& n : config::config_notes(j, cfg)) log::info("note: %s", n.c_str());
     std::string keys;
     for (const auto& k : unflagged) keys += (keys.empty() ? "" : ", ") + k + " = false";
     for (const auto& k : cfg.auto_defaulted) keys += (keys.empty() ? "" : ", ") + k;
     if (!keys.empty()) {
-      std::printf("[zerotrain] warning: \"auto\" keys took the default: %s -- training in %s; set them in the "
-                  "config or with --bf16, --fp16, --lr\n", keys.c_str(), cfg.fp16.enabled ? "fp16" : cfg.bf16.enabled ? "bf16" : "fp32");
+      log::warn("\"auto\" keys took the default: %s -- training in %s; set them in the "
+                "config or with --bf16, --fp16, --lr", keys.c_str(), cfg.fp16.enabled ? "fp16" : cfg.bf16.enabled ? "bf16" : "fp32");
     }
   }
   if (rank == 0) {
     // Every factor and rank 0's coordinates; Topology makes no group here.
-    std::printf("[zerotrain] %s\n", parallel::Topology(group, parallel::dims_of(cfg, world)).describe().c_str());
-    std::fflush(stdout);
+    log::info("%s", parallel::Topology(group, parallel::dims_of(cfg, world)).describe().c_str());
   }
 
   // --init-from: the data must fit the weights' tokenizer. Checked from their config.json
@@ -415,8 +422,7 @@ int cmd_train(int argc, char** argv) {
       }
       lora::write_peft_adapter(a.lora_out, sd, model.lora->options, model.lora_space,
                                a.init_from.empty() ? model.name : a.init_from);
-      std::printf("[zerotrain] LoRA adapter (peft format, fp32) written to %s\n", a.lora_out.c_str());
-      std::fflush(stdout);
+      log::info("LoRA adapter (peft format, fp32) written to %s", a.lora_out.c_str());
     } catch (const std::exception& e) {
       err = detail::cat("train: writing the LoRA adapter to --lora-out ", a.lora_out, " failed: ", e.what());
     }
@@ -436,12 +442,11 @@ int cmd_train(int argc, char** argv) {
     collect_saves();
     if (rank == 0) {
       if (a.save_async) {
-        std::printf("[zerotrain] checkpoint save (async): training stalled %.1f ms (snapshot to host memory); "
-                    "the file write continues in the background\n", ms);
+        log::info("checkpoint save (async): training stalled %.1f ms (snapshot to host memory); "
+                  "the file write continues in the background", ms);
       } else {
-        std::printf("[zerotrain] checkpoint save: %.1f ms (training stalled for all of it)\n", ms);
+        log::info("checkpoint save: %.1f ms (training stalled for all of it)", ms);
       }
-      std::fflush(stdout);
     }
   };
   // Room for one checkpoint before the first step: the fp32 master weights and optimizer
@@ -476,9 +481,8 @@ int cmd_train(int argc, char** argv) {
     } catch (const CheckpointError& e) {
       failed_saves.push_back(detail::cat("step ", step, ": ", e.what()));
       if (rank == 0) {
-        std::printf("[zerotrain] error: checkpoint save at step %lld failed: %s -- training goes on; the next save "
-                    "point tries again\n", static_cast<long long>(step), e.what());
-        std::fflush(stdout);
+        log::error("checkpoint save at step %lld failed: %s -- training goes on; the next save point tries again",
+                   static_cast<long long>(step), e.what());
       }
     }
   };
@@ -487,7 +491,7 @@ int cmd_train(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     const nlohmann::json client = engine->load_checkpoint(a.load);
     if (rank == 0) {
-      std::printf("[zerotrain] checkpoint load: %.1f ms\n",
+      log::info("checkpoint load: %.1f ms",
                   std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
     if (client.contains("data")) {
@@ -502,14 +506,13 @@ int cmd_train(int argc, char** argv) {
     }
     start = engine->global_steps();
     if (rank == 0) {
-      std::printf("[zerotrain] resuming at step %lld of %lld\n", static_cast<long long>(start),
-                  static_cast<long long>(a.steps));
+      log::info("resuming at step %lld of %lld", static_cast<long long>(start), static_cast<long long>(a.steps));
     }
   }
 
   if (rank == 0) {
-    std::printf("[zerotrain] %s: %.1fM parameters (%lld layers, %lld embd, %lld heads, vocab %lld), seq %lld | "
-                "ZeRO stage %lld, %s, %d rank(s) on %s | batch %lld = micro %lld x accum %lld x %d ranks | data %s\n",
+    log::info("%s: %.1fM parameters (%lld layers, %lld embd, %lld heads, vocab %lld), seq %lld | "
+              "ZeRO stage %lld, %s, %d rank(s) on %s | batch %lld = micro %lld x accum %lld x %d ranks | data %s",
                 model.name.c_str(), model.num_params / 1e6, static_cast<long long>(model.n_layer),
                 static_cast<long long>(model.width), static_cast<long long>(model.n_head),
                 static_cast<long long>(model.vocab_size), static_cast<long long>(seq),
@@ -520,17 +523,16 @@ int cmd_train(int argc, char** argv) {
     if (model.lora) {
       const auto& lo = model.lora->options;
       if (model.nf4_bytes > 0) {
-        std::printf("[zerotrain] QLoRA: the adapted layers' base weights as NF4, %.3f MiB\n",
+        log::info("QLoRA: the adapted layers' base weights as NF4, %.3f MiB",
                     static_cast<double>(model.nf4_bytes) / 1048576.0);
       }
-      std::printf("[zerotrain] LoRA %s on %zu linear layers: %lld trainable parameters (%.3f%% of %lld), base frozen%s\n",
+      log::info("LoRA %s on %zu linear layers: %lld trainable parameters (%.3f%% of %lld), base frozen%s",
                   lora::lora_spec_string(lo).c_str(), model.lora->adapters.size(),
                   static_cast<long long>(model.lora_trainable),
                   100.0 * static_cast<double>(model.lora_trainable) / static_cast<double>(model.num_params),
                   static_cast<long long>(model.num_params),
                   cfg.zero_optimization.stage == 3 ? " (whole on every rank: ZeRO-3 partitions the adapters only)" : "");
     }
-    std::fflush(stdout);
   }
 
   // Validation: loss over this rank's windows of --val-data (rank r takes r, r + world, ...,
@@ -572,9 +574,8 @@ int cmd_train(int argc, char** argv) {
     evals.push_back({{"step", step}, {"val_loss", loss}, {"val_ppl", std::exp(loss)},
                      {"val_tokens", static_cast<int64_t>(t[1].item<double>())}, {"ms", ms}});
     if (rank == 0) {
-      std::printf("[zerotrain] validation at step %lld: loss %.6f, perplexity %.3f (%lld tokens, %.0f ms)\n",
-                  static_cast<long long>(step), loss, std::exp(loss), static_cast<long long>(t[1].item<double>()), ms);
-      std::fflush(stdout);
+      log::info("validation at step %lld: loss %.6f, perplexity %.3f (%lld tokens, %.0f ms)",
+                static_cast<long long>(step), loss, std::exp(loss), static_cast<long long>(t[1].item<double>()), ms);
     }
   };
 
@@ -594,6 +595,46 @@ int cmd_train(int argc, char** argv) {
   // next one): the loop reads them as they come and never waits for the GPU itself.
   const int64_t first_timed = start + std::min(a.warmup, a.steps - start);
   std::map<int64_t, int64_t> epoch_of;  // step -> its epoch, until its report arrives
+  const auto run_t0 = std::chrono::steady_clock::now();
+  auto timed_t0 = run_t0;  // reset when the first timed step starts
+  // [Progress Line] Every print_every steps (steps_per_print, or --print-every), the first
+  // and the last, rank 0 logs one info line:
+  //   Epoch 1, Step 10/200, Loss: 9.876543 | lr 0.0003 | grad norm 1.234 | 41.2 ms/step |
+  //   24854 tokens/s | MFU 31.2% | elapsed 0:03, left 1:13
+  // Step S/N counts optimizer steps from 1. The step time is the mean wall time of the
+  // timed steps so far (after --warmup, saves and validation left out), so tokens/s, MFU
+  // and the time left (mean step time x steps to go) settle as the run goes; until a timed
+  // step is done the line shows the step's own time and "left ?". MFU needs the device's
+  // peak (--peak-tflops or the table); the grad norm shows when the step computed it.
+  auto progress_line = [&](const StepReport& r, int64_t s, int64_t epoch) {
+    const auto now = std::chrono::steady_clock::now();
+    double step_s = (r.forward.ms + r.backward.ms + r.step_phase.ms) / 1000.0;  // this step, on the device
+    bool mean = false;
+    const int64_t timed_done = s + 1 - first_timed;
+    if (timed_done > 0) {
+      const double timed_s = std::chrono::duration<double>(now - timed_t0).count() - save_ms / 1000.0;
+      if (timed_s > 0) {
+        step_s = timed_s / static_cast<double>(timed_done);
+        mean = true;
+      }
+    }
+    const double tok_s = step_s > 0 ? tokens_per_step / step_s : 0;
+    char buf[512];
+    int n = std::snprintf(buf, sizeof(buf), "Epoch %lld, Step %lld/%lld, Loss: %.6f%s | lr %.3g",
+                          static_cast<long long>(epoch + 1), static_cast<long long>(s + 1),
+                          static_cast<long long>(a.steps), r.loss, r.skipped ? " (skipped)" : "", r.lr);
+    std::string line(buf, static_cast<size_t>(n));
+    if (r.grad_norm > 0) line += detail::cat(" | grad norm ", log_num(r.grad_norm));
+    std::snprintf(buf, sizeof(buf), " | %.1f ms/step | %.0f tokens/s", step_s * 1000, tok_s);
+    line += buf;
+    if (peak > 0) {
+      std::snprintf(buf, sizeof(buf), " | MFU %.1f%%", 100 * tok_s * flops_per_token / world / 1e12 / peak);
+      line += buf;
+    }
+    line += " | elapsed " + log::format_duration(std::chrono::duration<double>(now - run_t0).count()) + ", left " +
+            (mean ? log::format_duration(step_s * static_cast<double>(a.steps - (s + 1))) : std::string("?"));
+    log::write(log::Level::kInfo, line);
+  };
   auto consume = [&](const StepReport& r) {
     const int64_t s = r.step - 1;  // the loop index of this step
     if (s == start) first_loss = r.loss;
@@ -613,16 +654,12 @@ int cmd_train(int argc, char** argv) {
     upd(peak_step, r.step_phase);
     auto it = epoch_of.find(r.step);
     const int64_t epoch = it != epoch_of.end() ? it->second : loader.epoch();
-    if (rank == 0 && ((s + 1) % print_every == 0 || s == start || s + 1 == a.steps)) {
-      // ms: the step's forward + backward + step on the device (CPU: wall time).
-      const double ms = r.forward.ms + r.backward.ms + r.step_phase.ms;
-      std::printf("Epoch %lld, Step %lld, Loss: %.6f  (%.1f ms, lr %.3g%s)\n", static_cast<long long>(epoch + 1),
-                  static_cast<long long>(s), r.loss, ms, r.lr, r.skipped ? ", skipped" : "");
-      std::fflush(stdout);
+    // Rank 0, or every rank with ZT_LOG_RANKS=all (each shows its own loss).
+    if (log::enabled(log::Level::kInfo) && ((s + 1) % print_every == 0 || s == start || s + 1 == a.steps)) {
+      progress_line(r, s, epoch);
     }
     if (it != epoch_of.end()) epoch_of.erase(it);
   };
-  auto timed_t0 = std::chrono::steady_clock::now();
   for (int64_t s = start; s < a.steps; ++s) {
     if (s == first_timed) {
       // The timed region starts with an idle device and ends (below) when it is idle again.
@@ -680,7 +717,7 @@ int cmd_train(int argc, char** argv) {
     engine->wait_checkpoint();  // the run's last checkpoint must be published before exit
     collect_saves();
     if (rank == 0 && a.save_async) {
-      std::printf("[zerotrain] waited %.1f ms at the end of the run for the last checkpoint\n",
+      log::info("waited %.1f ms at the end of the run for the last checkpoint",
                   std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
   }
@@ -782,10 +819,10 @@ int cmd_train(int argc, char** argv) {
   }
   if (!failed_saves.empty()) {
     if (rank == 0) {
-      std::printf("[zerotrain] %zu checkpoint save(s) failed during the run (the last one succeeded):\n",
-                  failed_saves.size());
-      for (const auto& f : failed_saves) std::printf("  %s\n", f.c_str());
-      std::fflush(stdout);
+      std::string text = detail::cat(failed_saves.size(), " checkpoint save(s) failed during the run (the last one "
+                                     "succeeded):");
+      for (const auto& f : failed_saves) text += "\n  " + f;
+      log::write(log::Level::kError, text);
     }
     comm::finalize();
     return 3;

@@ -13,6 +13,7 @@
 #include "models/llama.h"
 #include "models/llama_engine.h"
 #include "zerotrain/error.h"
+#include "log/log.h"
 
 namespace zt::cli {
 namespace {
@@ -86,7 +87,7 @@ TrainModel build_gpt2(const TrainModelOptions& o, const Config& cfg) {
   if (!o.init_from.empty()) {
     // Every rank reads the file; the engine then starts all ranks from rank 0's copy.
     models::load_hf_gpt2(*model, o.init_from);
-    if (o.rank == 0) std::printf("[zerotrain] initialized from Hugging Face GPT-2 weights in %s\n", o.init_from.c_str());
+    if (o.rank == 0) log::info("initialized from Hugging Face GPT-2 weights in %s", o.init_from.c_str());
   }
   TrainModel t = common_train_model(model, o, cfg, "gpt2");
   t.name = o.model;
@@ -164,15 +165,15 @@ TrainModel build_llama(const TrainModelOptions& o, const Config& cfg) {
       eo.param_shape = nullptr;
       eo.param_init = nullptr;
       if (ckpt && rank == 0) {
-        std::printf("[zerotrain] initialized the frozen base from Hugging Face weights in %s (%s)\n", from.c_str(),
-                    model->config().architecture.c_str());
+        log::info("initialized the frozen base from Hugging Face weights in %s (%s)", from.c_str(),
+                  model->config().architecture.c_str());
       }
       return;
     }
     models::llama_engine_options(model, eo, ckpt);
     if (ckpt && rank == 0) {
-      std::printf("[zerotrain] initializing from Hugging Face weights in %s (%s), tensor by tensor\n", from.c_str(),
-                  model->config().architecture.c_str());
+      log::info("initializing from Hugging Face weights in %s (%s), tensor by tensor", from.c_str(),
+                model->config().architecture.c_str());
     }
   };
   t.attach = [m = model.ptr()](Engine& e) { models::attach_llama_engine(*m, e); };

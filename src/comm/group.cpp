@@ -16,6 +16,7 @@
 #include "comm/p2p.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/error.h"
+#include "log/log.h"
 
 namespace zt::comm {
 namespace {
@@ -501,6 +502,7 @@ GroupPtr world_group() {
                " environment says rank ", info.rank, " of ", info.world_size, " but MPI says rank ", rank, " of ",
                size, ": start multi-rank runs with `zerotrain launch -n N`, mpirun or srun");
     mpi_ops();
+    log::set_rank(rank);  // [Log Lines]: the rank each line shows and filters on
     g_world = std::make_shared<GroupImpl>(dup, "world");
   });
   return g_world;

@@ -27,6 +27,7 @@
 #include "zero/zero_optimizer.h"
 #include "zerotrain/error.h"
 #include "zerotrain/model.h"
+#include "log/log.h"
 
 namespace zt {
 
@@ -233,7 +234,7 @@ class EngineImpl : public Engine {
       try {
         resolve_pending();
       } catch (const std::exception& ex) {
-        std::fprintf(stderr, "[zerotrain] reporting the last step failed: %s\n", ex.what());
+        log::error("reporting the last step failed: %s", ex.what());
       }
     }
     // Publishing is collective: only when not unwinding (a failing rank must not wait for
@@ -242,7 +243,7 @@ class EngineImpl : public Engine {
       try {
         saver_.wait(group_, global_steps_);
       } catch (const std::exception& ex) {
-        std::fprintf(stderr, "[zerotrain] asynchronous checkpoint save failed: %s\n", ex.what());
+        log::error("asynchronous checkpoint save failed: %s", ex.what());
       }
     }
     saver_.abandon();
@@ -504,14 +505,14 @@ class EngineImpl : public Engine {
     if (monitor_) monitor_->write(r);
     if (!opts_.print || cfg_.steps_per_print <= 0 || r.step % cfg_.steps_per_print != 0) return;
     const double gib = 1024.0 * 1024.0 * 1024.0;
-    std::printf("[zerotrain] step %lld loss %.4f lr %.3g scale %g%s | ms fwd %.1f bwd %.1f step %.1f | "
-                "peak GiB fwd %.2f bwd %.2f step %.2f | model states %.3f GiB\n",
+    log::info("step %lld loss %.4f lr %.3g scale %g%s | ms fwd %.1f bwd %.1f step %.1f | "
+              "peak GiB fwd %.2f bwd %.2f step %.2f | model states %.3f GiB",
                 static_cast<long long>(r.step), r.loss, r.lr, r.loss_scale, r.skipped ? " SKIPPED" : "", r.forward.ms,
                 r.backward.ms, r.step_phase.ms, r.forward.mem_peak / gib, r.backward.mem_peak / gib,
                 r.step_phase.mem_peak / gib, r.model_state.total() / gib);
     if (cfg_.wall_clock_breakdown) {
-      std::printf("[zerotrain]   model states: params %.3f grads %.3f master %.3f optimizer %.3f GiB | "
-                  "buckets %lld (%lld launched during backward), exposed comm %.2f ms\n",
+      log::info("  model states: params %.3f grads %.3f master %.3f optimizer %.3f GiB | "
+                "buckets %lld (%lld launched during backward), exposed comm %.2f ms",
                   r.model_state.params / gib, r.model_state.grads / gib, r.model_state.master / gib,
                   r.model_state.optimizer / gib, static_cast<long long>(r.buckets),
                   static_cast<long long>(r.buckets_before_backward_end), r.exposed_comm_ms);
@@ -519,22 +520,22 @@ class EngineImpl : public Engine {
       const bool opt_nvme = zc.offload_optimizer.device == OffloadDevice::nvme;
       const bool param_nvme = zc.stage == 3 && zc.offload_param.device == OffloadDevice::nvme;
       if (r.model_state.nvme > 0) {
-        std::printf("[zerotrain]   offload: %.3f GiB in host memory, %.3f GiB on NVMe (%s)\n", r.model_state.host / gib,
+        log::info("  offload: %.3f GiB in host memory, %.3f GiB on NVMe (%s)", r.model_state.host / gib,
                     r.model_state.nvme / gib,
                     opt_nvme && param_nvme ? "master + optimizer state, and the parameters"
                     : opt_nvme             ? "master + optimizer state"
                                            : "the parameters");
         if (opt_nvme) {
-          std::printf("[zerotrain]   nvme step: read %.3f GiB (waited %.1f ms), wrote %.3f GiB (waited %.1f ms), "
-                      "CPU Adam + uploads %.1f ms\n",
+          log::info("  nvme step: read %.3f GiB (waited %.1f ms), wrote %.3f GiB (waited %.1f ms), "
+                    "CPU Adam + uploads %.1f ms",
                       r.nvme.bytes_read / gib, r.nvme.read_wait_ms, r.nvme.bytes_written / gib, r.nvme.write_wait_ms,
                       r.nvme.visit_ms);
         }
       } else if (r.model_state.host > 0) {
-        std::printf("[zerotrain]   offload: %.3f GiB of model state in host memory\n", r.model_state.host / gib);
+        log::info("  offload: %.3f GiB of model state in host memory", r.model_state.host / gib);
       }
       if (cfg_.zero_optimization.stage == 3) {
-        std::printf("[zerotrain]   zero-3: %lld unit gathers (%lld prefetched), gathered peak %.3f GiB\n",
+        log::info("  zero-3: %lld unit gathers (%lld prefetched), gathered peak %.3f GiB",
                     static_cast<long long>(r.gathers), static_cast<long long>(r.gathers_prefetched),
                     r.gathered_peak_bytes / gib);
       }
@@ -572,7 +573,7 @@ class EngineImpl : public Engine {
     if (!skipped_) ++applied_steps_;
     r.skipped = skipped_;
     if (overflow && group_->rank() == 0) {
-      std::fprintf(stderr, "[zerotrain] step %lld: gradient overflow (inf/NaN); step skipped, loss scale %g -> %g\n",
+      log::info("step %lld: gradient overflow (inf/NaN); step skipped, loss scale %g -> %g",
                    static_cast<long long>(r.step > 0 ? r.step : global_steps_ + 1), scale_used, scaler_->scale());
     }
   }

@@ -6,6 +6,7 @@
 
 #include "monitor/csv_monitor.h"
 #include "monitor/tfevents.h"
+#include "log/log.h"
 
 namespace zt::monitor {
 
@@ -66,11 +67,11 @@ Monitor::~Monitor() = default;
 
 std::unique_ptr<Monitor> Monitor::create(const Config& c) {
   const std::string warning = wandb_warning(c);
-  if (!warning.empty()) std::fprintf(stderr, "[zerotrain] warning: %s\n", warning.c_str());
+  if (!warning.empty()) log::warn("%s", warning.c_str());
   if (!c.tensorboard.enabled && !c.csv_monitor.enabled) return nullptr;
   std::unique_ptr<Monitor> m(new Monitor(c));
-  if (m->tb_) std::printf("[zerotrain] tensorboard: writing %s\n", m->tb_->path().c_str());
-  if (m->csv_) std::printf("[zerotrain] csv_monitor: writing %s/*.csv\n", m->csv_->dir().c_str());
+  if (m->tb_) log::info("tensorboard: writing %s", m->tb_->path().c_str());
+  if (m->csv_) log::info("csv_monitor: writing %s/*.csv", m->csv_->dir().c_str());
   std::fflush(stdout);
   return m;
 }

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "zerotrain/error.h"
+#include "log/log.h"
 
 namespace zt::offload {
 namespace {
@@ -118,7 +119,7 @@ void emit(const AioLog& log, const std::string& line) {
   if (log) {
     log(line);
   } else {
-    std::fprintf(stderr, "%s\n", line.c_str());
+    log::warn("%s", line.c_str());
   }
 }
 

@@ -18,6 +18,7 @@
 #endif
 
 #include "zerotrain/error.h"
+#include "log/log.h"
 
 namespace zt::offload {
 
@@ -115,8 +116,8 @@ at::Tensor host_zeros(int64_t numel, at::ScalarType dtype, bool pin) {
     const bool pinned = rc == cudaSuccess;
     if (!pinned) {
       (void)cudaGetLastError();  // reset the last-error state so a later check does not report this one
-      std::fprintf(stderr, "[zerotrain] offload: cudaHostRegister of %zu bytes failed (%s): this buffer stays "
-                   "pageable and its copies are synchronous (raise the locked-memory limit, ulimit -l)\n",
+      log::warn("offload: cudaHostRegister of %zu bytes failed (%s): this buffer stays "
+                "pageable and its copies are synchronous (raise the locked-memory limit, ulimit -l)",
                    mapped, cudaGetErrorString(rc));
     }
     return torch::from_blob(

@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "zerotrain/error.h"
+#include "log/log.h"
 
 namespace zt::offload {
 namespace {
@@ -36,7 +37,7 @@ void say(const AioLog& log, const std::string& line) {
   if (log) {
     log(line);
   } else {
-    std::fprintf(stderr, "[zerotrain] %s\n", line.c_str());
+    log::warn("%s", line.c_str());
   }
 }
 
@@ -177,7 +178,7 @@ NvmeOptimizerState::~NvmeOptimizerState() {
   try {
     file_.wait_all();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "[zerotrain] nvme: a swap-file transfer failed during shutdown: %s\n", e.what());
+    log::error("nvme: a swap-file transfer failed during shutdown: %s", e.what());
   }
   fence_in_use(fence_due_, fence_, "staging buffer");
 }
@@ -205,7 +206,7 @@ void NvmeOptimizerState::fence_in_use(const std::vector<bool>& due, const std::f
     try {
       fence(k);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "[zerotrain] nvme: waiting for an upload from %s %d failed: %s\n", what, k, e.what());
+      log::error("nvme: waiting for an upload from %s %d failed: %s", what, k, e.what());
     }
   }
 }

@@ -12,6 +12,7 @@
 
 #include "optim/cpu_adam_impl.h"
 #include "zerotrain/error.h"
+#include "log/log.h"
 
 namespace zt::optim {
 namespace detail {
@@ -130,7 +131,7 @@ void log_kernel_once(CpuKernel used) {
   static std::atomic<bool> logged{false};
   if (logged.exchange(true)) return;
   CpuKernel best = best_cpu_kernel();
-  std::fprintf(stderr, "zerotrain: CPU Adam kernel %s (best on this CPU: %s%s), %d OpenMP threads\n",
+  log::info("CPU Adam kernel %s (best on this CPU: %s%s), %d OpenMP threads",
                kernel_name(used), kernel_name(best),
                best == CpuKernel::kAvx512
                    ? (detail::cpu_has_avx512bf16() ? ", bf16 via avx512bf16" : ", bf16 via integer rounding")

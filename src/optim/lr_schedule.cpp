@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "zerotrain/error.h"
+#include "log/log.h"
 
 namespace zt::optim {
 namespace {
@@ -97,9 +98,8 @@ class WarmupLr final : public LrSchedule {
     warmup_ = std::max<int64_t>(2, configured);
     inverse_log_ = 1.0 / std::log(static_cast<double>(warmup_));
     if (decay_ && total_ < warmup_)
-      std::fprintf(stderr,
-                   "zerotrain: warning: scheduler.params.total_num_steps (%lld) < warmup_num_steps (%lld): "
-                   "the lr drops to 0 right after warmup (DeepSpeed accepts this too)\n",
+      log::warn("scheduler.params.total_num_steps (%lld) < warmup_num_steps (%lld): "
+                "the lr drops to 0 right after warmup (DeepSpeed accepts this too)",
                    static_cast<long long>(total_), static_cast<long long>(warmup_));
   }
 
@@ -141,9 +141,8 @@ class WarmupCosineLr final : public LrSchedule {
     warmup_ = std::max<int64_t>(2, configured);
     inverse_log_ = 1.0 / std::log(static_cast<double>(warmup_));
     if (total_ < warmup_)
-      std::fprintf(stderr,
-                   "zerotrain: warning: scheduler.params.total_num_steps (%lld) < warmup_num_steps (%lld): "
-                   "the lr ratio stays at cos_min_ratio after warmup\n",
+      log::warn("scheduler.params.total_num_steps (%lld) < warmup_num_steps (%lld): "
+                "the lr ratio stays at cos_min_ratio after warmup",
                    static_cast<long long>(total_), static_cast<long long>(warmup_));
   }
 

@@ -14,6 +14,7 @@
 #include <fstream>
 
 #include "zerotrain/error.h"
+#include "log/log.h"
 
 namespace zt::pipe {
 
@@ -429,7 +430,7 @@ double PipeEngine::train_batch(const std::function<MicroBatch()>& next) {
       f << report_.to_json().dump() << "\n";
     }
     if (opts_.print) {
-      std::printf("pipe step %lld: loss %.4f, %s p %d m %d v %d, bubble %.3f (formula %.3f)\n",
+      log::info("pipe step %lld: loss %.4f, %s p %d m %d v %d, bubble %.3f (formula %.3f)",
                   static_cast<long long>(report_.step), report_.loss, report_.schedule.c_str(), p,
                   spec.micro_batches, spec.virtual_stages, report_.bubble, report_.bubble_formula);
     }

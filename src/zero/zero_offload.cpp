@@ -37,6 +37,7 @@
 #include "zero/zero_optimizer.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/error.h"
+#include "log/log.h"
 
 namespace zt::zero {
 
@@ -67,8 +68,8 @@ void ZeroOptimizer::init_offload() {
     omp_set_num_threads(std::max(1, cores / local));
   }
   if (rank_ == 0 && !opt_.nvme) {  // NVMe: init_nvme says where the state is
-    std::fprintf(stderr, "[zerotrain] offload_optimizer: %.3f GiB of fp32 state in %s host memory, CPU Adam kernel %s, "
-                 "%d threads per rank\n",
+    log::info("offload_optimizer: %.3f GiB of fp32 state in %s host memory, CPU Adam kernel %s, "
+              "%d threads per rank",
                  3.0 * static_cast<double>(state_.master.nbytes()) / (1024.0 * 1024.0 * 1024.0), state_.master.is_pinned() ? "page-locked" : "pageable",
                  optim::kernel_name(optim::best_cpu_kernel()), omp_get_max_threads());
   }

@@ -39,6 +39,7 @@
 #include "zero/zero_optimizer.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/error.h"
+#include "log/log.h"
 
 namespace zt::zero {
 
@@ -89,7 +90,10 @@ struct LogSink {
   int rank = 0;
   bool hold = true;
   std::vector<std::string> held;
-  void print(const std::string& line) const { std::fprintf(stderr, "[zerotrain] rank %d: %s\n", rank, line.c_str()); }
+  // Info, or warn for a rank's fallback (other ranks' info lines are not printed).
+  void print(const std::string& line, log::Level level = log::Level::kWarn) const {
+    log::write(level, line);
+  }
 };
 
 }  // namespace
@@ -136,15 +140,14 @@ void ZeroOptimizer::init_nvme(int64_t owned) {
   // (no io_uring or no O_DIRECT), so no fallback goes unreported.
   const bool fell_back = st.file().engine() != "io_uring" || !st.file().direct();
   if (rank_ == 0 || fell_back) {
-    for (const auto& line : sink->held) sink->print(line);
+    for (const auto& line : sink->held) sink->print(line, fell_back ? log::Level::kWarn : log::Level::kInfo);
   }
   sink->hold = false;
   sink->held.clear();
   if (rank_ == 0) {
-    std::fprintf(stderr,
-                 "[zerotrain] offload_optimizer nvme: %s of fp32 master + Adam state per rank in swap file '%s' (%s, "
-                 "engine %s, %s), %d sub-groups of <= %lld elements, %d staging buffers of %s in %s host memory, "
-                 "CPU Adam kernel %s, %d threads per rank\n",
+    log::info("offload_optimizer nvme: %s of fp32 master + Adam state per rank in swap file '%s' (%s, "
+              "engine %s, %s), %d sub-groups of <= %lld elements, %d staging buffers of %s in %s host memory, "
+              "CPU Adam kernel %s, %d threads per rank",
                  bytes_text(owned * 12).c_str(), st.path().c_str(), bytes_text(st.file_bytes()).c_str(),
                  st.file().engine().c_str(), st.file().direct() ? "O_DIRECT" : "buffered, no O_DIRECT",
                  st.num_groups(), static_cast<long long>(std::min(owned, std::max<int64_t>(1, opt_.sub_group_numel))),
@@ -152,8 +155,8 @@ void ZeroOptimizer::init_nvme(int64_t owned) {
                  st.pinned() ? "page-locked" : "pageable", optim::kernel_name(optim::best_cpu_kernel()),
                  omp_get_max_threads());
     if (st.num_groups() > 1 && st.num_buffers() < 3) {
-      std::fprintf(stderr, "[zerotrain] offload_optimizer nvme: buffer_count %lld: the swap-file reads do not overlap "
-                   "the CPU step (that needs 3 or more staging buffers; 4 is DeepSpeed's default)\n",
+      log::warn("offload_optimizer nvme: buffer_count %lld: the swap-file reads do not overlap "
+                "the CPU step (that needs 3 or more staging buffers; 4 is DeepSpeed's default)",
                    static_cast<long long>(opt_.buffer_count));
     }
   }
@@ -330,16 +333,15 @@ void ZeroOptimizer::init_param_nvme(int64_t max_unit_shard) {
   sink->rank = world_rank;
   sink->hold = false;
   so.log = [sink, this](const std::string& line) {
-    if (rank_ == 0) sink->print(line);
+    if (rank_ == 0) sink->print(line, log::Level::kInfo);
   };
   param_nvme_ = make_swap<NvmeParams>(group_, opt_.device, [&] {
     return std::make_unique<offload::NvmeParamFile>(bytes, max_unit_shard * esize, so);
   });
   if (rank_ == 0) {
     const auto& f = *param_nvme_->state;
-    std::fprintf(stderr,
-                 "[zerotrain] offload_param nvme: %s of %s parameters per rank in swap file '%s' (engine %s, %s), "
-                 "%d staging buffers of %s in %s host memory\n",
+    log::info("offload_param nvme: %s of %s parameters per rank in swap file '%s' (engine %s, %s), "
+              "%d staging buffers of %s in %s host memory",
                  bytes_text(bytes).c_str(), c10::toString(opt_.dtype), f.path().c_str(), f.file().engine().c_str(),
                  f.file().direct() ? "O_DIRECT" : "buffered, no O_DIRECT", f.num_buffers(),
                  bytes_text(max_unit_shard * esize).c_str(), f.pinned() ? "page-locked" : "pageable");

@@ -41,6 +41,7 @@
 #endif
 
 namespace zt::kernels {
+namespace test_column_sum {
 namespace {
 
 // Plain host math, the same in every build.
@@ -232,4 +233,5 @@ TEST_F(ColumnSum, ArgumentChecks) {
 #endif  // ZT_WITH_CUDA
 
 }  // namespace
+}  // namespace test_column_sum
 }  // namespace zt::kernels

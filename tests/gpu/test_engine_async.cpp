@@ -22,6 +22,8 @@
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
 
+namespace zt_test_engine_async {
+
 namespace {
 
 struct NetImpl : torch::nn::Module {
@@ -213,3 +215,5 @@ INSTANTIATE_TEST_SUITE_P(Stages, DelayedUpdateGpu, ::testing::Values(1, 2),
                          [](const auto& info) { return "stage" + std::to_string(info.param); });
 
 }  // namespace
+
+}  // namespace zt_test_engine_async

@@ -38,6 +38,7 @@
 #endif
 
 namespace zt::kernels {
+namespace test_fused_adam {
 namespace {
 
 #ifndef ZT_WITH_CUDA
@@ -368,4 +369,5 @@ TEST_F(FusedAdam, ArgumentChecks) {
 #endif  // ZT_WITH_CUDA
 
 }  // namespace
+}  // namespace test_fused_adam
 }  // namespace zt::kernels

@@ -13,6 +13,8 @@
 #include "offload/host_memory.h"
 #include "support/gpu_util.h"
 
+namespace zt_test_host_memory {
+
 namespace {
 
 TEST(HostMemoryGpu, PinnedBufferIsExactZeroedAndCopiesAsynchronously) {
@@ -51,3 +53,5 @@ TEST(HostMemoryGpu, PinnedBufferIsExactZeroedAndCopiesAsynchronously) {
 }
 
 }  // namespace
+
+}  // namespace zt_test_host_memory

@@ -44,6 +44,7 @@
 #endif
 
 namespace zt::kernels {
+namespace test_layer_norm_grad {
 namespace {
 
 #ifndef ZT_WITH_CUDA
@@ -285,4 +286,5 @@ TEST_F(LayerNormGrad, ArgumentChecks) {
 #endif  // ZT_WITH_CUDA
 
 }  // namespace
+}  // namespace test_layer_norm_grad
 }  // namespace zt::kernels

@@ -32,6 +32,7 @@
 #endif
 
 namespace zt::comm {
+namespace test_nccl_collectives {
 namespace {
 
 using zt::test_support::same;
@@ -321,4 +322,5 @@ class FinalizeComm : public ::testing::Environment {
 #endif  // ZT_WITH_CUDA
 
 }  // namespace
+}  // namespace test_nccl_collectives
 }  // namespace zt::comm

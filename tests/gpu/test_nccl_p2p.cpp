@@ -29,6 +29,7 @@
 #endif
 
 namespace zt::comm {
+namespace test_nccl_p2p {
 namespace {
 
 using zt::test_support::same;
@@ -154,4 +155,5 @@ TEST_F(NcclP2P, MisuseIsACommError) {
 #endif  // ZT_WITH_CUDA
 
 }  // namespace
+}  // namespace test_nccl_p2p
 }  // namespace zt::comm

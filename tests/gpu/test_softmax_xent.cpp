@@ -46,6 +46,7 @@
 #endif
 
 namespace zt::kernels {
+namespace test_softmax_xent {
 namespace {
 
 #ifndef ZT_WITH_CUDA
@@ -329,4 +330,5 @@ TEST_F(SoftmaxXent, ArgumentChecks) {
 #endif  // ZT_WITH_CUDA
 
 }  // namespace
+}  // namespace test_softmax_xent
 }  // namespace zt::kernels

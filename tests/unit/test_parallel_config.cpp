@@ -160,7 +160,7 @@ TEST(ParallelCli, TrainPrintsTheTopology) {
   const fs::path cfg = write_config("plain", R"({"train_micro_batch_size_per_gpu": 1})");
   const CmdResult r = run(kZt + " train --config " + cfg.string() + kTiny + " --tp 1 --pp 1 --ep 1");
   EXPECT_EQ(r.rc, 0) << r.out;
-  EXPECT_TRUE(contains(r.out, "[zerotrain] topology: dp 1 x tp 1 x pp 1 = 1 rank, ep 1 (rank = tp + 1*(dp + 1*pp)); "
+  EXPECT_TRUE(contains(r.out, "INFO [rank 0] topology: dp 1 x tp 1 x pp 1 = 1 rank, ep 1 (rank = tp + 1*(dp + 1*pp)); "
                               "rank 0: dp 0, tp 0, pp 0, ep 0, expert_dp 0; pipeline prev -, next -"))
       << r.out;
   fs::remove(cfg);

@@ -100,7 +100,7 @@ CliRun TokenizeCli::tokenize_;
 
 TEST_F(TokenizeCli, ShardsHoldTheTokenizersIdsWithEotBeforeEachDocument) {
   ASSERT_EQ(tokenize_.code, 0) << tokenize_.output;
-  EXPECT_TRUE(has(tokenize_.output, "[tokenize]")) << tokenize_.output;  // the progress line
+  EXPECT_TRUE(has(tokenize_.output, "INFO [rank 0] tokenize: 100% (")) << tokenize_.output;  // the progress line
   const auto tok = BpeTokenizer::from_file(kFixture + "tokenizer.json");
   const int32_t eot = *tok.token_to_id("<|endoftext|>");
   // Documents g with floor((g+1) * 0.2) > floor(g * 0.2) (every 5th) are validation.
