@@ -17,7 +17,7 @@ namespace {
 constexpr const char* kWeights = "adapter_model.safetensors";
 constexpr const char* kConfig = "adapter_config.json";
 
-nlohmann::json number(double v) {
+nlohmann::json json_number(double v) {
   // peft writes lora_alpha as an int when it is one (16, not 16.0).
   if (std::floor(v) == v && std::abs(v) < 1e15) return static_cast<int64_t>(v);
   return v;
@@ -48,7 +48,7 @@ void write_peft_adapter(const std::string& dir, const std::map<std::string, torc
   j["task_type"] = "CAUSAL_LM";
   j["base_model_name_or_path"] = base_model_name_or_path;
   j["r"] = o.r;
-  j["lora_alpha"] = number(o.alpha);
+  j["lora_alpha"] = json_number(o.alpha);
   j["lora_dropout"] = o.dropout;
   j["use_rslora"] = o.use_rslora;
   if (o.target_regex.empty()) {

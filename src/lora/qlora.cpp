@@ -9,7 +9,7 @@ namespace F = torch::nn::functional;
 
 namespace {
 
-constexpr const char* kAdapterChild = "lora";  // as lora.cpp registers it
+constexpr const char* kQloraAdapterChild = "lora";  // as lora.cpp registers it
 
 // Builds an adapter like `from` without drawing from the global generator (LoraAdapterImpl
 // draws A; the values are overwritten by from's here).
@@ -66,8 +66,8 @@ int64_t quantize_lora_bases(LoraModel& lm) {
     auto q = rebuild<QLoraAdapterImpl>(*a.adapter, *a.adapter, lin.weight.detach(),
                                        lin.bias.defined() ? lin.bias : torch::Tensor());
     bytes += q->nf4_bytes();
-    lin.unregister_module(kAdapterChild);
-    lin.register_module(kAdapterChild, q);
+    lin.unregister_module(kQloraAdapterChild);
+    lin.register_module(kQloraAdapterChild, q);
     a.adapter = LoraAdapter(std::static_pointer_cast<LoraAdapterImpl>(q));
     torch::NoGradGuard no_grad;
     lin.weight.set_data(torch::empty({0}, lin.weight.options()));  // freed: the NF4 copy is the base now
@@ -86,8 +86,8 @@ void dequantize_lora_bases(LoraModel& lm) {
     }
     auto plain = rebuild<LoraAdapterImpl>(*q, q->lora_A.size(1), q->lora_B.size(0), q->r(), q->scaling(), q->dropout(),
                                           q->lora_A.options());
-    lin.unregister_module(kAdapterChild);
-    lin.register_module(kAdapterChild, plain);
+    lin.unregister_module(kQloraAdapterChild);
+    lin.register_module(kQloraAdapterChild, plain);
     a.adapter = LoraAdapter(plain);
   }
 }

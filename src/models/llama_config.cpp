@@ -14,7 +14,7 @@
 namespace zt::models {
 namespace {
 
-struct NamedConfig {
+struct NamedLlamaConfig {
   const char* name;
   LlamaConfig (*make)();
 };
@@ -74,7 +74,7 @@ LlamaConfig llama3_8b() {
   return c;
 }
 
-const NamedConfig kNamed[] = {{"llama-tiny", tiny}, {"llama3.2-1b", llama32_1b}, {"llama3-8b", llama3_8b}};
+const NamedLlamaConfig kNamed[] = {{"llama-tiny", tiny}, {"llama3.2-1b", llama32_1b}, {"llama3-8b", llama3_8b}};
 
 const char* kArchitectures[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"};
 
