@@ -16,6 +16,7 @@
 // lr-sized step, lr 1e-3 here). A pipeline that drops a micro-batch, a stage's gradient,
 // the tied gradient or the clipping over stages misses them by orders of magnitude.
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -249,7 +250,9 @@ TEST(PipelineReport, TimingAndMetrics) {
   models::GPT2 full(tiny(2));
   PipeOptions po;
   po.device = torch::Device(torch::kCPU);
-  const std::string path = "/tmp/zt_pipe_metrics_" + std::to_string(world()->rank() / 2) + ".jsonl";
+  // Only the pipeline's first rank writes and reads it: a name of its own process, so
+  // that concurrent test runs on one machine never share the file.
+  const std::string path = "/tmp/zt_pipe_metrics_" + std::to_string(::getpid()) + ".jsonl";
   if (topo.parent()->rank() == 0) std::remove(path.c_str());
   po.metrics_path = topo.parent()->rank() == 0 ? path : "";
   PipeEngine pipe(full, pipeline_config(ds_json(c, true), 2), topo, po);
@@ -281,6 +284,7 @@ TEST(PipelineReport, TimingAndMetrics) {
       ++lines;
     }
     EXPECT_EQ(lines, 2);
+    std::remove(path.c_str());
   }
 }
 
