@@ -10,6 +10,8 @@ endif
 ifneq ($(SANITIZE),)
   BUILD ?= build-san
   CMAKE_ARGS += -DZT_SANITIZE=$(SANITIZE)
+  # What the CPU suite runs (the benchmarks, examples and GPU tests are not run there).
+  export ZT_BUILD_TARGETS := zerotrain_cli zerotrain_rank zt_unit zt_dist
 else
   BUILD ?= build
 endif

@@ -8,4 +8,5 @@ PY="$(scripts/setup.sh)"
 if [ ! -f "$BUILD/build.ninja" ] || ! grep -q "ZT_PYTHON:STRING=$PY\$" "$BUILD/CMakeCache.txt" 2>/dev/null; then
   cmake -S . -B "$BUILD" -G Ninja -DZT_PYTHON="$PY" "$@" >&2
 fi
-ninja -C "$BUILD" >&2
+# ZT_BUILD_TARGETS: build only these (default: everything).
+ninja -C "$BUILD" ${ZT_BUILD_TARGETS:-} >&2
