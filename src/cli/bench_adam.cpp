@@ -27,7 +27,7 @@ namespace {
 using optim::CpuKernel;
 using optim::detail::Dt;
 
-constexpr const char* kUsage =
+constexpr const char* kBenchAdamUsage =
     "usage: zerotrain bench adam [--params N] [--threads a,b,c] [--kernel all|scalar|avx2|avx512]\n"
     "                            [--grad-dtype bf16|fp16|fp32] [--out-dtype bf16|fp16|none]\n"
     "                            [--iters K] [--triad-elems N] [--json PATH]\n"
@@ -90,7 +90,7 @@ std::vector<int> default_threads() {
 }
 
 // Returns false for --help.
-bool parse(int argc, char** argv, Options& o) {
+bool parse_bench_adam(int argc, char** argv, Options& o) {
   std::string kernel = "all", threads, grad_dtype = "bf16", out_dtype;
   Flags f("bench adam");
   f.count("--params", o.params, 1);
@@ -304,8 +304,8 @@ TriadResult triad(std::vector<float>& a, const std::vector<float>& b, const std:
 
 int cmd_bench_adam(int argc, char** argv) {
   Options o;
-  if (!parse(argc, argv, o)) {
-    std::fputs(kUsage, stdout);
+  if (!parse_bench_adam(argc, argv, o)) {
+    std::fputs(kBenchAdamUsage, stdout);
     return 0;
   }
   const int bytes_per_param =

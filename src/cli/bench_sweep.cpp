@@ -113,7 +113,7 @@ std::vector<AnchorRun> anchor_runs(const std::vector<const SweepConfig*>& chosen
   return runs;
 }
 
-const char* kUsage =
+const char* kBenchUsage =
     "usage: zerotrain bench --model NAME [options]      the ZeRO cost sweep\n"
     "       zerotrain bench adam [options]              the CPU Adam microbenchmark\n\n"
     "Runs every configuration in fresh processes: ZeRO stage 0-3 in bf16, stage 1-3 in fp16,\n"
@@ -146,7 +146,7 @@ const char* kUsage =
     "table (nanoGPT's convention), peak = the GPU's dense bf16 TFLOP/s from the table in\n"
     "docs/monitoring.md (an unknown GPU reports no MFU).\n";
 
-struct Args {
+struct BenchArgs {
   std::string model = "gpt2-large", out = "zerotrain-bench", python = ZT_DEFAULT_PYTHON,
               anchors = ZT_DEFAULT_ANCHORS, commit, only, report;
   int64_t gpus = -1, ranks = 2, steps = 20, warmup = 2, micro = 0, seq = 0, timeout = 600;
@@ -287,8 +287,8 @@ std::string now_utc() {
   return buf;
 }
 
-Args parse(int argc, char** argv, bool& help) {
-  Args a;
+BenchArgs parse_bench(int argc, char** argv, bool& help) {
+  BenchArgs a;
   Flags f("bench");
   f.text("--model", a.model);
   f.count("--layers", a.layers);
@@ -318,9 +318,9 @@ Args parse(int argc, char** argv, bool& help) {
 
 int cmd_bench_sweep(int argc, char** argv) {
   bool help = false;
-  Args a = parse(argc, argv, help);
+  BenchArgs a = parse_bench(argc, argv, help);
   if (help) {
-    std::fputs(kUsage, stdout);
+    std::fputs(kBenchUsage, stdout);
     return 0;
   }
   if (!a.report.empty()) {

@@ -14,7 +14,7 @@
 
 namespace zt::cli {
 namespace {
-const char* kUsage =
+const char* kEstimateUsage =
     "usage: zerotrain estimate --model NAME --config CONFIG.json --gpus N [options]\n\n"
     "  --model NAME        gpt2-tiny | gpt2 | gpt2-medium | gpt2-large | gpt2-xl\n"
     "  --layers/--embd/--heads/--vocab N   override the named size\n"
@@ -52,7 +52,7 @@ int cmd_estimate(int argc, char** argv) {
   f.flag("--checkpoint-activations", ckpt);
   f.flag("--json", json_out);
   if (!f.parse(argc, argv)) {
-    std::fputs(kUsage, stdout);
+    std::fputs(kEstimateUsage, stdout);
     return 0;
   }
   ZT_CHECK_T(!config.empty(), UsageError, "estimate: --config CONFIG.json is required (see zerotrain estimate --help)");

@@ -25,7 +25,7 @@ namespace zt::cli {
 
 namespace {
 
-const char* kUsage =
+const char* kGenerateUsage =
     "usage: zerotrain generate --model-dir DIR (--prompt TEXT | --prompt-ids 1,2,3) [options]\n\n"
     "Continues a prompt with a Hugging Face model directory (config.json + safetensors: GPT-2,\n"
     "Llama, Mistral, Qwen2), as --init-from reads it and convert writes it.\n\n"
@@ -69,7 +69,7 @@ int cmd_generate(int argc, char** argv) {
   f.choice("--device", device, {"cpu", "cuda"});
   f.choice("--dtype", dtype, {"fp32", "bf16"});
   if (!f.parse(argc, argv)) {
-    std::fputs(kUsage, stdout);
+    std::fputs(kGenerateUsage, stdout);
     return 0;
   }
   const bool have_prompt = f.given("--prompt");

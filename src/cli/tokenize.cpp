@@ -46,7 +46,7 @@ const char* kTokenizeUsage =
     "                      <|endoftext|>, <|end_of_text|>, </s> or <|im_end|>; a .model's </s>)\n"
     "Shards hold uint16 ids when the vocabulary fits (<= 65536 tokens), else uint32 (magic 20240801).\n";
 
-struct Args {
+struct TokenizeArgs {
   std::string tokenizer, out, name = "data", text_field = "text", eot;
   std::vector<std::string> inputs;
   int64_t shard_tokens = 100'000'000;
@@ -55,8 +55,8 @@ struct Args {
   bool help = false;
 };
 
-Args parse_args(int argc, char** argv) {
-  Args a;
+TokenizeArgs parse_tokenize_args(int argc, char** argv) {
+  TokenizeArgs a;
   std::vector<std::string> inputs;
   Flags f("tokenize");
   f.text("--tokenizer", a.tokenizer);
@@ -128,7 +128,7 @@ std::vector<std::string> expand_glob_or_self(const std::string& pattern) {
 }
 
 int cmd_tokenize(int argc, char** argv) {
-  Args a = parse_args(argc, argv);
+  TokenizeArgs a = parse_tokenize_args(argc, argv);
   if (a.help) {
     std::fputs(kTokenizeUsage, stdout);
     return 0;

@@ -101,7 +101,7 @@ const char* kTrainUsage =
     "                      format) and dequantized in each forward (CPU path; no CUDA kernel yet)\n"
     "Run N ranks with: zerotrain launch -n N -- zerotrain train ...\n";
 
-struct Args {
+struct TrainArgs {
   std::string config, model = "gpt2-tiny", data = "random", val_data, metrics, summary, save, load, init_from, device, profile_out = "zerotrain-profile";
   std::string lora, lora_out;  // --lora SPEC, --lora-out DIR
   bool qlora = false;          // --qlora
@@ -120,8 +120,8 @@ struct Args {
   bool help = false;
 };
 
-Args parse_args(int argc, char** argv) {
-  Args a;
+TrainArgs parse_train_args(int argc, char** argv) {
+  TrainArgs a;
   Flags f("train");
   f.text("--config", a.config);
   f.text("--model", a.model);
@@ -255,7 +255,7 @@ std::shared_ptr<data::ShardDataset> open_shards(const std::vector<std::string>& 
 }  // namespace
 
 int cmd_train(int argc, char** argv) {
-  Args a = parse_args(argc, argv);
+  TrainArgs a = parse_train_args(argc, argv);
   if (a.help) {
     std::fputs(kTrainUsage, stdout);
     return 0;
