@@ -1,4 +1,5 @@
 #include "models/gpt2.h"
+#include "models/gpt2_shapes.h"
 
 #include <algorithm>
 #include <cmath>
@@ -361,10 +362,10 @@ void GPT2Impl::reset_parameters() {
   for (auto& kv : named_parameters()) init_parameter(kv.key(), kv.value());
 }
 
-std::vector<int64_t> GPT2Impl::param_shape(const std::string& name) const {
-  const int64_t C = cfg_.n_embd;
-  if (name == "wte.weight") return {cfg_.vocab_size, C};
-  if (name == "wpe.weight") return {cfg_.n_positions, C};
+std::vector<int64_t> gpt2_param_shape(const GPT2Config& cfg, const std::string& name) {
+  const int64_t C = cfg.n_embd;
+  if (name == "wte.weight") return {cfg.vocab_size, C};
+  if (name == "wpe.weight") return {cfg.n_positions, C};
   if (ends_with(name, "attn.c_attn.weight")) return {3 * C, C};
   if (ends_with(name, "attn.c_attn.bias")) return {3 * C};
   if (ends_with(name, "attn.c_proj.weight")) return {C, C};
@@ -377,6 +378,8 @@ std::vector<int64_t> GPT2Impl::param_shape(const std::string& name) const {
   }
   throw zt::InternalError("GPT2: no parameter named '" + name + "'");
 }
+
+std::vector<int64_t> GPT2Impl::param_shape(const std::string& name) const { return gpt2_param_shape(cfg_, name); }
 
 void GPT2Impl::init_parameter(const std::string& name, torch::Tensor& t) const {
   torch::NoGradGuard no_grad;

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "models/gpt2_shapes.h"
 #include "models/model_util.h"
 #include "models/checkpoint.h"
 #include "tp/cross_entropy.h"
@@ -22,20 +23,6 @@ torch::Tensor tp_layer_norm(const torch::nn::LayerNorm& ln, const torch::Tensor&
   if (!sp) return layer_norm(ln, x);  // GPT2's own LayerNorm (same kernels as tp 1)
   return at::layer_norm(x, {x.size(-1)}, tp::copy_to_region(ln->weight, g), tp::copy_to_region(ln->bias, g),
                         util::kGpt2LayerNormEps);
-}
-
-// The full shape of a GPT-2 parameter.
-std::vector<int64_t> full_shape(const GPT2Config& cfg, const std::string& name) {
-  const int64_t C = cfg.n_embd;
-  if (name == "wte.weight") return {cfg.vocab_size, C};
-  if (name == "wpe.weight") return {cfg.n_positions, C};
-  if (ends_with(name, "attn.c_attn.weight")) return {3 * C, C};
-  if (ends_with(name, "attn.c_attn.bias")) return {3 * C};
-  if (ends_with(name, "attn.c_proj.weight")) return {C, C};
-  if (ends_with(name, "mlp.c_fc.weight")) return {4 * C, C};
-  if (ends_with(name, "mlp.c_fc.bias")) return {4 * C};
-  if (ends_with(name, "mlp.c_proj.weight")) return {C, 4 * C};
-  return {C};  // biases of the projections, LayerNorms (gpt2_tp_split_spec rejects unknown names)
 }
 
 }  // namespace
@@ -140,7 +127,7 @@ GPT2TPImpl::GPT2TPImpl(const GPT2Config& cfg, comm::GroupPtr g, bool sequence_pa
   torch::NoGradGuard no_grad;
   for (auto& kv : named_parameters()) {
     const auto& name = kv.key();
-    auto full = torch::empty(full_shape(cfg_, name));
+    auto full = torch::empty(gpt2_param_shape(cfg_, name));
     if (name.find("ln_") != std::string::npos) {
       ends_with(name, ".weight") ? full.fill_(1.0) : full.zero_();
     } else if (ends_with(name, ".bias")) {
@@ -159,8 +146,8 @@ void GPT2TPImpl::load_full(const std::map<std::string, torch::Tensor>& full) {
   for (auto& kv : named_parameters()) {
     auto it = full.find(kv.key());
     ZT_CHECK_T(it != full.end(), zt::CheckpointError, "GPT2TP::load_full: the full state has no '", kv.key(), "'");
-    ZT_CHECK_T(it->second.sizes().vec() == full_shape(cfg_, kv.key()), zt::CheckpointError, "GPT2TP::load_full: '",
-               kv.key(), "' has shape ", it->second.sizes(), ", expected ", c10::IntArrayRef(full_shape(cfg_, kv.key())));
+    ZT_CHECK_T(it->second.sizes().vec() == gpt2_param_shape(cfg_, kv.key()), zt::CheckpointError, "GPT2TP::load_full: '",
+               kv.key(), "' has shape ", it->second.sizes(), ", expected ", c10::IntArrayRef(gpt2_param_shape(cfg_, kv.key())));
     kv.value().copy_(tp::cut(it->second, split_spec(kv.key()), tp_rank(), tp_size()));
   }
 }
@@ -169,7 +156,7 @@ std::map<std::string, torch::Tensor> GPT2TPImpl::full_state() {
   std::map<std::string, torch::Tensor> out;
   for (const auto& kv : named_parameters()) {
     const auto spec = split_spec(kv.key());
-    const auto shape = full_shape(cfg_, kv.key());
+    const auto shape = gpt2_param_shape(cfg_, kv.key());
     const int64_t full_size = spec.split() ? shape[static_cast<size_t>(spec.dim)] : 0;
     out[kv.key()] = tp::gather_full(kv.value().detach(), spec, full_size, group_).to(torch::kCPU, torch::kFloat).clone();
   }
