@@ -140,6 +140,10 @@ void LlamaForCausalLMImpl::reset_parameters() {
 }
 
 std::vector<int64_t> LlamaForCausalLMImpl::param_shape(const std::string& name) const {
+  return llama_param_shape(cfg_, name);
+}
+
+std::vector<int64_t> llama_param_shape(const LlamaConfig& cfg, const std::string& name) {
   // Layers are alike: look the name up with its layer index mapped to layer 0.
   std::string key = name;
   const std::string pre = "model.layers.";
@@ -147,7 +151,7 @@ std::vector<int64_t> LlamaForCausalLMImpl::param_shape(const std::string& name) 
     const auto dot = key.find('.', pre.size());
     if (dot != std::string::npos) key = pre + "0" + key.substr(dot);
   }
-  LlamaConfig one = cfg_;
+  LlamaConfig one = cfg;
   one.num_hidden_layers = 1;
   one.layer_sliding.clear();
   for (const auto& [n, shape] : llama_param_shapes(one))

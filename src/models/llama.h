@@ -99,6 +99,9 @@ bool is_llama_hf_config(const std::string& path);
 
 // Parameter names and full shapes in registration order (HF's order).
 std::vector<std::pair<std::string, std::vector<int64_t>>> llama_param_shapes(const LlamaConfig& cfg);
+// The full shape of one parameter by name (layers are alike: looked up as layer 0);
+// InternalError for a name the model does not have.
+std::vector<int64_t> llama_param_shape(const LlamaConfig& cfg, const std::string& name);
 int64_t llama_num_params(const LlamaConfig& cfg);  // the tied head counted once
 // Training FLOPs per token at sequence length T, PaLM-style:
 //   6 * (N_layers + V * d) + 12 * L * (H * head_dim) * T

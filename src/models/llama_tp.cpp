@@ -165,20 +165,7 @@ LlamaTPImpl::LlamaTPImpl(const LlamaConfig& cfg, comm::GroupPtr g, bool sequence
   }
 }
 
-std::vector<int64_t> LlamaTPImpl::full_shape(const std::string& name) const {
-  std::string key = name;
-  const std::string pre = "model.layers.";
-  if (key.rfind(pre, 0) == 0) {
-    const auto dot = key.find('.', pre.size());
-    if (dot != std::string::npos) key = pre + "0" + key.substr(dot);
-  }
-  LlamaConfig one = cfg_;
-  one.num_hidden_layers = 1;
-  one.layer_sliding.clear();
-  for (const auto& [nm, shape] : llama_param_shapes(one))
-    if (nm == key) return shape;
-  throw zt::InternalError("LlamaTP: no parameter named '" + name + "'");
-}
+std::vector<int64_t> LlamaTPImpl::full_shape(const std::string& name) const { return llama_param_shape(cfg_, name); }
 
 void LlamaTPImpl::load_full(const std::map<std::string, torch::Tensor>& full) {
   torch::NoGradGuard no_grad;
