@@ -1,14 +1,25 @@
-// Measured pipeline bubble of each schedule against its formula, on CPU ranks:
+// Measured pipeline bubble of each schedule against its formula, with throughput and peak
+// memory per stage; pp = world size, dp 1, GPT-2, ZeRO 0, one JSON line per schedule.
 //
-//   OMP_NUM_THREADS=1 build/zerotrain launch -n 2 -- build/bench_pipe_bubble [micro_batches] [batches]
+// CPU ranks (the default: GPT-2 with 4 blocks, C 256, T 128, micro-batch 4, fp32, one
+// thread per rank):
+//   OMP_NUM_THREADS=1 build/zerotrain launch -n 2 -- build/bench_pipe_bubble --micro-batches 8 --batches 5
+// GPUs (one per rank; CUDA-event timing, see [Pipeline Execution]):
+//   build/zerotrain launch -n 2 -- build/bench_pipe_bubble --device cuda --model gpt2-xl \
+//       --micro-batch 4 --seq 1024 --micro-batches 8 --batches 5 --dtype bf16
 //
-// pp = world size, dp 1, GPT-2 (4 blocks, C 256, T 128, micro-batch 4, fp32, ZeRO 0),
-// `micro_batches` (default 8) per batch, one thread per rank. For every schedule: warm-up
-// batches, then `batches` (default 5) timed ones; prints one JSON line per schedule with
-// the median measured bubble ((max stage wall - max stage busy) / max stage busy, see
-// [Pipeline Execution]), the published formula, the bubble the simulator predicts from the
-// measured per-micro-batch F / B / W times of the busiest stage (unequal stage and pass
-// times are what separate measurement from formula), and each stage's busy fraction.
+// Flags: --device cpu|cuda, --model NAME (a named GPT-2, see models/gpt2.h; default: the
+// small CPU model), --micro-batch B, --seq T, --micro-batches m (default 8), --batches N
+// timed batches (default 5) after --warmup N (default 2), --dtype fp32|bf16,
+// --schedules LIST (default gpipe,1f1b,interleaved,zb-h1), --ckpt-interval K (activation
+// checkpoint interval, default 0).
+//
+// Per schedule: the median measured bubble ((max stage wall - max stage busy) / max stage
+// busy), the published formula, the bubble the simulator predicts from the measured
+// per-micro-batch F / B / W times of the busiest stage (unequal stage and pass times are
+// what separate measurement from formula), each stage's busy fraction, the median batch
+// time (host clock, the optimizer step included) and tokens/s, and each stage's peak
+// device memory (CUDA caching allocator; CPU: not measured).
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -16,6 +27,10 @@
 #include <cstdlib>
 #include <string>
 #include <vector>
+
+#ifdef ZT_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 #include "models/gpt2.h"
 #include "parallel/topology.h"
@@ -29,76 +44,168 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+struct Args {
+  std::string device = "cpu", model, dtype = "fp32", schedules = "gpipe,1f1b,interleaved,zb-h1";
+  int64_t micro = 4, seq = 128, m = 8, batches = 5, warmup = 2, ckpt = 0;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    if (i + 1 >= argc) throw std::runtime_error("flag " + f + " needs a value");
+    const std::string v = argv[++i];
+    if (f == "--device") a.device = v;
+    else if (f == "--model") a.model = v;
+    else if (f == "--dtype") a.dtype = v;
+    else if (f == "--schedules") a.schedules = v;
+    else if (f == "--micro-batch") a.micro = std::stoll(v);
+    else if (f == "--seq") a.seq = std::stoll(v);
+    else if (f == "--micro-batches") a.m = std::stoll(v);
+    else if (f == "--batches") a.batches = std::stoll(v);
+    else if (f == "--warmup") a.warmup = std::stoll(v);
+    else if (f == "--ckpt-interval") a.ckpt = std::stoll(v);
+    else throw std::runtime_error("unknown flag " + f);
+  }
+  if (a.device != "cpu" && a.device != "cuda") throw std::runtime_error("--device is cpu or cuda");
+  if (a.dtype != "fp32" && a.dtype != "bf16") throw std::runtime_error("--dtype is fp32 or bf16");
+  return a;
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  while (b <= s.size()) {
+    const size_t e = std::min(s.find(',', b), s.size());
+    if (e > b) out.push_back(s.substr(b, e - b));
+    b = e + 1;
+  }
+  return out;
+}
+
+double peak_gib(const torch::Device& d) {
+#ifdef ZT_WITH_CUDA
+  if (d.is_cuda()) {
+    auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(d.index());
+    return static_cast<double>(
+               st.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak) /
+           (1024.0 * 1024.0 * 1024.0);
+  }
+#endif
+  (void)d;
+  return 0;
+}
+
+void reset_peak(const torch::Device& d) {
+#ifdef ZT_WITH_CUDA
+  if (d.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(d.index());
+#endif
+  (void)d;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
-    const int m = argc > 1 ? std::atoi(argv[1]) : 8;
-    const int batches = argc > 2 ? std::atoi(argv[2]) : 5;
-    torch::set_num_threads(1);
+    const Args a = parse(argc, argv);
+    if (a.device == "cpu") torch::set_num_threads(1);
     auto world = zt::comm::world_group();
     const int pp = world->size();
     zt::models::GPT2Config cfg;
-    cfg.n_layer = 4;
-    cfg.n_head = 4;
-    cfg.n_embd = 256;
-    cfg.vocab_size = 256;
-    cfg.n_positions = 128;
-    const int64_t B = 4, T = 128;
-    for (const char* sched : {"gpipe", "1f1b", "interleaved", "zb-h1"}) {
+    if (a.model.empty()) {
+      cfg.n_layer = 4;
+      cfg.n_head = 4;
+      cfg.n_embd = 256;
+      cfg.vocab_size = 256;
+      cfg.n_positions = 128;
+    } else {
+      cfg = zt::models::named_gpt2(a.model);
+    }
+    const int64_t B = a.micro, T = a.seq;
+    const int m = static_cast<int>(a.m);
+    for (const std::string& sched : split(a.schedules)) {
       nlohmann::json j = {{"train_micro_batch_size_per_gpu", B},
                           {"gradient_accumulation_steps", m},
                           {"steps_per_print", 100000},
+                          {"gradient_clipping", 1.0},
                           {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}}}}},
                           {"zero_optimization", {{"stage", 0}}},
-                          {"pipeline", {{"stages", pp}, {"schedule", sched}, {"partition", "uniform"}}}};
-      if (std::string(sched) == "interleaved") {
+                          {"pipeline",
+                           {{"stages", pp},
+                            {"schedule", sched},
+                            {"partition", a.model.empty() ? "uniform" : "parameters"},
+                            {"activation_checkpoint_interval", a.ckpt}}}};
+      if (a.dtype == "bf16") j["bf16"] = {{"enabled", true}};
+      if (sched == "interleaved") {
         if (pp < 2 || m % pp != 0) continue;
         j["pipeline"]["virtual_stages"] = 2;
       }
       auto pc = zt::pipe::pipeline_config(j, pp);
       zt::parallel::Topology topo(world, zt::parallel::ParallelDims::make(pp, 1, 1, pp));
-      torch::manual_seed(1);
-      zt::models::GPT2 full(cfg);
       zt::pipe::PipeOptions po;
-      po.device = torch::Device(torch::kCPU);
-      zt::pipe::PipeEngine pipe(full, pc, topo, po);
+      if (a.device == "cpu") po.device = torch::Device(torch::kCPU);
+      std::unique_ptr<zt::pipe::PipeEngine> pipe;
+      {
+        torch::manual_seed(1);
+        zt::models::GPT2 full(cfg);  // freed once the stage has copied its layers
+        pipe = std::make_unique<zt::pipe::PipeEngine>(full, pc, topo, po);
+      }
+      const torch::Device dev = pipe->engine().device();
       auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
       auto next = [&] {
-        auto s = torch::randint(0, 256, {B, T + 1}, gen, torch::kLong);
+        auto s = torch::randint(0, cfg.vocab_size, {B, T + 1}, gen, torch::kLong);
         return zt::pipe::MicroBatch{s.narrow(1, 0, T).contiguous(), s.narrow(1, 1, T).contiguous()};
       };
-      for (int w = 0; w < 2; ++w) pipe.train_batch(next);
-      std::vector<double> bubbles, predicted;
+      for (int w = 0; w < a.warmup; ++w) pipe->train_batch(next);
+      reset_peak(dev);
+      std::vector<double> bubbles, predicted, batch_ms;
       std::vector<std::vector<double>> busy(static_cast<size_t>(pp));
-      for (int b = 0; b < batches; ++b) {
-        pipe.train_batch(next);
-        const auto& r = pipe.last_report();
+      for (int b = 0; b < a.batches; ++b) {
+        const auto t0 = std::chrono::steady_clock::now();
+        pipe->train_batch(next);  // returns after the loss is on the host: the batch is done
+        batch_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        const auto& r = pipe->last_report();
         bubbles.push_back(r.bubble);
-        // The simulator on the measured pass times of the busiest stage.
         size_t hot = 0;
         for (size_t s = 0; s < r.timing.size(); ++s) {
           busy[s].push_back(r.timing[s].busy_fraction());
           if (r.timing[s].busy_ms > r.timing[hot].busy_ms) hot = s;
         }
-        const double per = static_cast<double>(m * pipe.schedule().spec.virtual_stages);
+        const double per = static_cast<double>(m * pipe->schedule().spec.virtual_stages);
         const auto& h = r.timing[hot];
         zt::pipe::UnitTimes u{h.forward_ms / per, h.backward_ms / per, h.weight_ms / per};
-        predicted.push_back(zt::pipe::simulate(pipe.schedule(), u).bubble);
+        predicted.push_back(zt::pipe::simulate(pipe->schedule(), u).bubble);
       }
+      // Each stage's peak memory and the slowest rank's batch time, on every rank (CPU: MPI).
+      auto mine = torch::tensor({peak_gib(dev)}, torch::kDouble);
+      auto peaks = torch::empty({pp}, torch::kDouble);
+      world->all_gather(peaks, mine);
+      auto ms = torch::tensor({median(batch_ms)}, torch::kDouble);
+      world->all_reduce(ms, zt::comm::ReduceOp::kMax);
       if (world->rank() == 0) {
-        std::string fr;
+        std::string fr, pk;
         for (auto& v : busy) fr += (fr.empty() ? "" : ", ") + std::to_string(median(v));
-        const auto& r = pipe.last_report();
+        for (int s = 0; s < pp; ++s) pk += (s ? ", " : "") + std::to_string(peaks[s].item<double>());
+        const auto& r = pipe->last_report();
+        const double batch = ms.item<double>();
+        const double tokens_per_s = static_cast<double>(m * B * T) / (batch / 1000.0);
         std::printf(
-            "{\"bench\": \"pipe_bubble\", \"schedule\": \"%s\", \"stages\": %d, \"micro_batches\": %d, "
-            "\"virtual_stages\": %d, \"bubble_measured\": %.4f, \"bubble_formula\": %.4f, "
-            "\"bubble_simulated_from_measured_times\": %.4f, \"stage_busy_fraction\": [%s], "
-            "\"last_stage_ms\": {\"F\": %.2f, \"B\": %.2f, \"W\": %.2f}}\n",
-            sched, pp, m, pipe.schedule().spec.virtual_stages, median(bubbles), r.bubble_formula, median(predicted),
-            fr.c_str(), r.timing.back().forward_ms, r.timing.back().backward_ms, r.timing.back().weight_ms);
+            "{\"bench\": \"pipe_bubble\", \"device\": \"%s\", \"model\": \"%s\", \"dtype\": \"%s\", \"schedule\": \"%s\", "
+            "\"stages\": %d, \"micro_batches\": %d, \"micro_batch\": %lld, \"seq\": %lld, \"virtual_stages\": %d, "
+            "\"bubble_measured\": %.4f, \"bubble_formula\": %.4f, \"bubble_simulated_from_measured_times\": %.4f, "
+            "\"stage_busy_fraction\": [%s], \"ms_per_batch\": %.2f, \"tokens_per_s\": %.1f, \"peak_gib_per_stage\": [%s], "
+            "\"loss_last\": %.4f, \"last_stage_ms\": {\"F\": %.2f, \"B\": %.2f, \"W\": %.2f, \"step\": %.2f}}\n",
+            a.device.c_str(), a.model.empty() ? "tiny" : a.model.c_str(), a.dtype.c_str(), sched.c_str(), pp, m,
+            static_cast<long long>(B), static_cast<long long>(T), pipe->schedule().spec.virtual_stages,
+            median(bubbles), r.bubble_formula, median(predicted), fr.c_str(), batch, tokens_per_s, pk.c_str(), r.loss,
+            r.timing.back().forward_ms, r.timing.back().backward_ms, r.timing.back().weight_ms,
+            r.timing.back().step_ms);
         std::fflush(stdout);
       }
+      pipe.reset();
+#ifdef ZT_WITH_CUDA
+      if (dev.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
     }
     zt::comm::finalize();
     return 0;

@@ -16,6 +16,11 @@
 #include "zerotrain/error.h"
 #include "log/log.h"
 
+#ifdef ZT_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 namespace zt::pipe {
 
 namespace {
@@ -124,6 +129,59 @@ class PipeEngine::SendProgress {
   std::thread thread_;
 };
 
+// The CUDA-event timing of one batch on a CUDA stage ([Pipeline Execution]). Events are
+// recorded on the stage's current stream and read once, in finish().
+class PipeEngine::EventTimer {
+ public:
+  explicit EventTimer(torch::Device d) : device_(d) {}
+#ifdef ZT_WITH_CUDA
+  void start() {
+    spans_.clear();
+    start_ = record();
+  }
+  void span(double* bucket, const std::function<void()>& f) {
+    auto a = record();
+    f();
+    spans_.push_back({bucket, std::move(a), record()});
+  }
+  void compute_end() { compute_end_ = record(); }
+  // Waits for the stream, then adds each pass to its bucket and to busy_ms, and sets
+  // wall_ms (start to compute end) and step_ms (compute end to now).
+  void finish(StageTiming& t) {
+    auto done = record();
+    done.synchronize();
+    for (auto& s : spans_) {
+      const double d = s.a.elapsed_time(s.b);
+      *s.bucket += d;
+      t.busy_ms += d;
+    }
+    spans_.clear();
+    t.wall_ms = start_.elapsed_time(compute_end_);
+    t.step_ms = compute_end_.elapsed_time(done);
+  }
+
+ private:
+  at::cuda::CUDAEvent record() {
+    at::cuda::CUDAEvent e(/*flags=*/0);  // cudaEventDefault: timing on
+    e.record(c10::cuda::getCurrentCUDAStream(device_.index()));
+    return e;
+  }
+  struct Span {
+    double* bucket;
+    at::cuda::CUDAEvent a, b;
+  };
+  std::vector<Span> spans_;
+  at::cuda::CUDAEvent start_, compute_end_;
+#else
+  [[noreturn]] static void no_cuda() { throw Error("pipeline: CUDA timing in a build without CUDA"); }
+  void start() { no_cuda(); }
+  void span(double*, const std::function<void()>&) { no_cuda(); }
+  void compute_end() { no_cuda(); }
+  void finish(StageTiming&) { no_cuda(); }
+#endif
+  torch::Device device_;
+};
+
 struct PipeEngine::Slot {
   torch::Tensor input;     // received activation (a leaf requiring grad) on non-first chunks
   torch::Tensor output;    // hidden state, or the loss on the head chunk
@@ -192,12 +250,14 @@ PipeEngine::PipeEngine(const models::GPT2& full, const PipeConfig& cfg, parallel
   MPI_Query_thread(&thread_level);
   if (spec.stages > 1 && engine_->device().is_cpu() && thread_level == MPI_THREAD_MULTIPLE)
     progress_ = std::make_unique<SendProgress>();
+  if (engine_->device().is_cuda()) events_ = std::make_unique<EventTimer>(engine_->device());
 }
 
 PipeEngine::~PipeEngine() {
   // Sends still in flight complete in their Work's destructor ([P2P Rules]).
   progress_.reset();
   pending_.clear();
+  events_.reset();
 }
 
 void PipeEngine::post_send(const comm::GroupPtr& g, const torch::Tensor& t, int peer) {
@@ -242,6 +302,7 @@ void PipeEngine::run(const Instr& in, std::vector<MicroBatch>& mbs, std::vector<
     tied_grad_ready_ = false;
   };
   auto timed = [&](double& bucket, const std::function<void()>& f) {
+    if (events_) return events_->span(&bucket, f);
     const auto a = Clock::now();
     f();
     const double d = ms_since(a, Clock::now());
@@ -262,7 +323,10 @@ void PipeEngine::run(const Instr& in, std::vector<MicroBatch>& mbs, std::vector<
       timed(t.forward_ms, [&] {
         slot->output = engine_->forward([&] { return module_->forward(in.chunk, x, targets); });
       });
-      if (head) loss_sum_ += slot->output.detach().item<double>();
+      if (head) {
+        auto l = slot->output.detach().to(torch::kDouble);
+        loss_sum_ = loss_sum_.defined() ? loss_sum_ + l : l;
+      }
       break;
     }
     case Op::kSendAct:
@@ -372,26 +436,36 @@ double PipeEngine::train_batch(const std::function<MicroBatch()>& next) {
     mbs.back().targets = mb.targets.to(engine_->device());
   }
   std::vector<Slot> slots(static_cast<size_t>(spec.micro_batches * spec.virtual_stages));
-  loss_sum_ = 0;
+  loss_sum_ = torch::Tensor();
   tied_grad_ = torch::Tensor();
   tied_grad_ready_ = false;
   StageTiming t;
   pp_->barrier();
   const auto t0 = Clock::now();
   auto compute_end = t0;
+  if (events_) events_->start();
   for (const auto& in : schedule_.stages[static_cast<size_t>(stage_)]) {
-    if (in.op == Op::kReduceGrads) compute_end = Clock::now();
+    if (in.op == Op::kReduceGrads) {
+      compute_end = Clock::now();
+      if (events_) events_->compute_end();
+    }
     run(in, mbs, slots, t);
   }
   finish_sends();
-  const auto t1 = Clock::now();
-  t.wall_ms = ms_since(t0, compute_end);
-  t.step_ms = ms_since(compute_end, t1);
+  if (events_) {
+    events_->finish(t);
+  } else {
+    const auto t1 = Clock::now();
+    t.wall_ms = ms_since(t0, compute_end);
+    t.step_ms = ms_since(compute_end, t1);
+  }
+  const double loss_sum = loss_sum_.defined() ? loss_sum_.item<double>() : 0.0;
+  loss_sum_ = torch::Tensor();
   ++steps_;
 
   // Every stage's timing and the loss, over the pp group (CPU tensors: MPI).
   const int p = spec.stages;
-  auto mine = torch::tensor({t.wall_ms, t.busy_ms, t.forward_ms, t.backward_ms, t.weight_ms, t.step_ms, loss_sum_},
+  auto mine = torch::tensor({t.wall_ms, t.busy_ms, t.forward_ms, t.backward_ms, t.weight_ms, t.step_ms, loss_sum},
                             torch::kDouble);
   auto all = torch::empty({p * 7}, torch::kDouble);
   if (p > 1) {

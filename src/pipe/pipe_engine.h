@@ -36,9 +36,14 @@
 //  * The gradient norm (clipping, overflow) is summed over the model-parallel group, so
 //    every stage clips and skips alike. Tied weights: see [Pipeline Tied Weights].
 //  * Timing: the batch starts after a barrier over the pp group; a stage's wall time runs
-//    to the end of its last forward/backward, its busy time sums them (wall clock; on CUDA
-//    after a device synchronize per op, so only for measuring). The measured bubble is
-//    (max wall - max busy) / max busy over the stages, the quantity the formulas give.
+//    to the end of its last forward/backward, its busy time sums them. On CPU ranks both
+//    are host wall clock. On CUDA they are CUDA events on the stage's compute stream
+//    (one pair around each forward/backward/weight pass, one at the batch start, one at
+//    the end of the last pass, one after the step), read once at the end of the batch:
+//    no synchronize between passes, so the schedule runs as it would untimed, and the
+//    wall time includes the stream's waits for a peer's activations or gradients. The
+//    head's losses are summed on the device and read once per batch. The measured bubble
+//    is (max wall - max busy) / max busy over the stages, the quantity the formulas give.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -131,6 +136,7 @@ class PipeEngine {
  private:
   struct Slot;  // one (micro-batch, chunk)'s tensors
   class SendProgress;  // see [Pipeline Execution]: completes CPU sends while the stage computes
+  class EventTimer;    // see [Pipeline Execution]: the CUDA-event timing of a batch
   void run(const Instr& in, std::vector<MicroBatch>& mbs, std::vector<Slot>& slots, StageTiming& t);
   void finish_sends();
 
@@ -145,10 +151,11 @@ class PipeEngine {
   comm::GroupPtr pp_, act_, grad_, world_;
   std::vector<comm::WorkPtr> pending_;
   std::unique_ptr<SendProgress> progress_;  // CPU ranks with MPI_THREAD_MULTIPLE only
+  std::unique_ptr<EventTimer> events_;      // CUDA stages only
   void post_send(const comm::GroupPtr& g, const torch::Tensor& t, int peer);
   torch::Tensor tied_grad_;      // last stage: accumulated tied-copy gradient (zb-h1); first: received
   bool tied_grad_ready_ = false;  // first stage: received, not yet added
-  double loss_sum_ = 0;
+  torch::Tensor loss_sum_;  // the head's losses of this batch, summed on the device (double)
   PipeReport report_;
   int64_t steps_ = 0;
 };
