@@ -19,7 +19,7 @@
 // per-micro-batch F / B / W times of the busiest stage (unequal stage and pass times are
 // what separate measurement from formula), each stage's busy fraction, the median batch
 // time (host clock, the optimizer step included) and tokens/s, and each stage's peak
-// device memory (CUDA caching allocator; CPU: not measured).
+// device memory (the engine's phase peaks, CUDA caching allocator; CPU: not measured).
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -83,24 +83,14 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
-double peak_gib(const torch::Device& d) {
-#ifdef ZT_WITH_CUDA
-  if (d.is_cuda()) {
-    auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(d.index());
-    return static_cast<double>(
-               st.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak) /
-           (1024.0 * 1024.0 * 1024.0);
-  }
-#endif
-  (void)d;
-  return 0;
-}
-
-void reset_peak(const torch::Device& d) {
-#ifdef ZT_WITH_CUDA
-  if (d.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(d.index());
-#endif
-  (void)d;
+// The stage's peak device memory in its last batch: the engine restarts the allocator's
+// peak at every phase (each forward, backward and step), and keeps the largest peak of each
+// phase kind over the batch; a phase starts from what is allocated, so the largest of the
+// three is the batch's peak (the receive buffers, outside any phase, are one activation).
+double batch_peak_gib(zt::Engine& e) {
+  const auto& r = e.last_report();
+  const int64_t b = std::max({r.forward.mem_peak, r.backward.mem_peak, r.step_phase.mem_peak});
+  return static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0);
 }
 
 }  // namespace
@@ -157,13 +147,14 @@ int main(int argc, char** argv) {
         return zt::pipe::MicroBatch{s.narrow(1, 0, T).contiguous(), s.narrow(1, 1, T).contiguous()};
       };
       for (int w = 0; w < a.warmup; ++w) pipe->train_batch(next);
-      reset_peak(dev);
+      double peak = 0;
       std::vector<double> bubbles, predicted, batch_ms;
       std::vector<std::vector<double>> busy(static_cast<size_t>(pp));
       for (int b = 0; b < a.batches; ++b) {
         const auto t0 = std::chrono::steady_clock::now();
         pipe->train_batch(next);  // returns after the loss is on the host: the batch is done
         batch_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        peak = std::max(peak, dev.is_cuda() ? batch_peak_gib(pipe->engine()) : 0.0);
         const auto& r = pipe->last_report();
         bubbles.push_back(r.bubble);
         size_t hot = 0;
@@ -177,7 +168,7 @@ int main(int argc, char** argv) {
         predicted.push_back(zt::pipe::simulate(pipe->schedule(), u).bubble);
       }
       // Each stage's peak memory and the slowest rank's batch time, on every rank (CPU: MPI).
-      auto mine = torch::tensor({peak_gib(dev)}, torch::kDouble);
+      auto mine = torch::tensor({peak}, torch::kDouble);
       auto peaks = torch::empty({pp}, torch::kDouble);
       world->all_gather(peaks, mine);
       auto ms = torch::tensor({median(batch_ms)}, torch::kDouble);

@@ -64,8 +64,6 @@ std::string human_bytes(uint64_t b) {
   return std::string(buf) + " (" + std::to_string(b) + " bytes)";
 }
 
-int64_t round_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
-
 // RAII file descriptor.
 class Fd {
  public:

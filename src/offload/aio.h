@@ -45,6 +45,8 @@ struct AioOptions {
 };
 
 constexpr size_t kAioAlignment = 4096;
+// n rounded up to a multiple of a (a > 0).
+inline int64_t round_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
 // Log sink: one line per call, no trailing newline.
 using AioLog = std::function<void(const std::string&)>;

@@ -25,8 +25,6 @@
 namespace zt::offload {
 namespace {
 
-int64_t round_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
-
 int64_t stride_of(int64_t numel) { return round_up(numel * static_cast<int64_t>(sizeof(float)), kAioAlignment); }
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
