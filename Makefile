@@ -23,7 +23,7 @@ setup:
 build:
 	@scripts/build.sh $(BUILD) $(CMAKE_ARGS)
 test: build
-	cd $(BUILD) && ctest --output-on-failure --timeout 1200
+	cd $(BUILD) && ctest --output-on-failure --timeout 1200 -j2
 demo: build
 	@scripts/demo.sh $(BUILD)
 clean:

@@ -241,8 +241,9 @@ struct MonitorOutputConfig {
   std::string job_name = "DeepSpeedJobName";
 };
 
-// "wandb". zerotrain writes no wandb run: enabled = true prints a warning naming what to
-// do instead (enable "tensorboard" and `wandb sync` its directory; docs/monitoring.md).
+// "wandb". enabled = true: rank 0 writes an offline wandb run in $WANDB_DIR/wandb/ (or
+// ./wandb/) that `wandb sync <run dir>` uploads (src/monitor/wandb_writer.h,
+// docs/monitoring.md).
 struct WandbConfig {
   /// false.
   bool enabled = false;

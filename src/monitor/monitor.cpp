@@ -3,9 +3,11 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 
 #include "monitor/csv_monitor.h"
 #include "monitor/tfevents.h"
+#include "monitor/wandb_writer.h"
 #include "log/log.h"
 
 namespace zt::monitor {
@@ -46,32 +48,36 @@ std::vector<Event> step_events(const StepReport& r, const Config& c) {
   return e;
 }
 
-std::string wandb_warning(const Config& c) {
-  if (!c.wandb.enabled) return "";
-  std::string sync = "wandb sync -p " + c.wandb.project + (c.wandb.team.empty() ? "" : " -e " + c.wandb.team);
-  std::string where = c.tensorboard.enabled ? join(c.tensorboard.output_path, c.tensorboard.job_name)
-                                            : "TENSORBOARD_DIR";
-  return "wandb.enabled = true: zerotrain writes no wandb run (no wandb client in C++); " +
-         std::string(c.tensorboard.enabled ? "the same events go to the TensorBoard files in " + where
-                                           : "enable \"tensorboard\" to write the same events") +
-         " and upload them with `" + sync + " " + where + "` (docs/monitoring.md)" +
-         (c.wandb.group.empty() ? "" : "; wandb.group has no counterpart there");
+std::string wandb_root() {
+  const char* dir = std::getenv("WANDB_DIR");
+  return dir && *dir ? join(dir, "wandb") : "wandb";
 }
 
 Monitor::Monitor(const Config& c) : cfg_(c) {
   if (c.tensorboard.enabled) tb_ = std::make_unique<EventFileWriter>(join(c.tensorboard.output_path, c.tensorboard.job_name));
   if (c.csv_monitor.enabled) csv_ = std::make_unique<CsvMonitor>(join(c.csv_monitor.output_path, c.csv_monitor.job_name));
+  if (c.wandb.enabled) {
+    // As DeepSpeed's WandbMonitor calls wandb.init(project=, group=, entity=team).
+    WandbRun run;
+    run.entity = c.wandb.team;
+    run.project = c.wandb.project;
+    run.group = c.wandb.group;
+    run.host = hostname();
+    wandb_ = std::make_unique<WandbWriter>(wandb_root(), run);
+  }
 }
 
 Monitor::~Monitor() = default;
 
 std::unique_ptr<Monitor> Monitor::create(const Config& c) {
-  const std::string warning = wandb_warning(c);
-  if (!warning.empty()) log::warn("%s", warning.c_str());
-  if (!c.tensorboard.enabled && !c.csv_monitor.enabled) return nullptr;
+  if (!c.tensorboard.enabled && !c.csv_monitor.enabled && !c.wandb.enabled) return nullptr;
   std::unique_ptr<Monitor> m(new Monitor(c));
   if (m->tb_) log::info("tensorboard: writing %s", m->tb_->path().c_str());
   if (m->csv_) log::info("csv_monitor: writing %s/*.csv", m->csv_->dir().c_str());
+  if (m->wandb_) {
+    const std::string& dir = m->wandb_->run_dir();
+    log::info("wandb: writing the offline run %s (upload it with `wandb sync %s`)", dir.c_str(), dir.c_str());
+  }
   std::fflush(stdout);
   return m;
 }
@@ -84,11 +90,14 @@ void Monitor::write_events(const std::vector<Event>& events) {
   for (const auto& e : events) {
     if (tb_) tb_->add_scalar(e.name, e.value, e.samples, wall);
     if (csv_) csv_->write(e.name, e.value, e.samples);
+    if (wandb_) wandb_->log(e.name, e.value, e.samples, wall);
   }
   if (tb_) tb_->flush();
+  if (wandb_) wandb_->flush();
 }
 
 std::string Monitor::tensorboard_file() const { return tb_ ? tb_->path() : ""; }
 std::string Monitor::csv_dir() const { return csv_ ? csv_->dir() : ""; }
+std::string Monitor::wandb_run_dir() const { return wandb_ ? wandb_->run_dir() : ""; }
 
 }  // namespace zt::monitor

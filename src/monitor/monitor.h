@@ -1,8 +1,9 @@
-// DeepSpeed's monitors for zerotrain's step reports: the TensorBoard and CSV outputs of
-// the config's "tensorboard" and "csv_monitor" sections, with DeepSpeed's directories
-// (output_path/job_name/) and event names. The engine makes one on rank 0 and hands it
-// every StepReport as it resolves (src/engine/engine.cpp, report()), so library users and
-// `zerotrain train` get the same files. docs/monitoring.md lists the events.
+// DeepSpeed's monitors for zerotrain's step reports: the TensorBoard, CSV and wandb outputs
+// of the config's "tensorboard", "csv_monitor" and "wandb" sections, with DeepSpeed's
+// directories (output_path/job_name/; wandb's own run directory) and event names. The
+// engine makes one on rank 0 and hands it every StepReport as it resolves
+// (src/engine/engine.cpp, report()), so library users and `zerotrain train` get the same
+// files. docs/monitoring.md lists the events.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -16,6 +17,7 @@ namespace zt::monitor {
 
 class CsvMonitor;
 class EventFileWriter;
+class WandbWriter;
 
 // One scalar: DeepSpeed's (log_name, value, step) tuple. `samples` is the x axis, the
 // samples trained so far as DeepSpeed counts them (global_samples = steps x train_batch_size).
@@ -31,31 +33,37 @@ struct Event {
 // only) and zerotrain's additions (grad norm, phase times and memory).
 std::vector<Event> step_events(const StepReport& r, const Config& c);
 
-// What an enabled "wandb" section gets instead of a wandb run (empty when it is off).
-std::string wandb_warning(const Config& c);
+// Where wandb runs go, as wandb puts them: $WANDB_DIR/wandb, or ./wandb when WANDB_DIR is
+// unset or empty. (DeepSpeed's "wandb" section has no path of its own.)
+std::string wandb_root();
 
 class Monitor {
  public:
-  // nullptr when neither tensorboard nor csv_monitor is enabled. Creates the directories
-  // and the event file (throws zt::Error naming a path that cannot be written) and prints
-  // where they are, and wandb_warning(c) to stderr when wandb is enabled. Call on one rank
-  // only (the engine: rank 0).
+  // nullptr when none of tensorboard, csv_monitor and wandb is enabled. Creates the
+  // directories, the event file and the wandb run (throws zt::Error naming a path that
+  // cannot be written) and prints where they are. Call on one rank only (the engine:
+  // rank 0).
   static std::unique_ptr<Monitor> create(const Config& c);
+  // Ends the wandb run: its last row, summary and exit record, exit code 1 when the
+  // monitor goes with an exception's unwinding (the engine's failed), else 0.
   ~Monitor();
 
-  // step_events(r) to every enabled output, then flushed (as DeepSpeed flushes each write).
+  // step_events(r) to every enabled output, then flushed (as DeepSpeed flushes each write;
+  // a wandb row goes out when an event of a later step comes, or when the run ends).
   void write(const StepReport& r);
   void write_events(const std::vector<Event>& events);
 
   // Where the outputs go (empty when that output is off).
   std::string tensorboard_file() const;
   std::string csv_dir() const;
+  std::string wandb_run_dir() const;
 
  private:
   explicit Monitor(const Config& c);
   Config cfg_;
   std::unique_ptr<EventFileWriter> tb_;
   std::unique_ptr<CsvMonitor> csv_;
+  std::unique_ptr<WandbWriter> wandb_;
 };
 
 }  // namespace zt::monitor

@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "ckpt/crc32c.h"
+#include "monitor/proto_wire.h"
 #include "zerotrain/error.h"
 
 namespace zt::monitor {
@@ -18,46 +19,13 @@ namespace {
 
 constexpr uint32_t kMaskDelta = 0xa282ead8u;
 
-void put_fixed64(std::string& out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-void put_fixed32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-void put_varint(std::string& out, uint64_t v) {
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-}
-// Protobuf keys: (field number << 3) | wire type (0 varint, 1 fixed64, 2 bytes, 5 fixed32).
-void put_key(std::string& out, int field, int wire_type) { put_varint(out, (uint64_t(field) << 3) | wire_type); }
-void put_bytes(std::string& out, int field, std::string_view bytes) {
-  put_key(out, field, 2);
-  put_varint(out, bytes.size());
-  out.append(bytes);
-}
-void put_double(std::string& out, int field, double v) {
-  uint64_t bits;
-  std::memcpy(&bits, &v, 8);
-  put_key(out, field, 1);
-  put_fixed64(out, bits);
-}
-void put_float(std::string& out, int field, float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, 4);
-  put_key(out, field, 5);
-  put_fixed32(out, bits);
-}
+}  // namespace
 
 std::string hostname() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "localhost";
   return buf;
 }
-
-}  // namespace
 
 uint32_t masked_crc32c(const void* data, size_t n) {
   const uint32_t crc = ckpt::crc32c(0, data, n);
@@ -67,33 +35,32 @@ uint32_t masked_crc32c(const void* data, size_t n) {
 std::string frame_record(std::string_view data) {
   std::string out;
   out.reserve(data.size() + 16);
-  put_fixed64(out, data.size());
-  put_fixed32(out, masked_crc32c(out.data(), 8));
+  wire::put_fixed64(out, data.size());
+  wire::put_fixed32(out, masked_crc32c(out.data(), 8));
   out.append(data);
-  put_fixed32(out, masked_crc32c(data.data(), data.size()));
+  wire::put_fixed32(out, masked_crc32c(data.data(), data.size()));
   return out;
 }
 
 std::string encode_file_version_event(double wall_time, std::string_view version) {
   std::string e;
-  put_double(e, 1, wall_time);
-  put_bytes(e, 3, version);
+  wire::put_double(e, 1, wall_time);
+  wire::put_bytes(e, 3, version);
   return e;
 }
 
 std::string encode_scalar_event(double wall_time, int64_t step, std::string_view tag, float value) {
   std::string v;  // Summary.Value
-  put_bytes(v, 1, tag);
-  put_float(v, 2, value);
+  wire::put_bytes(v, 1, tag);
+  wire::put_float(v, 2, value);
   std::string summary;
-  put_bytes(summary, 1, v);
+  wire::put_bytes(summary, 1, v);
   std::string e;
-  put_double(e, 1, wall_time);
+  wire::put_double(e, 1, wall_time);
   if (step != 0) {  // proto3: a zero scalar is not written
-    put_key(e, 2, 0);
-    put_varint(e, static_cast<uint64_t>(step));
+    wire::put_int(e, 2, step);
   }
-  put_bytes(e, 5, summary);
+  wire::put_bytes(e, 5, summary);
   return e;
 }
 

@@ -26,6 +26,10 @@ namespace zt::monitor {
 // TensorFlow's masked CRC-32C of [data, data + n).
 uint32_t masked_crc32c(const void* data, size_t n);
 
+// This machine's name (gethostname; "localhost" when it has none), as event file names
+// and wandb runs carry it.
+std::string hostname();
+
 // One framed record around `data` (see [TFRecord Framing]).
 std::string frame_record(std::string_view data);
 
