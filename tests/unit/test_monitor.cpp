@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "support/file_util.h"
 #include "ckpt/crc32c.h"
 #include "ckpt/fs.h"
 #include "monitor/csv_monitor.h"
@@ -35,29 +36,10 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string hex(const std::string& bytes) {
-  static const char* d = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out.push_back(d[c >> 4]);
-    out.push_back(d[c & 15]);
-  }
-  return out;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-struct TempDir {
-  TempDir() {
-    std::string t = std::string(ZT_BINARY_DIR) + "/monitor_test_XXXXXX";
-    EXPECT_NE(mkdtemp(t.data()), nullptr);
-    path = t;
-  }
-  ~TempDir() { zt::ckpt::remove_tree(path); }
-  std::string path;
+using zt::test_support::hex;
+using zt::test_support::read_file;
+struct TempDir : zt::test_support::BuildTempDir {
+  TempDir() : BuildTempDir("monitor_test_") {}
 };
 
 std::vector<std::string> files_in(const std::string& dir) {
@@ -341,17 +323,7 @@ TEST(CsvMonitor, MonitorWritesEveryEventOfEveryStep) {
 
 // ---- TensorBoard's own reader ----------------------------------------------------------
 
-// Runs `cmd`, returns its stdout and exit status.
-std::pair<std::string, int> run(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return {"", -1};
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int st = ::pclose(p);
-  return {out, WIFEXITED(st) ? WEXITSTATUS(st) : -1};
-}
+const auto run = zt::test_support::run_stdout;
 
 TEST(TfEvents, TensorBoardEventAccumulatorReadsEveryScalar) {
   const std::string py = ZT_PYTHON;

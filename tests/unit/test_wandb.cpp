@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "support/file_util.h"
 #include "ckpt/fs.h"
 #include "monitor/monitor.h"
 #include "monitor/wandb_writer.h"
@@ -43,29 +44,10 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using zt::monitor::WandbItem;
 
-std::string hex(std::string_view bytes) {
-  static const char* d = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out.push_back(d[c >> 4]);
-    out.push_back(d[c & 15]);
-  }
-  return out;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-struct TempDir {
-  TempDir() {
-    std::string t = std::string(ZT_BINARY_DIR) + "/wandb_test_XXXXXX";
-    EXPECT_NE(mkdtemp(t.data()), nullptr);
-    path = t;
-  }
-  ~TempDir() { zt::ckpt::remove_tree(path); }  // not fs::remove_all: see ckpt/fs.h
-  std::string path;
+using zt::test_support::hex;
+using zt::test_support::read_file;
+struct TempDir : zt::test_support::BuildTempDir {
+  TempDir() : BuildTempDir("wandb_test_") {}
 };
 
 // Sets WANDB_DIR for one scope.
@@ -556,16 +538,7 @@ TEST(WandbMonitor, DeepSpeedSectionWritesEveryEventAgainstSamples) {
 
 // ---- wandb's own reader ------------------------------------------------------------------
 
-std::pair<std::string, int> run(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return {"", -1};
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int st = ::pclose(p);
-  return {out, WIFEXITED(st) ? WEXITSTATUS(st) : -1};
-}
+const auto run = zt::test_support::run_stdout;
 
 TEST(WandbMonitor, WandbsDataStoreReadsEveryRecord) {
   // ZT_WANDB_PYTHON picks a python with wandb < 0.30 (the last with a Python DataStore)
