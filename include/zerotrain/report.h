@@ -22,6 +22,10 @@ struct ModelStateBytes {
   int64_t grads = 0;      // gradient buffers (full, or this rank's shard)
   int64_t master = 0;     // fp32 master weights
   int64_t optimizer = 0;  // optimizer state (Adam: exp_avg + exp_avg_sq)
+  // Stage 3: this rank's compute-dtype shard of the parameters without gradients (a LoRA
+  // base; no gradient, master or optimizer state). At stages 0-2 they stay whole in the
+  // model and are not counted here.
+  int64_t frozen = 0;
   // Stage 3: full-size parameters gathered right now (not part of total(): they come and
   // go with the units; see StepReport::zero3 for the step's peak).
   int64_t gathered = 0;
@@ -32,7 +36,7 @@ struct ModelStateBytes {
   // arrays padded to 4096 bytes); master and optimizer above are then on the drive, and
   // host counts only the gradient and staging buffers.
   int64_t nvme = 0;
-  int64_t total() const { return params + grads + master + optimizer; }
+  int64_t total() const { return params + grads + master + optimizer + frozen; }
 };
 
 // One published checkpoint save (Engine::last_checkpoint_save()). Times in ms, rank 0's
@@ -69,6 +73,9 @@ struct StepReport {
   // bytes gathered at once.
   int64_t gathers = 0, gathers_prefetched = 0;
   int64_t gathered_peak_bytes = 0;
+  // Stage 3 with frozen parameters: the most frozen bytes gathered at once in this step
+  // (the frozen shard group's units, [Frozen Units]).
+  int64_t frozen_gathered_peak_bytes = 0;
   // NVMe offload: the step's swap of the optimizer state. Time the CPU step waited for reads
   // and writes of the swap file (what the overlap did not hide), the CPU Adam and uploads
   // (visit_ms), and the bytes moved. All 0 without NVMe offload or on a skipped step.

@@ -25,7 +25,7 @@ nlohmann::json StepReport::to_json() const {
                     {"buckets_before_backward_end", buckets_before_backward_end},
                     {"exposed_ms", exposed_comm_ms}}},
           {"zero3", {{"gathers", gathers}, {"prefetched", gathers_prefetched},
-                     {"gathered_peak_bytes", gathered_peak_bytes}, {"gathered_bytes", model_state.gathered}}},
+                     {"gathered_peak_bytes", gathered_peak_bytes}, {"frozen_gathered_peak_bytes", frozen_gathered_peak_bytes}, {"gathered_bytes", model_state.gathered}}},
           {"nvme", {{"read_wait_ms", nvme.read_wait_ms}, {"write_wait_ms", nvme.write_wait_ms},
                     {"visit_ms", nvme.visit_ms}, {"bytes_read", nvme.bytes_read},
                     {"bytes_written", nvme.bytes_written}}}};

@@ -131,8 +131,18 @@ class EngineImpl : public Engine {
         auto dt = at::isFloatingType(t.scalar_type()) ? dtype_ : t.scalar_type();
         if (t.defined() && (t.device() != device_ || t.scalar_type() != dt)) t.set_data(t.to(device_, dt));
       };
+      // Floating-point parameters without gradients (a LoRA base) are partitioned too, by
+      // the frozen shard group ([Frozen Units] in src/zero/frozen_shards.h), one unit at a
+      // time from where they are now.
       for (const auto& kv : named) {
-        if (!managed.count(kv.value().unsafeGetTensorImpl())) move(kv.value());
+        const auto& t = kv.value();
+        if (managed.count(t.unsafeGetTensorImpl())) continue;
+        if (!t.requires_grad() && t.defined() && at::isFloatingType(t.scalar_type()) && t.numel() > 0) {
+          frozen_.push_back(t);
+          frozen_names_.push_back(kv.key());
+        } else {
+          move(t);
+        }
       }
       for (auto& b : model_->buffers()) move(b);
     }
@@ -178,6 +188,9 @@ class EngineImpl : public Engine {
     zo.delayed_update = zc.offload_optimizer.delayed_param_update;
     if (stage3) {
       setup_units(params, names, zo);
+      zo.frozen = frozen_;
+      zo.frozen_names = frozen_names_;
+      frozen_.clear();  // the optimizer's frozen group holds them from here
       if (any_deferred) {
         zo.deferred_shapes = deferred;
         auto init = opts_.param_init;
@@ -375,6 +388,7 @@ class EngineImpl : public Engine {
     r.gathers = z3.gathers;
     r.gathers_prefetched = z3.prefetched;
     r.gathered_peak_bytes = z3.peak_live_numel * esize;
+    r.frozen_gathered_peak_bytes = zero_->frozen_stats().peak_live_numel * esize;
     if (!out.overflow) r.nvme = zero_->nvme_step_stats();
     p.fwd = std::move(fwd_phases_);
     p.bwd = std::move(bwd_phases_);
@@ -699,12 +713,13 @@ class EngineImpl : public Engine {
     zo.max_live_numel = z.stage3_max_live_parameters;
     zo.max_reuse_distance = z.stage3_max_reuse_distance;
     zo.persistence_threshold = z.stage3_param_persistence_threshold;
-    auto index_of = [&](const torch::Tensor& t) {
-      for (size_t i = 0; i < params.size(); ++i) {
-        if (params[i].unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return static_cast<int>(i);
+    auto index_in = [](const std::vector<torch::Tensor>& list, const torch::Tensor& t) {
+      for (size_t i = 0; i < list.size(); ++i) {
+        if (list[i].unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return static_cast<int>(i);
       }
       return -1;
     };
+    auto index_of = [&](const torch::Tensor& t) { return index_in(params, t); };
     std::vector<std::vector<torch::Tensor>> units = opts_.units;
     std::vector<std::string> unit_names = opts_.unit_names;
     if (units.empty() && zero_model_) {
@@ -718,11 +733,17 @@ class EngineImpl : public Engine {
     for (size_t u = 0; u < units.size(); ++u) {
       zero::ZeroOptions::Unit unit;
       unit.name = u < unit_names.size() ? unit_names[u] : "unit " + std::to_string(u);
+      std::vector<int> frozen;
       for (const auto& t : units[u]) {
         const int i = index_of(t);
-        if (i >= 0) unit.params.push_back(i);  // frozen parameters are not the engine's
+        if (i >= 0) {
+          unit.params.push_back(i);
+        } else if (const int f = index_in(frozen_, t); f >= 0) {
+          frozen.push_back(f);  // the frozen shard group's member of this unit
+        }
       }
       zo.units.push_back(unit);
+      zo.frozen_units.push_back(frozen);
       unit_names_.push_back(unit.name);
     }
   }
@@ -732,6 +753,10 @@ class EngineImpl : public Engine {
   ZeroModel* hooked_ = nullptr;      // set when the engine drives the model's unit hooks
   std::vector<std::string> names_;       // managed parameters' names, in the user's order
   std::vector<std::string> unit_names_;  // ZeRO-3 gather units in forward order
+  // Stage 3, during construction only: the frozen floating-point parameters and their names
+  // (handed to the optimizer's frozen shard group).
+  std::vector<torch::Tensor> frozen_;
+  std::vector<std::string> frozen_names_;
   Config cfg_;
   EngineOptions opts_;
   comm::GroupPtr group_;

@@ -157,6 +157,7 @@ void ParamGatherer::on_reduced(int b) {
 }
 
 void ParamGatherer::end_backward() {
+  bwd_unit_ = -1;
   if (!hold_all_) release_all(/*persistent_too=*/false);  // units gathered (prefetched) but never used
   check_tags();
 }
@@ -272,6 +273,7 @@ void ParamGatherer::prefetch_after(const std::vector<int>& order, int64_t pos, i
 
 void ParamGatherer::begin_forward() {
   rec_.clear();
+  bwd_unit_ = -1;
   if (root_ >= 0) gather(root_, false);
   if (persistent_ >= 0) gather(persistent_, false);
   if (trace_valid_) prefetch_after(trace_, -1, +1);
@@ -343,6 +345,12 @@ void ParamGatherer::on_pre_backward(int b) {
       pos = k;
       break;
     }
+  }
+  // [Frozen Units]: this node runs once the unit's output gradient is complete, so the
+  // backward of the unit after it (in forward order) no longer needs its weights.
+  if (opt_.release_after_backward) {
+    if (bwd_unit_ >= 0 && bwd_unit_ != b && units_[bwd_unit_].kind == UnitKind::kBlock) release(bwd_unit_);
+    bwd_unit_ = b;
   }
   ensure_gathered(b);
   if (pos >= 0) {

@@ -59,6 +59,9 @@ struct GathererOptions {
   int64_t prefetch_numel = 50000000;           // stage3_prefetch_bucket_size
   int64_t max_live_numel = 1000000000;         // stage3_max_live_parameters
   int64_t max_reuse_distance = 1000000000;     // stage3_max_reuse_distance
+  // A shard group without gradients (frozen_shards.h): a block unit is released when the
+  // backward reaches the unit before it, not when its gradients are reduced.
+  bool release_after_backward = false;
 };
 
 class ParamGatherer {
@@ -137,6 +140,7 @@ class ParamGatherer {
   bool hold_all_ = false;                // gather_all(): nothing is released until release_all()
   std::vector<int> rec_;                 // this forward's order
   int64_t bwd_pos_ = 0;
+  int bwd_unit_ = -1;                    // release_after_backward: the unit whose backward runs
   int64_t gather_seq_ = 0;
   std::vector<TagCheck> tag_checks_;
   Zero3Stats z3_;

@@ -90,6 +90,22 @@ void ZeroOptimizer::init_stage3(std::vector<torch::Tensor>& params) {
   }
 }
 
+void ZeroOptimizer::init_frozen() {
+  if (opt_.frozen.empty()) return;
+  std::vector<DeclaredUnit> units;
+  for (size_t u = 0; u < opt_.units.size(); ++u) {
+    units.push_back({opt_.units[u].name, u < opt_.frozen_units.size() ? opt_.frozen_units[u] : std::vector<int>{}});
+  }
+  GathererOptions go;
+  go.device = opt_.device;
+  go.dtype = opt_.dtype;
+  go.prefetch_numel = opt_.prefetch_numel;
+  go.max_live_numel = opt_.max_live_numel;
+  go.max_reuse_distance = opt_.max_reuse_distance;
+  frozen_ = std::make_unique<FrozenShards>(opt_.frozen, opt_.frozen_names, units, opt_.persistence_threshold, group_, go);
+  opt_.frozen.clear();  // the gatherer holds the parameters
+}
+
 void ZeroOptimizer::make_gatherer(const UnitPlan& plan) {
   GathererOptions go;
   go.device = opt_.device;
@@ -123,27 +139,35 @@ void ZeroOptimizer::make_gatherer(const UnitPlan& plan) {
   };
 }
 
-// The engine's stage-3 calls: no-ops at stages 0-2 (no gatherer).
+// The engine's stage-3 calls: no-ops at stages 0-2 (no gatherer). The frozen group's
+// gatherer follows the same calls, after the trained group's.
 void ZeroOptimizer::begin_forward() {
   if (gatherer_) gatherer_->begin_forward();
+  if (frozen_) frozen_->gatherer().begin_forward();
 }
 void ZeroOptimizer::end_forward() {
   if (gatherer_) gatherer_->end_forward();
+  if (frozen_) frozen_->gatherer().end_forward();
 }
 void ZeroOptimizer::unit_pre_forward(int unit, bool recompute) {
   if (gatherer_) gatherer_->unit_pre_forward(unit, recompute);
+  if (frozen_) frozen_->gatherer().unit_pre_forward(unit, recompute);
 }
 void ZeroOptimizer::unit_post_forward(int unit, bool recompute) {
   if (gatherer_) gatherer_->unit_post_forward(unit, recompute);
+  if (frozen_) frozen_->gatherer().unit_post_forward(unit, recompute);
 }
 torch::Tensor ZeroOptimizer::unit_output(int unit, const torch::Tensor& y) {
-  return gatherer_ ? gatherer_->unit_output(unit, y) : y;
+  torch::Tensor out = gatherer_ ? gatherer_->unit_output(unit, y) : y;
+  return frozen_ ? frozen_->gatherer().unit_output(unit, out) : out;
 }
 void ZeroOptimizer::gather_all() {
   if (gatherer_) gatherer_->gather_all();
+  if (frozen_) frozen_->gatherer().gather_all();
 }
 void ZeroOptimizer::release_all(bool persistent_too) {
   if (gatherer_) gatherer_->release_all(persistent_too);
+  if (frozen_) frozen_->gatherer().release_all(persistent_too);
 }
 
 }  // namespace zt::zero

@@ -39,6 +39,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr g
   auto topt = torch::TensorOptions().device(opt_.device);
   if (opt_.stage == 3) {
     init_stage3(params);
+    init_frozen();
   } else {
     // Layout order: reverse of the user's order, the order gradients become ready.
     const int n = static_cast<int>(params.size());
@@ -152,6 +153,7 @@ DeviceSpan ZeroOptimizer::end_backward() {
   torch::NoGradGuard no_grad;
   reducer_->launch_remaining();
   if (gatherer_) gatherer_->end_backward();  // releases units prefetched but never used
+  if (frozen_) frozen_->gatherer().end_backward();
   return reducer_->wait();
 }
 
@@ -283,6 +285,7 @@ ModelStateBytes ZeroOptimizer::state_bytes() const {
   auto nb = [](const torch::Tensor& t) -> int64_t { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; };
   ModelStateBytes m;
   m.params = nb(flat_param_) + nb(param_shard_) + nb(delayed_stage_);
+  m.frozen = frozen_ ? frozen_->shard_bytes() : 0;
   m.grads = reducer_->grad_bytes();
   m.master = state_.master_bytes();
   m.optimizer = state_.moment_bytes();
@@ -299,6 +302,7 @@ ModelStateBytes ZeroOptimizer::state_bytes() const {
 void ZeroOptimizer::reset_counters() {
   reducer_->reset_counters();
   if (gatherer_) gatherer_->reset_counters();
+  if (frozen_) frozen_->gatherer().reset_counters();
 }
 
 std::vector<torch::Tensor> ZeroOptimizer::gather_master_params() {

@@ -38,6 +38,7 @@
 #include "common/phase_timer.h"
 #include "offload/aio.h"
 #include "optim/cpu_adam.h"
+#include "zero/frozen_shards.h"
 #include "zero/grad_reducer.h"
 #include "zero/optimizer_state.h"
 #include "zero/param_gatherer.h"
@@ -83,6 +84,12 @@ struct ZeroOptions {
   // their initialisation (user index, full-size tensor on the device).
   std::vector<std::vector<int64_t>> deferred_shapes;
   std::function<void(int, torch::Tensor&)> deferred_init;
+  // Stage 3: the parameters without gradients (frozen_shards.h), partitioned and gathered
+  // with the same units; frozen_units[u] = the frozen members of units[u] (indices into
+  // frozen). Empty: none.
+  std::vector<torch::Tensor> frozen;
+  std::vector<std::string> frozen_names;
+  std::vector<std::vector<int>> frozen_units;
 
   // ZeRO-Offload (stages 1-3): fp32 master and Adam state in host memory, the step on the
   // CPU (src/optim/cpu_adam.h), updated compute-dtype shards uploaded per sub-group.
@@ -161,6 +168,8 @@ class ZeroOptimizer {
   void release_all(bool persistent_too);
   const Zero3Stats& zero3_stats() const { return gatherer_ ? gatherer_->stats() : no_z3_; }
   int num_units() const { return gatherer_ ? gatherer_->num_units() : 0; }
+  // The frozen shard group's gathers (zeros without one).
+  const Zero3Stats& frozen_stats() const { return frozen_ ? frozen_->gatherer().stats() : no_z3_; }
 
   ModelStateBytes state_bytes() const;
   // NVMe: the swap file of this rank ("" without NVMe offload), and the last step's swap.
@@ -267,6 +276,7 @@ class ZeroOptimizer {
 
   // Stage 3 (zero3.cpp): units, layout and partition of the parameters; the gatherer.
   void init_stage3(std::vector<torch::Tensor>& params);
+  void init_frozen();  // stage 3: the frozen shard group (frozen_shards.h), when there is one
   void make_gatherer(const UnitPlan& plan);
 
   ZeroOptions opt_;
@@ -306,6 +316,7 @@ class ZeroOptimizer {
 
   // Stage 3 state.
   std::unique_ptr<ParamGatherer> gatherer_;  // null at stages 0-2
+  std::unique_ptr<FrozenShards> frozen_;     // stage 3 with frozen parameters, else null
   torch::Tensor param_shard_;            // (shard) compute dtype: only while initialize() partitions
   std::vector<std::vector<int64_t>> shapes_;  // layout index -> full shape
   Zero3Stats no_z3_;                     // stages 0-2: no gathers
