@@ -742,8 +742,10 @@ int cmd_train(int argc, char** argv) {
       std::printf("  %-9s %7.2f   %8.3f   %9.3f\n", names[p], timed_steps ? phase_ms_sum[names[p]] / timed_steps : 0.0,
                   m[p] / gib, m[p + 3] / gib);
     }
-    std::printf("  model states per rank: params %.3f, grads %.3f, fp32 master %.3f, optimizer %.3f = %.3f GiB",
-                msb.params / gib, msb.grads / gib, msb.master / gib, msb.optimizer / gib, msb.total() / gib);
+    std::printf("  model states per rank: params %.3f, grads %.3f, fp32 master %.3f, optimizer %.3f", msb.params / gib,
+                msb.grads / gib, msb.master / gib, msb.optimizer / gib);
+    if (msb.frozen > 0) std::printf(", frozen shard %.3f", msb.frozen / gib);
+    std::printf(" = %.3f GiB", msb.total() / gib);
     if (msb.host > 0) std::printf(" (host memory %.3f GiB, NVMe files %.3f GiB)", msb.host / gib, msb.nvme / gib);
     std::printf("\n");
     if (timed_steps == 0) {
