@@ -22,6 +22,8 @@
 #include "cli/flags.h"
 #include "cli/profile.h"
 #include "cli/train_model.h"
+#include "models/gpt2.h"
+#include "pipe/pipe_engine.h"
 #include "config/notes.h"
 #include "data/shards.h"
 #include "data/token_dataset.h"
@@ -75,7 +77,8 @@ const char* kTrainUsage =
     "  --device cpu|cuda   where the ranks run (default: cuda:LOCAL_RANK when CUDA is available)\n"
     "  --tp N / --pp N / --ep N   tensor-parallel, pipeline and expert-parallel degrees (the config's\n"
     "                      tensor_parallel.autotp_size, pipeline.stages, expert_parallel.autoep_size;\n"
-    "                      dp = ranks / (tp x pp)); > 1 is not implemented yet (docs/parallel.md)\n"
+    "                      dp = ranks / (tp x pp)); --pp N > 1 trains GPT-2 in N pipeline stages\n"
+    "                      (pipeline.schedule, docs/pipeline.md); --tp / --ep > 1 are not implemented yet\n"
     "  --profile STEP      profile that step (0-based) with Kineto: writes PATH.rank<R>.json (Chrome\n"
     "                      trace) and PATH.rank<R>.txt (GPU time by kernel kind, top kernels)\n"
     "  --profile-out PATH  where (default zerotrain-profile)\n"
@@ -252,6 +255,124 @@ std::shared_ptr<data::ShardDataset> open_shards(const std::vector<std::string>& 
   return ds;
 }
 
+// --data: token shards (a glob), a text file (byte tokens) or random tokens, in windows of
+// `seq`. Opened before initialize(): a tokenizer that does not match the model (or the
+// --init-from weights) is reported before the engine is built.
+std::shared_ptr<const data::Dataset> open_train_data(const TrainArgs& a, int64_t vocab_size, int64_t seq, int rank) {
+  // --data: token shards (a glob), a text file (byte tokens) or random tokens.
+  std::vector<std::string> data_files;
+  if (a.data != "random") data_files = expand_glob_or_self(a.data);
+  const bool shards = !data_files.empty() && data::looks_like_shard(data_files[0]);
+  const bool text = !data_files.empty() && !shards;
+  if (text) {
+    ZT_CHECK_T(data_files.size() == 1, ConfigError, "train: --data '", a.data, "' matches ", data_files.size(),
+               " files that are not token shards; byte-token training takes one text file (tokenize many with "
+               "zerotrain tokenize)");
+    ZT_CHECK_T(vocab_size >= 256, ConfigError, "train: a text file needs a vocabulary of at least 256 "
+               "(byte tokens); --vocab ", vocab_size, " is too small");
+    ZT_CHECK_T(a.init_from.empty(), ConfigError, "train: --data '", a.data, "' is a text file, fed as byte tokens, "
+               "but --init-from weights have a ", vocab_size, "-token vocabulary of their own tokenizer; "
+               "tokenize the text with that tokenizer first (zerotrain tokenize --tokenizer DIR/tokenizer.json "
+               "--out SHARDS FILE) and pass --data 'SHARDS/data_train_*.bin'");
+  }
+  std::shared_ptr<const data::Dataset> ds;
+  if (shards) ds = open_shards(data_files, "--data", seq, vocab_size, !a.init_from.empty(), rank);
+  else if (text) ds = std::make_shared<data::TokenDataset>(data_files[0], seq);
+  else ds = std::make_shared<data::RandomTokenDataset>(vocab_size, seq, static_cast<uint64_t>(a.seed));
+  return ds;
+}
+
+// [Pipeline Train] `train --pp N` (or a config whose pipeline.stages is N > 1): GPT-2 cut
+// into N stages by zt::pipe::PipeEngine (docs/pipeline.md), dp = ranks / N data-parallel
+// replicas with ZeRO 0-2 over dp, the schedule of pipeline.schedule. One step is
+// gradient_accumulation_steps micro-batches through the pipeline, then the optimizer step on
+// every stage; every dp replica reads its own part of the data. What the pipeline does not
+// do yet is named before the first step: checkpoints (--save, --load, --init-from),
+// --lora/--qlora, --val-data, Llama models, ZeRO-3, tensor or expert parallelism.
+int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::GroupPtr& group) {
+  const int rank = group->rank(), world = group->size();
+  auto refuse = [](bool given, const char* what) {
+    ZT_CHECK_T(!given, ConfigError, "train: ", what, " is not supported with pipeline parallelism (--pp) yet; "
+               "run without it, or without --pp (docs/pipeline.md)");
+  };
+  refuse(!a.save.empty() || !a.load.empty() || a.save_every > 0, "--save/--load (checkpoints per pipeline stage)");
+  refuse(!a.init_from.empty(), "--init-from");
+  refuse(!a.lora.empty() || a.qlora, "--lora/--qlora");
+  refuse(!a.val_data.empty(), "--val-data");
+  refuse(a.profile_step >= 0, "--profile");
+  refuse(!a.metrics.empty() || !a.summary.empty(), "--metrics/--summary");
+  ZT_CHECK_T(!a.checkpoint, ConfigError, "train: --checkpoint-activations with --pp: set "
+             "pipeline.activation_checkpoint_interval in the config instead (the pipeline's own checkpointing)");
+  pipe::PipeConfig pc = pipe::pipeline_config(j, world, a.config);
+  const Config& cfg = pc.config;
+  const int pp = static_cast<int>(pc.pipeline.stages);
+  ZT_CHECK_T(pp >= 1 && world % pp == 0, ConfigError, "train: pipeline.stages = ", pp, " does not divide the ", world,
+             " ranks");
+  const int dp = world / pp;
+  torch::manual_seed(static_cast<uint64_t>(a.seed));
+  TrainModel model = build_train_model({a.model, "", a.layers, a.embd, a.heads, a.vocab, false, rank, std::nullopt, false}, cfg);
+  auto impl = std::dynamic_pointer_cast<models::GPT2Impl>(model.module);
+  ZT_CHECK_T(model.family == "gpt2" && impl, ConfigError, "train: --pp cuts GPT-2 into stages; ", model.name,
+             " is a ", model.family, " model (a pipelined Llama is not implemented yet)");
+  const int64_t seq = a.seq > 0 ? a.seq : std::min<int64_t>(1024, model.max_seq);
+  ZT_CHECK_T(seq <= model.max_seq, ConfigError, "train: --seq ", seq, " exceeds the model's ", model.max_seq,
+             " positions");
+  std::shared_ptr<const data::Dataset> ds = open_train_data(a, model.vocab_size, seq, rank);
+  parallel::Topology topo(group, parallel::ParallelDims::make(world, dp, 1, pp));
+  if (rank == 0) log::info("%s", topo.describe().c_str());
+  pipe::PipeOptions po;
+  if (a.device == "cpu") po.device = torch::Device(torch::kCPU);
+  if (a.device == "cuda") {
+    ZT_CHECK_T(torch::cuda::is_available(), ConfigError, "train: --device cuda but CUDA is not available here");
+    po.device = default_device();
+  }
+  pipe::PipeEngine engine(models::GPT2(impl), pc, topo, po);
+  model.module.reset();
+  impl.reset();  // each stage keeps its own layers
+  data::DistributedSampler sampler(ds->size(), topo.coords().dp, dp, /*shuffle=*/true, static_cast<uint64_t>(a.seed));
+  data::Loader loader(ds, sampler, cfg.train_micro_batch_size_per_gpu, torch::kCPU);
+  auto next = [&] {
+    auto [x, y] = loader.next();
+    return pipe::MicroBatch{x, y};
+  };
+  if (rank == 0) {
+    log::info("pipeline: GPT-2 %s in %d stages (layers %s), schedule %s, %lld micro-batches of %lld x %lld per step, "
+              "dp %d", model.name.c_str(), pp, nlohmann::json(engine.partition()).dump().c_str(),
+              schedule_name(engine.schedule().spec.kind), static_cast<long long>(cfg.gradient_accumulation_steps),
+              static_cast<long long>(cfg.train_micro_batch_size_per_gpu), static_cast<long long>(seq), dp);
+  }
+  const int64_t print_every = a.print_every > 0 ? a.print_every : std::max<int64_t>(1, cfg.steps_per_print);
+  const double tokens_per_step = static_cast<double>(cfg.train_batch_size * seq);
+  double first = 0, last = 0, timed_ms = 0;
+  int64_t timed = 0;
+  for (int64_t s = 1; s <= a.steps; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    last = engine.train_batch(next);  // this dp replica's mean: averaged over the replicas below
+    if (dp > 1) {
+      auto l = torch::tensor({last}, torch::kDouble);
+      topo.dp()->all_reduce(l, comm::ReduceOp::kSum);
+      last = l.item<double>() / dp;
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (s == 1) first = last;
+    if (s > a.warmup) timed_ms += ms, ++timed;
+    ZT_CHECK_T(std::isfinite(last), TrainingError, "train: the pipeline's loss is not finite at step ", s);
+    if (rank == 0 && (s % print_every == 0 || s == a.steps)) {
+      const auto& r = engine.last_report();
+      std::printf("Epoch %lld, Step %lld/%lld, Loss: %.6f | %.1f ms, %.0f tokens/s, bubble %.3f (formula %.3f)\n",
+                  static_cast<long long>(loader.epoch() + 1), static_cast<long long>(s), static_cast<long long>(a.steps),
+                  last, ms, tokens_per_step / (ms / 1000.0), r.bubble, r.bubble_formula);
+      std::fflush(stdout);
+    }
+  }
+  if (rank == 0) {
+    std::printf("pipeline: loss %.4f -> %.4f", first, last);
+    if (timed > 0) std::printf(", %.1f ms/step, %.0f tokens/s", timed_ms / timed, tokens_per_step * timed / (timed_ms / 1000.0));
+    std::printf("\n");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int cmd_train(int argc, char** argv) {
@@ -289,6 +410,12 @@ int cmd_train(int argc, char** argv) {
   fill_batch_auto(j, a.micro, a.accum, a.clip);
   const auto unflagged = fill_precision_auto(j, a.bf16, a.fp16, a.lr);
   fill_parallel_flags(j, a.tp, a.pp, a.ep);
+  if (j.contains("pipeline") && j["pipeline"].is_object() && j["pipeline"].contains("stages") &&
+      j["pipeline"]["stages"].is_number_integer() && j["pipeline"]["stages"].get<int64_t>() > 1) {
+    const int rc = train_pipeline(a, j, group);  // [Pipeline Train]; its engine is gone on return
+    comm::finalize();
+    return rc;
+  }
   Config cfg = Config::from_json(j, world, a.config);
   check_swap_dirs(cfg, a.save, a.load);
   if (rank == 0) {
@@ -338,28 +465,7 @@ int cmd_train(int argc, char** argv) {
   const int64_t seq = a.seq > 0 ? a.seq : std::min<int64_t>(1024, model.max_seq);
   ZT_CHECK_T(seq <= model.max_seq, ConfigError, "train: --seq ", seq, " exceeds the model's ", model.max_seq,
              " positions");
-  // --data: token shards (a glob), a text file (byte tokens) or random tokens.
-  std::vector<std::string> data_files;
-  if (a.data != "random") data_files = expand_glob_or_self(a.data);
-  const bool shards = !data_files.empty() && data::looks_like_shard(data_files[0]);
-  const bool text = !data_files.empty() && !shards;
-  if (text) {
-    ZT_CHECK_T(data_files.size() == 1, ConfigError, "train: --data '", a.data, "' matches ", data_files.size(),
-               " files that are not token shards; byte-token training takes one text file (tokenize many with "
-               "zerotrain tokenize)");
-    ZT_CHECK_T(model.vocab_size >= 256, ConfigError, "train: a text file needs a vocabulary of at least 256 "
-               "(byte tokens); --vocab ", model.vocab_size, " is too small");
-    ZT_CHECK_T(a.init_from.empty(), ConfigError, "train: --data '", a.data, "' is a text file, fed as byte tokens, "
-               "but --init-from weights have a ", model.vocab_size, "-token vocabulary of their own tokenizer; "
-               "tokenize the text with that tokenizer first (zerotrain tokenize --tokenizer DIR/tokenizer.json "
-               "--out SHARDS FILE) and pass --data 'SHARDS/data_train_*.bin'");
-  }
-  // The data sets come before initialize(): a tokenizer that does not match the model (or
-  // the --init-from weights) is reported before the engine is built.
-  std::shared_ptr<const data::Dataset> ds;
-  if (shards) ds = open_shards(data_files, "--data", seq, model.vocab_size, !a.init_from.empty(), rank);
-  else if (text) ds = std::make_shared<data::TokenDataset>(data_files[0], seq);
-  else ds = std::make_shared<data::RandomTokenDataset>(model.vocab_size, seq, static_cast<uint64_t>(a.seed));
+  std::shared_ptr<const data::Dataset> ds = open_train_data(a, model.vocab_size, seq, rank);
   std::shared_ptr<const data::ShardDataset> val_ds;
   if (!a.val_data.empty()) {
     val_ds = open_shards(expand_glob_or_self(a.val_data), "--val-data", seq, model.vocab_size, !a.init_from.empty(), rank);

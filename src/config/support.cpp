@@ -282,12 +282,12 @@ void check_support(const Config& c, std::vector<std::string>& not_supported) {
                                         ") is not implemented yet" + dp_all + " (or drop --tp)"));
   }
   if (c.pp_size() > 1) {
-    // zt::pipe::PipeEngine takes such a config (pipe::pipeline_config drops this message);
-    // zt::initialize and zerotrain train do not run a pipeline.
+    // zt::pipe::PipeEngine (and with it `zerotrain train` and check-config) takes such a
+    // config (pipe::pipeline_config drops this message); zt::initialize does not.
     not_supported.push_back(not_yet("pipeline.stages", std::to_string(c.pipeline.stages),
                                     "pipeline parallelism (pp " + std::to_string(c.pp_size()) +
-                                        ") runs only through zt::pipe::PipeEngine (docs/pipeline.md), not "
-                                        "zt::initialize or zerotrain train yet" + dp_all + " (or drop --pp)"));
+                                        ") runs through zt::pipe::PipeEngine and zerotrain train (docs/pipeline.md), "
+                                        "not zt::initialize" + dp_all + " (or drop --pp)"));
   }
   if (c.expert_parallel.enabled) {
     not_supported.push_back(not_yet("expert_parallel.enabled", "true",

@@ -80,7 +80,7 @@ TEST(PipeConfig, ConfigParseAndPipelineConfig) {
       "pipeline": {"stages": 2, "schedule": "zb-h1", "partition": "uniform"}})");
   const std::string plain = all_problems(j, 4);
   EXPECT_TRUE(contains(plain, "pipeline.stages = 2 is not supported yet by zerotrain: pipeline parallelism (pp 2) "
-                              "runs only through zt::pipe::PipeEngine"))
+                              "runs through zt::pipe::PipeEngine and zerotrain train"))
       << plain;
   EXPECT_FALSE(contains(plain, "partition")) << plain;
   EXPECT_THROW(Config::from_json(j, 4), ConfigError);
