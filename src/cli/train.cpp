@@ -286,7 +286,8 @@ std::shared_ptr<const data::Dataset> open_train_data(const TrainArgs& a, int64_t
 // into N stages by zt::pipe::PipeEngine (docs/pipeline.md), dp = ranks / N data-parallel
 // replicas with ZeRO 0-2 over dp, the schedule of pipeline.schedule. One step is
 // gradient_accumulation_steps micro-batches through the pipeline, then the optimizer step on
-// every stage; every dp replica reads its own part of the data. What the pipeline does not
+// every stage; every dp replica reads its own part of the data, and the printed loss is the
+// mean over the replicas (as DeepSpeed's PipelineEngine reports it). What the pipeline does not
 // do yet is named before the first step: checkpoints (--save, --load, --init-from),
 // --lora/--qlora, --val-data, Llama models, ZeRO-3, tensor or expert parallelism.
 int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::GroupPtr& group) {
