@@ -119,6 +119,8 @@ class EngineImpl : public Engine {
         opts_.param_init(names[i], params[i]);
       }
     }
+    std::vector<torch::Tensor> frozen;  // stage 3: the frozen shard group's parameters
+    std::vector<std::string> frozen_names;
     // Move and cast the model. Stage 3 leaves the managed parameters where they are: the
     // partitioner takes them one unit at a time, so the whole model is never on the device.
     if (!stage3) {
@@ -138,8 +140,8 @@ class EngineImpl : public Engine {
         const auto& t = kv.value();
         if (managed.count(t.unsafeGetTensorImpl())) continue;
         if (!t.requires_grad() && t.defined() && at::isFloatingType(t.scalar_type()) && t.numel() > 0) {
-          frozen_.push_back(t);
-          frozen_names_.push_back(kv.key());
+          frozen.push_back(t);
+          frozen_names.push_back(kv.key());
         } else {
           move(t);
         }
@@ -187,10 +189,9 @@ class EngineImpl : public Engine {
     zo.sub_group_numel = zc.sub_group_size;
     zo.delayed_update = zc.offload_optimizer.delayed_param_update;
     if (stage3) {
-      setup_units(params, names, zo);
-      zo.frozen = frozen_;
-      zo.frozen_names = frozen_names_;
-      frozen_.clear();  // the optimizer's frozen group holds them from here
+      setup_units(params, frozen, names, zo);
+      zo.frozen = std::move(frozen);
+      zo.frozen_names = std::move(frozen_names);
       if (any_deferred) {
         zo.deferred_shapes = deferred;
         auto init = opts_.param_init;
@@ -705,8 +706,9 @@ class EngineImpl : public Engine {
 
   // ZeRO-3 units: EngineOptions.units, else the ZeroModel's zero_units() (driven by its unit
   // hooks), else none (all root).
-  void setup_units(const std::vector<torch::Tensor>& params, const std::vector<std::string>& names,
-                   zero::ZeroOptions& zo) {
+  // frozen: the stage-3 frozen group's parameters (each unit's members go to Unit::frozen).
+  void setup_units(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& frozen,
+                   const std::vector<std::string>& names, zero::ZeroOptions& zo) {
     const auto& z = cfg_.zero_optimization;
     zo.param_names = names;
     zo.prefetch_numel = z.stage3_prefetch_bucket_size;
@@ -719,7 +721,6 @@ class EngineImpl : public Engine {
       }
       return -1;
     };
-    auto index_of = [&](const torch::Tensor& t) { return index_in(params, t); };
     std::vector<std::vector<torch::Tensor>> units = opts_.units;
     std::vector<std::string> unit_names = opts_.unit_names;
     if (units.empty() && zero_model_) {
@@ -733,17 +734,14 @@ class EngineImpl : public Engine {
     for (size_t u = 0; u < units.size(); ++u) {
       zero::ZeroOptions::Unit unit;
       unit.name = u < unit_names.size() ? unit_names[u] : "unit " + std::to_string(u);
-      std::vector<int> frozen;
       for (const auto& t : units[u]) {
-        const int i = index_of(t);
-        if (i >= 0) {
+        if (const int i = index_in(params, t); i >= 0) {
           unit.params.push_back(i);
-        } else if (const int f = index_in(frozen_, t); f >= 0) {
-          frozen.push_back(f);  // the frozen shard group's member of this unit
+        } else if (const int f = index_in(frozen, t); f >= 0) {
+          unit.frozen.push_back(f);  // the frozen shard group's member of this unit
         }
       }
       zo.units.push_back(unit);
-      zo.frozen_units.push_back(frozen);
       unit_names_.push_back(unit.name);
     }
   }
@@ -753,10 +751,6 @@ class EngineImpl : public Engine {
   ZeroModel* hooked_ = nullptr;      // set when the engine drives the model's unit hooks
   std::vector<std::string> names_;       // managed parameters' names, in the user's order
   std::vector<std::string> unit_names_;  // ZeRO-3 gather units in forward order
-  // Stage 3, during construction only: the frozen floating-point parameters and their names
-  // (handed to the optimizer's frozen shard group).
-  std::vector<torch::Tensor> frozen_;
-  std::vector<std::string> frozen_names_;
   Config cfg_;
   EngineOptions opts_;
   comm::GroupPtr group_;

@@ -16,7 +16,6 @@ FrozenShards::FrozenShards(std::vector<torch::Tensor> params, const std::vector<
     ZT_CHECK_T(!params[i].is_meta(), ConfigError, "ZeRO-3: the frozen parameter ", name_of(i),
                " is on the meta device; a frozen base is built with its values");
     numels[i] = params[i].numel();
-    numel_ += numels[i];
   }
   const UnitPlan plan = plan_units(numels, units, persistence_threshold, [](int) { return 0; }, name_of);
   for (int i : plan.order) {

@@ -45,14 +45,12 @@ class FrozenShards {
   ParamGatherer& gatherer() { return *gatherer_; }
   // This rank's shard (compute dtype, on the device).
   int64_t shard_bytes() const { return static_cast<int64_t>(shard_.nbytes()); }
-  int64_t numel() const { return numel_; }  // all frozen elements (whole)
 
  private:
   ShardLayout L_;
   std::vector<torch::Tensor> params_;          // layout order
   std::vector<std::vector<int64_t>> shapes_;   // layout order
   torch::Tensor shard_;
-  int64_t numel_ = 0;
   std::unique_ptr<ParamGatherer> gatherer_;
 };
 

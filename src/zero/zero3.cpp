@@ -93,27 +93,24 @@ void ZeroOptimizer::init_stage3(std::vector<torch::Tensor>& params) {
 void ZeroOptimizer::init_frozen() {
   if (opt_.frozen.empty()) return;
   std::vector<DeclaredUnit> units;
-  for (size_t u = 0; u < opt_.units.size(); ++u) {
-    units.push_back({opt_.units[u].name, u < opt_.frozen_units.size() ? opt_.frozen_units[u] : std::vector<int>{}});
-  }
-  GathererOptions go;
-  go.device = opt_.device;
-  go.dtype = opt_.dtype;
-  go.prefetch_numel = opt_.prefetch_numel;
-  go.max_live_numel = opt_.max_live_numel;
-  go.max_reuse_distance = opt_.max_reuse_distance;
-  frozen_ = std::make_unique<FrozenShards>(opt_.frozen, opt_.frozen_names, units, opt_.persistence_threshold, group_, go);
+  for (const auto& u : opt_.units) units.push_back({u.name, u.frozen});
+  frozen_ = std::make_unique<FrozenShards>(opt_.frozen, opt_.frozen_names, units, opt_.persistence_threshold, group_,
+                                           gatherer_options());
   opt_.frozen.clear();  // the gatherer holds the parameters
 }
 
-void ZeroOptimizer::make_gatherer(const UnitPlan& plan) {
+GathererOptions ZeroOptimizer::gatherer_options() const {
   GathererOptions go;
   go.device = opt_.device;
   go.dtype = opt_.dtype;
   go.prefetch_numel = opt_.prefetch_numel;
   go.max_live_numel = opt_.max_live_numel;
   go.max_reuse_distance = opt_.max_reuse_distance;
-  gatherer_ = std::make_unique<ParamGatherer>(L_, params_, shapes_, plan, group_, go);
+  return go;
+}
+
+void ZeroOptimizer::make_gatherer(const UnitPlan& plan) {
+  gatherer_ = std::make_unique<ParamGatherer>(L_, params_, shapes_, plan, group_, gatherer_options());
   // The rank's shard in the compute dtype, cast from the fp32 master as it is sent: no
   // separate compute-dtype copy of the shard is kept between steps.
   gatherer_->shard_source = [this](int b) {

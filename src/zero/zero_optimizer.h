@@ -73,6 +73,7 @@ struct ZeroOptions {
   struct Unit {
     std::string name;
     std::vector<int> params;
+    std::vector<int> frozen;  // its members of the frozen group (indices into `frozen` below)
   };
   std::vector<Unit> units;
   std::vector<std::string> param_names;   // user index -> name (diagnostics); may be empty
@@ -85,11 +86,9 @@ struct ZeroOptions {
   std::vector<std::vector<int64_t>> deferred_shapes;
   std::function<void(int, torch::Tensor&)> deferred_init;
   // Stage 3: the parameters without gradients (frozen_shards.h), partitioned and gathered
-  // with the same units; frozen_units[u] = the frozen members of units[u] (indices into
-  // frozen). Empty: none.
+  // with the same units (Unit::frozen). Empty: none.
   std::vector<torch::Tensor> frozen;
   std::vector<std::string> frozen_names;
-  std::vector<std::vector<int>> frozen_units;
 
   // ZeRO-Offload (stages 1-3): fp32 master and Adam state in host memory, the step on the
   // CPU (src/optim/cpu_adam.h), updated compute-dtype shards uploaded per sub-group.
@@ -278,6 +277,7 @@ class ZeroOptimizer {
   void init_stage3(std::vector<torch::Tensor>& params);
   void init_frozen();  // stage 3: the frozen shard group (frozen_shards.h), when there is one
   void make_gatherer(const UnitPlan& plan);
+  GathererOptions gatherer_options() const;  // the stage3_* settings, for both gatherers
 
   ZeroOptions opt_;
   comm::GroupPtr group_;
