@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "config/notes.h"
+#include "config/pipeline_options.h"
 #include "parallel/topology.h"
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
@@ -122,11 +123,8 @@ int cmd_check_config(int argc, char** argv) {
                  notes.size() == 1 ? "" : "s", notes.size() == 1 ? "s" : "");
     for (const auto& n : notes) std::fprintf(stderr, "  - %s\n", n.c_str());
   }
-  // A pipeline config is train's (its pipeline path, [Pipeline Train]): the stages message is
-  // zt::initialize's alone.
-  if (c.pp_size() > 1) {
-    std::erase_if(c.not_supported_yet, [](const std::string& m) { return m.rfind("pipeline.stages = ", 0) == 0; });
-  }
+  // A pipeline config is train's (its pipeline path, [Pipeline Train]).
+  config::drop_pipeline_stages_note(c.not_supported_yet);
   if (!c.not_supported_yet.empty()) {
     std::fprintf(stderr, "%s: %zu setting%s not supported yet by zerotrain:\n", path.c_str(),
                  c.not_supported_yet.size(), c.not_supported_yet.size() == 1 ? "" : "s");

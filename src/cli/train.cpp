@@ -255,6 +255,14 @@ std::shared_ptr<data::ShardDataset> open_shards(const std::vector<std::string>& 
   return ds;
 }
 
+// --device: cpu, cuda (this rank's GPU, checked) or unset (the engine's default).
+std::optional<torch::Device> train_device(const TrainArgs& a) {
+  if (a.device == "cpu") return torch::Device(torch::kCPU);
+  if (a.device != "cuda") return std::nullopt;
+  ZT_CHECK_T(torch::cuda::is_available(), ConfigError, "train: --device cuda but CUDA is not available here");
+  return default_device();
+}
+
 // --data: token shards (a glob), a text file (byte tokens) or random tokens, in windows of
 // `seq`. Opened before initialize(): a tokenizer that does not match the model (or the
 // --init-from weights) is reported before the engine is built.
@@ -322,11 +330,7 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
   parallel::Topology topo(group, parallel::ParallelDims::make(world, dp, 1, pp));
   if (rank == 0) log::info("%s", topo.describe().c_str());
   pipe::PipeOptions po;
-  if (a.device == "cpu") po.device = torch::Device(torch::kCPU);
-  if (a.device == "cuda") {
-    ZT_CHECK_T(torch::cuda::is_available(), ConfigError, "train: --device cuda but CUDA is not available here");
-    po.device = default_device();
-  }
+  po.device = train_device(a);
   pipe::PipeEngine engine(models::GPT2(impl), pc, topo, po);
   model.module.reset();
   impl.reset();  // each stage keeps its own layers
@@ -480,11 +484,7 @@ int cmd_train(int argc, char** argv) {
   eo.max_skipped_steps = a.max_skipped_steps;
   if (a.no_decay_1d) eo.param_groups = no_decay_groups(*model.module, cfg.optimizer.params.weight_decay);
   eo.flops_per_sample = flops_per_token * static_cast<double>(seq);
-  if (a.device == "cpu") eo.device = torch::Device(torch::kCPU);
-  if (a.device == "cuda") {
-    ZT_CHECK_T(torch::cuda::is_available(), ConfigError, "train: --device cuda but CUDA is not available here");
-    eo.device = default_device();
-  }
+  eo.device = train_device(a);
   auto engine = initialize(model.module, cfg, eo);
   model.attach(*engine);
   const torch::Device device = engine->device();

@@ -86,6 +86,11 @@ void read_pipeline_keys(Section& s, int64_t stages, PipelineOptions& o, std::vec
   }
 }
 
+void drop_pipeline_stages_note(std::vector<std::string>& not_supported) {
+  // The note config/support.cpp records for pipeline.stages > 1 starts with its key and value.
+  std::erase_if(not_supported, [](const std::string& m) { return m.rfind("pipeline.stages = ", 0) == 0; });
+}
+
 PipelineOptions pipeline_options(const json& ds_config) {
   Context ctx;
   const json* p = ds_config.is_object() && ds_config.contains("pipeline") ? &ds_config.at("pipeline") : nullptr;

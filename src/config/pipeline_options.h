@@ -40,6 +40,11 @@ struct PipelineOptions {
 // supported" too: it would have no pipeline to act on.
 void read_pipeline_keys(Section& s, int64_t stages, PipelineOptions& o, std::vector<std::string>& not_supported);
 
+// Removes from a config's not_supported_yet the note that pipeline.stages > 1 is not
+// supported (it holds for zt::initialize only): what runs a pipeline -- zt::pipe::PipeEngine,
+// `zerotrain train`'s pipeline path, check-config -- takes such a config.
+void drop_pipeline_stages_note(std::vector<std::string>& not_supported);
+
 // The pipeline section of a DeepSpeed config (JSON as read by Config::read_json_file).
 // Throws ConfigError listing every problem with it.
 PipelineOptions pipeline_options(const nlohmann::json& ds_config);

@@ -28,19 +28,14 @@ using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0, Clock::time_point t1) {
   return std::chrono::duration<double, std::milli>(t1 - t0).count();
 }
-// The prefix of the message config/support.cpp records for pipeline.stages > 1.
-constexpr const char* kStagesNotSupported = "pipeline.stages = ";
 }  // namespace
 
 PipeConfig pipeline_config(const nlohmann::json& ds_config, int world_size, const std::string& origin) {
   PipeConfig pc{Config::parse(ds_config, world_size, origin), config::pipeline_options(ds_config)};
+  config::drop_pipeline_stages_note(pc.config.not_supported_yet);  // what this engine implements
   std::string rest;
-  for (const auto& m : pc.config.not_supported_yet) {
-    if (m.rfind(kStagesNotSupported, 0) == 0) continue;  // what this engine implements
-    rest += "\n  " + m;
-  }
+  for (const auto& m : pc.config.not_supported_yet) rest += "\n  " + m;
   if (!rest.empty()) throw ConfigError(origin + ": settings zerotrain does not support yet:" + rest);
-  pc.config.not_supported_yet.clear();
   return pc;
 }
 
@@ -460,7 +455,6 @@ double PipeEngine::train_batch(const std::function<MicroBatch()>& next) {
     t.step_ms = ms_since(compute_end, t1);
   }
   const double loss_sum = loss_sum_.defined() ? loss_sum_.item<double>() : 0.0;
-  loss_sum_ = torch::Tensor();
   ++steps_;
 
   // Every stage's timing and the loss, over the pp group (CPU tensors: MPI).
