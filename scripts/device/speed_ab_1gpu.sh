@@ -29,24 +29,6 @@ for r in $(seq 1 ${ROUNDS:-2}); do
     done
   done
 done
-python3 - "$R" <<'PY'
-import json, glob, os, sys, statistics
-R = sys.argv[1]; res = {}
-for f in glob.glob(f"{R}/*-r*-*/results.json"):
-    v, r, c = os.path.basename(os.path.dirname(f)).split("-", 2)
-    for row in json.load(open(f))["rows"]:
-        if row.get("status") == "ok":
-            res.setdefault(c, {}).setdefault(v, []).append(row["ms_per_iter"])
-print("| config | baseline ms/iter (runs) | change ms/iter (runs) | change / baseline |")
-print("|---|---|---|---|")
-out = {}
-for c in sorted(res):
-    b, n = res[c].get("base", []), res[c].get("new", [])
-    if b and n:
-        mb, mn = statistics.median(b), statistics.median(n)
-        out[c] = {"base": b, "new": n, "ratio": mn / mb}
-        print(f"| {c} | {mb:.1f} ({', '.join(f'{x:.1f}' for x in b)}) | {mn:.1f} ({', '.join(f'{x:.1f}' for x in n)}) | {mn/mb:.3f} |")
-json.dump(out, open(f"{R}/speed_ab.json", "w"), indent=1)
-PY
+python3 scripts/device/ab_table.py $R
 tar -czf $OUT/speed_ab.tar.gz -C $OUT speed_ab
 echo "total: $(( $(date +%s) - T0 )) s"

@@ -52,25 +52,7 @@ case $PHASE in
       done
     done
   done
-  python3 - "$R" <<'PY'
-import json, glob, os, sys, statistics
-R = sys.argv[1]; res = {}
-for f in glob.glob(f"{R}/*-r*-*/results.json"):
-    v, r, c = os.path.basename(os.path.dirname(f)).split("-", 2)
-    for row in json.load(open(f))["rows"]:
-        if row.get("status") == "ok":
-            res.setdefault(c, {}).setdefault(v, []).append((row["ms_per_iter"], row.get("peak_gib")))
-print("| config | baseline ms/iter | change ms/iter | change / baseline | peak GiB base / change |")
-print("|---|---|---|---|---|")
-out = {}
-for c in sorted(res):
-    b, n = res[c].get("base", []), res[c].get("new", [])
-    if b and n:
-        mb, mn = statistics.median(x for x, _ in b), statistics.median(x for x, _ in n)
-        out[c] = {"base": b, "new": n, "ratio": mn / mb}
-        print(f"| {c} | {mb:.1f} | {mn:.1f} | {mn/mb:.3f} | {b[0][1]} / {n[0][1]} |")
-json.dump(out, open(f"{R}/speed_ab.json", "w"), indent=1)
-PY
+  python3 scripts/device/ab_table.py $R
   ;;
 esac
 tar -czf $OUT/sweep_ab_2gpu_$PHASE.tar.gz -C $OUT sweep_ab_2gpu_$PHASE
