@@ -9,6 +9,34 @@ namespace F = torch::nn::functional;
 
 namespace {
 
+// y = x dequant(W)^T; saves the NF4 storage only ([QLoRA Base]).
+struct Nf4LinearFunction : public torch::autograd::Function<Nf4LinearFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const quant::Nf4Tensor& q) {
+    ctx->saved_data["packed"] = q.packed;
+    ctx->saved_data["qabsmax"] = q.qabsmax;
+    ctx->saved_data["absmax2"] = q.absmax2;
+    ctx->saved_data["offset"] = static_cast<double>(q.offset);
+    ctx->saved_data["shape"] = q.shape;
+    return at::linear(x, quant::dequantize_nf4_as(q, x.scalar_type()));
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    if (!ctx->needs_input_grad(0)) return {torch::Tensor(), torch::Tensor()};
+    quant::Nf4Tensor q;
+    q.packed = ctx->saved_data["packed"].toTensor();
+    q.qabsmax = ctx->saved_data["qabsmax"].toTensor();
+    q.absmax2 = ctx->saved_data["absmax2"].toTensor();
+    q.offset = static_cast<float>(ctx->saved_data["offset"].toDouble());
+    q.shape = ctx->saved_data["shape"].toIntVector();
+    q.numel = 1;
+    for (int64_t d : q.shape) q.numel *= d;
+    const torch::Tensor& gy = grads[0];  // (..., out)
+    return {at::matmul(gy, quant::dequantize_nf4_as(q, gy.scalar_type())), torch::Tensor()};
+  }
+};
+
 constexpr const char* kQloraAdapterChild = "lora";  // as lora.cpp registers it
 
 // Builds an adapter like `from` without drawing from the global generator (LoraAdapterImpl
@@ -46,12 +74,25 @@ int64_t QLoraAdapterImpl::nf4_bytes() const {
   return nf4_->packed.numel() + nf4_->qabsmax.numel() + 4 * nf4_->absmax2.numel() + 4;
 }
 
+void QLoraAdapterImpl::to_device(const torch::Device& device) {
+  if (!quant::nf4_on(*nf4_, device)) nf4_ = std::make_shared<const quant::Nf4Tensor>(quant::nf4_to(*nf4_, device));
+}
+
 torch::Tensor QLoraAdapterImpl::adapt(const torch::Tensor& x, const models::BaseLinearFn& /*base*/) {
   // [QLoRA Base]: the base from the NF4 weights; the Linear's own weight is a placeholder.
+  to_device(x.device());
   return LoraAdapterImpl::adapt(x, [this](const torch::Tensor& t) {
-    const auto w = base_weight().to(t.device(), t.scalar_type());  // (out, in)
-    return F::linear(t, w, bias_.defined() ? bias_.to(t.scalar_type()) : torch::Tensor());
+    auto y = nf4_linear(t, *nf4_);  // (..., out)
+    return bias_.defined() ? y + bias_.to(t.device(), t.scalar_type()) : y;
   });
+}
+
+torch::Tensor nf4_linear(const torch::Tensor& x, const quant::Nf4Tensor& q) {
+  ZT_CHECK_T(q.shape.size() == 2 && x.dim() >= 1 && x.size(-1) == q.shape[1], ConfigError,
+             "qlora: input of shape ", x.sizes(), " does not fit an NF4 weight of shape ", q.shape);
+  ZT_CHECK_T(quant::nf4_on(q, x.device()), ConfigError, "qlora: the NF4 weight is on ", q.packed.device(),
+             ", the input on ", x.device());
+  return Nf4LinearFunction::apply(x, q);
 }
 
 int64_t quantize_lora_bases(LoraModel& lm) {

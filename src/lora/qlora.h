@@ -1,18 +1,26 @@
-// QLoRA (Dettmers et al. 2023) on the CPU: the adapted linears' frozen base weights stored
-// as NF4 (quant/nf4.h: bitsandbytes' quantize_4bit(quant_type="nf4", blocksize=64,
-// compress_statistics=True)) and dequantized on the fly in each forward; the adapters stay
-// in the compute dtype and train as with LoRA.
+// QLoRA (Dettmers et al. 2023): the adapted linears' frozen base weights stored as NF4
+// (quant/nf4.h: bitsandbytes' quantize_4bit(quant_type="nf4", blocksize=64,
+// compress_statistics=True)) and dequantized on the fly, on the activations' device, in
+// each forward and again in each backward; the adapters stay in the compute dtype and
+// train as with LoRA.
 //
 // [QLoRA Base]
 // quantize_lora_bases swaps each adapter of a LoraModel for a QLoraAdapter holding the NF4
-// form of its base weight (and a reference to the base bias), and empties the base Linear's
-// weight (a 0-element placeholder, so the fp32 weight's memory is freed and nothing else can
-// use it by mistake). The adapter computes
-//   y = x dequant(W)^T (+ b) + (dropout(x) A^T) B^T * scaling
-// dequant(W) in fp32 on the CPU, then cast to x's dtype and device per call (no CUDA kernel
-// yet: on a GPU this is correct but slow). The NF4 tensors are plain members, not
-// registered buffers: the engine casts floating buffers to the compute dtype, which would
-// change the fp32 double-quantization statistics.
+// form of its base weight (quantized on the CPU, blocks in parallel) and a reference to the
+// base bias, and empties the base Linear's weight (a 0-element placeholder, so the fp32
+// weight's memory is freed and nothing else can use it by mistake). The adapter computes
+//   y = nf4_linear(x, W) (+ b) + (dropout(x) A^T) B^T * scaling
+// where nf4_linear dequantizes W in x's dtype on x's device (quant::dequantize_nf4_as: the
+// CUDA kernel on a GPU, torch ops on the CPU) and keeps no dequantized weight in the
+// autograd graph: its backward (grad_x = grad_y W; the base has no gradient) dequantizes W
+// again, so a layer's full-precision W lives only while its own matmul runs, as in
+// bitsandbytes' MatMul4Bit.
+// The NF4 tensors follow the activations: the first forward on a device moves them there
+// once (to_device() does it ahead of time); the engine never sees them, because they are
+// plain members, not registered buffers: the engine casts floating buffers to the compute
+// dtype, which would change the fp32 double-quantization statistics. At ZeRO-3 the frozen
+// shard group partitions the base's parameters, but the NF4 weights are not parameters:
+// every rank holds all of them (0.52 bytes a weight).
 #pragma once
 #include <memory>
 
@@ -26,8 +34,10 @@ class QLoraAdapterImpl : public LoraAdapterImpl {
   // Takes `from`'s adapter values and options; `weight` (out, in) is quantized here.
   QLoraAdapterImpl(const LoraAdapterImpl& from, const torch::Tensor& weight, torch::Tensor bias);
   torch::Tensor adapt(const torch::Tensor& x, const models::BaseLinearFn& base) override;
-  // dequant(W) (out, in), fp32 on the CPU.
+  // dequant(W) (out, in), fp32 on the CPU (the reference quant::dequantize_nf4).
   torch::Tensor base_weight() const;
+  // Moves the NF4 tensors to `device` (no-op when there); adapt() does it on first use.
+  void to_device(const torch::Device& device);
   const quant::Nf4Tensor& nf4() const { return *nf4_; }
   // Bytes of the NF4 storage: codes, 8-bit absmaxes, second-level absmaxes, offset.
   int64_t nf4_bytes() const;
@@ -40,6 +50,11 @@ class QLoraAdapterImpl : public LoraAdapterImpl {
 // Quantizes every adapted linear's base weight to NF4 ([QLoRA Base]). Call after
 // apply_lora / load_peft_adapter and before zt::initialize. Returns the NF4 bytes in all.
 int64_t quantize_lora_bases(LoraModel& lm);
+
+// x (..., in) @ dequant(q)^T -> (..., out), in x's dtype, with q on x's device. Differentiable
+// w.r.t. x only; the autograd node keeps q (the NF4 tensors, shared, not copied) and
+// dequantizes again in backward, never a dequantized weight ([QLoRA Base]).
+torch::Tensor nf4_linear(const torch::Tensor& x, const quant::Nf4Tensor& q);
 
 // Restores each adapted linear's base weight as dequant(NF4) in its former dtype and swaps
 // the QLoraAdapters back to plain LoraAdapters (e.g. before merge_lora or an HF export:

@@ -1,8 +1,15 @@
 #include "quant/nf4.h"
 
+#include <ATen/Parallel.h>
+#include <c10/core/DeviceGuard.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
+#include "kernels/aten.h"
+#include "kernels/nf4.h"
+#include "log/log.h"
 #include "zerotrain/error.h"
 
 namespace zt::quant {
@@ -101,6 +108,9 @@ const std::array<float, 15>& nf4_bounds() {
   return b;
 }
 
+// Elements per at::parallel_for grain in the quantizers (about 100 us of work a grain).
+constexpr int64_t kQuantGrainElements = 1 << 16;
+
 // Nearest dynamic-map value; ties -> lower index.
 uint8_t dynamic_encode(float v) {
   const auto& c = dynamic_map_code();
@@ -134,17 +144,20 @@ std::pair<torch::Tensor, torch::Tensor> quantize_blockwise_dynamic(const torch::
   const float* px = xf.data_ptr<float>();
   uint8_t* pc = codes.data_ptr<uint8_t>();
   float* pa = absmax.data_ptr<float>();
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t s = b * blocksize, e = std::min(n, s + blocksize);
-    float m = 0.0f;
-    for (int64_t i = s; i < e; ++i) m = std::max(m, std::fabs(px[i]));
-    pa[b] = m;
-    const float inv = 1.0f / m;
-    for (int64_t i = s; i < e; ++i) {
-      // bitsandbytes divides 0 by 0 for an all-zero block; the NaN lands on code 0.
-      pc[i] = m > 0.0f ? dynamic_encode(std::clamp(px[i] * inv, -1.0f, 1.0f)) : 0;
+  // Blocks are independent: spread them over the intra-op threads (same codes for any count).
+  at::parallel_for(0, blocks, std::max<int64_t>(1, kQuantGrainElements / blocksize), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t s = b * blocksize, e = std::min(n, s + blocksize);
+      float m = 0.0f;
+      for (int64_t i = s; i < e; ++i) m = std::max(m, std::fabs(px[i]));
+      pa[b] = m;
+      const float inv = 1.0f / m;
+      for (int64_t i = s; i < e; ++i) {
+        // bitsandbytes divides 0 by 0 for an all-zero block; the NaN lands on code 0.
+        pc[i] = m > 0.0f ? dynamic_encode(std::clamp(px[i] * inv, -1.0f, 1.0f)) : 0;
+      }
     }
-  }
+  });
   return {codes, absmax};
 }
 
@@ -181,19 +194,23 @@ Nf4Tensor quantize_nf4(const torch::Tensor& x) {
   uint8_t* pp = q.packed.data_ptr<uint8_t>();
   float* pa = absmax.data_ptr<float>();
   const int64_t full = n / kNf4BlockSize;
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t s = b * kNf4BlockSize, e = std::min(n, s + kNf4BlockSize);
-    float m = 0.0f;
-    for (int64_t i = s; i < e; ++i) m = std::max(m, std::fabs(px[i]));
-    pa[b] = m;
-    const float am = std::max(m, 1e-38f);
-    const float inv = 1.0f / am;
-    for (int64_t i = s; i < e; ++i) {
-      const float scaled = b < full ? px[i] * inv : px[i] / am;
-      const uint8_t c = nf4_encode(std::clamp(scaled, -1.0f, 1.0f));
-      pp[i / 2] |= static_cast<uint8_t>((i % 2 == 0) ? (c << 4) : c);
+  // Blocks are independent and each owns whole bytes of `packed` (64 is even): spread them
+  // over the intra-op threads (same codes for any thread count).
+  at::parallel_for(0, blocks, kQuantGrainElements / kNf4BlockSize, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t s = b * kNf4BlockSize, e = std::min(n, s + kNf4BlockSize);
+      float m = 0.0f;
+      for (int64_t i = s; i < e; ++i) m = std::max(m, std::fabs(px[i]));
+      pa[b] = m;
+      const float am = std::max(m, 1e-38f);
+      const float inv = 1.0f / am;
+      for (int64_t i = s; i < e; ++i) {
+        const float scaled = b < full ? px[i] * inv : px[i] / am;
+        const uint8_t c = nf4_encode(std::clamp(scaled, -1.0f, 1.0f));
+        pp[i / 2] |= static_cast<uint8_t>((i % 2 == 0) ? (c << 4) : c);
+      }
     }
-  }
+  });
   if (n % 2) pp[n / 2] |= nf4_encode(0.0f);  // bitsandbytes pads with a zero
   // Double quantization of the absmaxes.
   q.offset = absmax.mean().item<float>();
@@ -216,11 +233,111 @@ torch::Tensor dequantize_nf4(const Nf4Tensor& q) {
   const uint8_t* pp = packed.data_ptr<uint8_t>();
   const float* pa = absmax.data_ptr<float>();
   float* po = out.data_ptr<float>();
-  for (int64_t i = 0; i < q.numel; ++i) {
-    const uint8_t c = (i % 2 == 0) ? (pp[i / 2] >> 4) : (pp[i / 2] & 0x0F);
-    po[i] = code[c] * pa[i / kNf4BlockSize];
-  }
+  at::parallel_for(0, q.numel, kQuantGrainElements, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const uint8_t c = (i % 2 == 0) ? (pp[i / 2] >> 4) : (pp[i / 2] & 0x0F);
+      po[i] = code[c] * pa[i / kNf4BlockSize];
+    }
+  });
   return out.reshape(q.shape);
+}
+
+// ---- [NF4 On Device] -------------------------------------------------------------------
+
+namespace {
+
+void check_nf4_sizes(const Nf4Tensor& q, const char* who) {
+  const int64_t blocks = (q.numel + kNf4BlockSize - 1) / kNf4BlockSize;
+  const int64_t blocks2 = (blocks + kNf4StatsBlockSize - 1) / kNf4StatsBlockSize;
+  ZT_CHECK_T(q.packed.numel() == (q.numel + 1) / 2 && q.qabsmax.numel() == blocks && q.absmax2.numel() == blocks2,
+             ConfigError, who, ": ", q.numel, " elements need ", (q.numel + 1) / 2, " packed bytes, ", blocks,
+             " absmax codes and ", blocks2, " second-level absmaxes, got ", q.packed.numel(), ", ",
+             q.qabsmax.numel(), " and ", q.absmax2.numel());
+  ZT_CHECK_T(q.packed.scalar_type() == torch::kUInt8 && q.qabsmax.scalar_type() == torch::kUInt8 &&
+                 q.absmax2.scalar_type() == torch::kFloat32,
+             ConfigError, who, ": expected uint8 codes and fp32 absmax2, got ", q.packed.scalar_type(), ", ",
+             q.qabsmax.scalar_type(), ", ", q.absmax2.scalar_type());
+  ZT_CHECK_T(q.qabsmax.device() == q.packed.device() && q.absmax2.device() == q.packed.device(), ConfigError, who,
+             ": the NF4 tensors are on different devices (", q.packed.device(), ", ", q.qabsmax.device(), ", ",
+             q.absmax2.device(), ")");
+}
+
+// (256, 2): the two NF4 values of each packed byte (high nibble first), fp32.
+torch::Tensor nf4_byte_table() {
+  static const torch::Tensor t = [] {
+    const auto& code = nf4_code();
+    auto r = torch::empty({256, 2}, torch::kFloat32);
+    float* p = r.data_ptr<float>();
+    for (int b = 0; b < 256; ++b) {
+      p[2 * b] = code[b >> 4];
+      p[2 * b + 1] = code[b & 0x0F];
+    }
+    return r;
+  }();
+  return t;
+}
+
+}  // namespace
+
+bool nf4_on(const Nf4Tensor& q, const torch::Device& device) {
+  return q.packed.device() == device && q.qabsmax.device() == device && q.absmax2.device() == device;
+}
+
+Nf4Tensor nf4_to(const Nf4Tensor& q, const torch::Device& device) {
+  if (nf4_on(q, device)) return q;
+  Nf4Tensor r = q;
+  r.packed = q.packed.to(device);
+  r.qabsmax = q.qabsmax.to(device);
+  r.absmax2 = q.absmax2.to(device);
+  return r;
+}
+
+torch::Tensor dequantize_nf4_torch(const Nf4Tensor& q, torch::ScalarType dtype) {
+  check_nf4_sizes(q, "dequantize_nf4_torch");
+  const torch::Device dev = q.packed.device();
+  const int64_t blocks = q.qabsmax.numel();
+  // The same operations, in the same order and rounding, as dequantize_blockwise_dynamic and
+  // dequantize_nf4: absmax = code2[q] * absmax2[b / 256] (one fp32 product), + offset.
+  const auto& map = dynamic_map_code();
+  const torch::Tensor code2 = torch::tensor(at::ArrayRef<float>(map.data(), map.size())).to(dev);
+  const torch::Tensor a2 = q.absmax2.repeat_interleave(kNf4StatsBlockSize).narrow(0, 0, blocks);
+  const torch::Tensor absmax = code2.index_select(0, q.qabsmax.to(torch::kInt32)) * a2 + q.offset;
+  // Each byte's two values, then one fp32 product with its block's absmax.
+  torch::Tensor v = nf4_byte_table().to(dev).index_select(0, q.packed.to(torch::kInt32)).reshape(-1);
+  const int64_t padded = blocks * kNf4BlockSize;
+  if (v.numel() < padded) v = torch::constant_pad_nd(v, {0, padded - v.numel()});
+  const torch::Tensor w = (v.view({blocks, kNf4BlockSize}) * absmax.unsqueeze(1)).reshape(-1).narrow(0, 0, q.numel);
+  return w.to(dtype).reshape(q.shape);
+}
+
+torch::Tensor dequantize_nf4_as(const Nf4Tensor& q, torch::ScalarType dtype) {
+  const torch::Device dev = q.packed.device();
+  if (!dev.is_cuda()) return dequantize_nf4_torch(q, dtype);
+  if (!kernels::kernels_available()) {
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true)) {
+      log::warn("qlora: zerotrain was built without its CUDA kernels; NF4 weights are dequantized on the GPU with "
+                "torch ops (an fp32 copy of each weight per call) instead of kernels::nf4_dequantize");
+    }
+    return dequantize_nf4_torch(q, dtype);
+  }
+  check_nf4_sizes(q, "dequantize_nf4_as");
+  ZT_CHECK_T(kernels::dtype_supported(dtype), ConfigError, "dequantize_nf4_as: fp32, bf16 or fp16 only, not ", dtype);
+  const c10::DeviceGuard guard(dev);
+  const torch::Tensor packed = q.packed.contiguous(), qabsmax = q.qabsmax.contiguous(), absmax2 = q.absmax2.contiguous();
+  torch::Tensor out = torch::empty({q.numel}, torch::TensorOptions().dtype(dtype).device(dev));
+  kernels::Nf4DequantArgs a;
+  a.packed = packed.data_ptr<uint8_t>();
+  a.qabsmax = qabsmax.data_ptr<uint8_t>();
+  a.absmax2 = absmax2.data_ptr<float>();
+  a.offset = q.offset;
+  a.numel = q.numel;
+  a.nf4_code = nf4_code().data();
+  a.code2 = dynamic_map_code().data();
+  a.out = out.data_ptr();
+  a.type = kernels::dtype_of(dtype);
+  kernels::nf4_dequantize(a, kernels::current_stream(dev));
+  return out.view(q.shape);
 }
 
 }  // namespace zt::quant

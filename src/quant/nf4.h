@@ -54,9 +54,28 @@ std::pair<torch::Tensor, torch::Tensor> quantize_blockwise_dynamic(const torch::
 torch::Tensor dequantize_blockwise_dynamic(const torch::Tensor& codes, const torch::Tensor& absmax,
                                            int64_t blocksize);
 
-// x: any float dtype, any device (computed on CPU in fp32).
+// x: any float dtype, any device (copied to the CPU in fp32 and quantized there, the blocks
+// spread over the intra-op threads with at::parallel_for; the codes do not depend on the
+// thread count). The result lives on the CPU.
 Nf4Tensor quantize_nf4(const torch::Tensor& x);
-// float32 CPU tensor of the original shape.
+// The reference dequantization (the definition): float32 CPU tensor of the original shape,
+// from q on any device.
 torch::Tensor dequantize_nf4(const Nf4Tensor& q);
+
+// [NF4 On Device]
+// The same q with its three tensors on `device` (shape, numel and offset unchanged); q
+// itself when they are there already.
+Nf4Tensor nf4_to(const Nf4Tensor& q, const torch::Device& device);
+// True when q's tensors live on `device`.
+bool nf4_on(const Nf4Tensor& q, const torch::Device& device);
+// dequant(q) in `dtype` (fp32, bf16 or fp16) on q's device, of the original shape; bit for
+// bit dequantize_nf4(q).to(dtype). On a CUDA device with zerotrain's kernels:
+// kernels::nf4_dequantize (kernels/nf4.h), which writes the dtype directly (no fp32 copy),
+// on the current stream; elsewhere dequantize_nf4_torch (a CUDA device without the
+// kernels says so once in the log).
+torch::Tensor dequantize_nf4_as(const Nf4Tensor& q, torch::ScalarType dtype);
+// The torch-op form (index_select on the tables; any device; an fp32 intermediate of the
+// weight's size), bit for bit dequantize_nf4(q).to(dtype).
+torch::Tensor dequantize_nf4_torch(const Nf4Tensor& q, torch::ScalarType dtype);
 
 }  // namespace zt::quant

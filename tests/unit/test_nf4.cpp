@@ -4,10 +4,15 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+
 #include <algorithm>
+#include <vector>
 
 #include "io/safetensors.h"
 #include "quant/nf4.h"
+#include "zerotrain/error.h"
 
 namespace zt_test_nf4 {
 
@@ -22,6 +27,21 @@ std::string fixture_path() {
 uint8_t code_at(const Nf4Tensor& q, int64_t i) {
   const uint8_t b = q.packed.data_ptr<uint8_t>()[i / 2];
   return (i % 2 == 0) ? (b >> 4) : (b & 0x0F);
+}
+
+// Weights of `shape` (seeded normal, varied scales per row, one all-zero block when there
+// are at least two blocks).
+torch::Tensor weights(const std::vector<int64_t>& shape, uint64_t seed) {
+  auto g = at::make_generator<at::CPUGeneratorImpl>(seed);
+  torch::Tensor x = at::randn(shape, g);
+  if (x.dim() == 2) x = x * at::rand({shape[0], 1}, g).mul(3.0).add(0.01);
+  if (x.numel() >= 2 * kNf4BlockSize) x.view(-1).narrow(0, kNf4BlockSize, kNf4BlockSize).zero_();
+  return x;
+}
+
+// Element bits (4- or 2-byte dtypes) as int32, for exact comparisons.
+torch::Tensor bits_of(const torch::Tensor& t) {
+  return t.element_size() == 4 ? t.contiguous().view(torch::kInt32) : t.contiguous().view(torch::kInt16).to(torch::kInt32);
 }
 
 }  // namespace
@@ -120,6 +140,50 @@ TEST(Nf4, MatchesBitsandbytesByteForByte) {
     EXPECT_TRUE(torch::allclose(d, f.at("deq_" + s), 1e-6, 1e-7))
         << "max diff " << (d - f.at("deq_" + s)).abs().max().item<float>();
   }
+}
+
+// [NF4 On Device]: the torch-op dequantization (the form used on the CPU, and on a GPU
+// without the kernels) equals the reference dequantize_nf4(q).to(dtype) bit for bit: odd
+// counts, partial last blocks of 64 and of 256 absmaxes, an all-zero block, 2-D shapes.
+TEST(Nf4, TorchOpDequantEqualsTheReferenceBitForBit) {
+  const std::vector<std::vector<int64_t>> shapes = {{1}, {7}, {64}, {100}, {37, 131}, {64 * 300 + 37}, {96, 200}};
+  uint64_t seed = 40;
+  for (const auto& shape : shapes) {
+    const torch::Tensor x = weights(shape, ++seed);
+    const Nf4Tensor q = quantize_nf4(x);
+    const torch::Tensor ref = dequantize_nf4(q);
+    ASSERT_EQ(ref.sizes(), x.sizes());
+    for (auto dt : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
+      SCOPED_TRACE(::testing::Message() << "shape " << x.sizes() << " " << dt);
+      const torch::Tensor got = dequantize_nf4_torch(q, dt);
+      ASSERT_EQ(got.sizes(), x.sizes());
+      ASSERT_EQ(got.scalar_type(), dt);
+      EXPECT_TRUE(torch::equal(bits_of(got), bits_of(ref.to(dt)))) << "bits differ";
+      // On the CPU, dequantize_nf4_as is the torch-op form.
+      EXPECT_TRUE(torch::equal(bits_of(dequantize_nf4_as(q, dt)), bits_of(ref.to(dt))));
+    }
+  }
+  // A malformed state is an error naming the sizes, not an out-of-bounds read.
+  Nf4Tensor bad = quantize_nf4(weights({100}, 3));
+  bad.qabsmax = bad.qabsmax.narrow(0, 0, 1);
+  EXPECT_THROW(dequantize_nf4_torch(bad, torch::kFloat32), zt::ConfigError);
+}
+
+// The quantizer spreads blocks over the intra-op threads: the result is the same with one
+// thread (grains of 1024 blocks; 3001 blocks here, under torch's serial-mean threshold of
+// 32768, so the offset's sum runs the same way too).
+TEST(Nf4, QuantizeDoesNotDependOnTheThreadCount) {
+  const torch::Tensor x = weights({64 * 3000 + 13}, 7);
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const Nf4Tensor one = quantize_nf4(x);
+  at::set_num_threads(std::max(2, threads));
+  const Nf4Tensor many = quantize_nf4(x);
+  at::set_num_threads(threads);
+  EXPECT_TRUE(torch::equal(one.packed, many.packed));
+  EXPECT_TRUE(torch::equal(one.qabsmax, many.qabsmax));
+  EXPECT_TRUE(torch::equal(one.absmax2, many.absmax2));
+  EXPECT_EQ(one.offset, many.offset);
 }
 
 }  // namespace zt_test_nf4
