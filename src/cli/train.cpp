@@ -25,6 +25,7 @@
 #include "models/gpt2.h"
 #include "pipe/pipe_engine.h"
 #include "config/notes.h"
+#include "config/tensor_parallel_options.h"
 #include "data/shards.h"
 #include "data/token_dataset.h"
 #include "lora/lora_spec.h"
@@ -78,7 +79,10 @@ const char* kTrainUsage =
     "  --tp N / --pp N / --ep N   tensor-parallel, pipeline and expert-parallel degrees (the config's\n"
     "                      tensor_parallel.autotp_size, pipeline.stages, expert_parallel.autoep_size;\n"
     "                      dp = ranks / (tp x pp)); --pp N > 1 trains GPT-2 in N pipeline stages\n"
-    "                      (pipeline.schedule, docs/pipeline.md); --tp / --ep > 1 are not implemented yet\n"
+    "                      (pipeline.schedule, docs/pipeline.md); --tp N > 1 splits every layer of GPT-2\n"
+    "                      or Llama over N ranks (Megatron-style; sequence parallelism with\n"
+    "                      --set tensor_parallel.sequence_parallel=true; docs/tensor-parallel.md);\n"
+    "                      --ep > 1 is not implemented yet\n"
     "  --profile STEP      profile that step (0-based) with Kineto: writes PATH.rank<R>.json (Chrome\n"
     "                      trace) and PATH.rank<R>.txt (GPU time by kernel kind, top kernels)\n"
     "  --profile-out PATH  where (default zerotrain-profile)\n"
@@ -290,6 +294,45 @@ std::shared_ptr<const data::Dataset> open_train_data(const TrainArgs& a, int64_t
   return ds;
 }
 
+// [Tensor-Parallel Train] `train --tp N` (or a config whose tensor_parallel.autotp_size is
+// N > 1): the model of --model built whole from --seed on every rank and cut over the tp
+// group (GPT2TP / LlamaTP, docs/tensor-parallel.md; build_tp_train_model), trained by the
+// engine with ZeRO 0-2 over the dp = ranks / N replicas (EngineOptions.group = the dp
+// group, model_parallel = the tp ranks for the norm). Every tp rank of a replica reads the
+// replica's data (the sampler runs over the dp coordinate); the printed loss is the dp
+// mean; tokens/s count each replica's tokens once and MFU divides the whole model's FLOPs
+// over all ranks. tensor_parallel.sequence_parallel (zerotrain's key) turns on sequence
+// parallelism. What it does not do yet is named before the first step
+// (check_tensor_parallel_args, build_tp_train_model): checkpoints, --init-from, --lora,
+// ZeRO-3, optimizer offload, --pp with it.
+
+// The config of a tensor-parallel run: Config::parse with the "tp > 1 is not supported by
+// zt::initialize alone" note dropped (this path builds what it needs); every other
+// setting zerotrain does not support is still an error.
+Config tensor_parallel_config(const nlohmann::json& j, int world, const std::string& origin) {
+  Config cfg = Config::parse(j, world, origin);
+  config::drop_tensor_parallel_note(cfg.not_supported_yet);
+  std::string rest;
+  for (const auto& m : cfg.not_supported_yet) rest += "\n  " + m;
+  ZT_CHECK_T(rest.empty(), ConfigError, origin, ": settings zerotrain does not support yet:", rest);
+  return cfg;
+}
+
+// The flags and settings the tensor-parallel path does not take yet (ConfigError naming
+// each and the fix, before the model is built).
+void check_tensor_parallel_args(const TrainArgs& a, const Config& cfg, const config::TensorParallelOptions& tpo) {
+  auto refuse = [&](bool given, const char* what, const char* why) {
+    ZT_CHECK_T(!given, ConfigError, "train: ", what, " with --tp ", tpo.size, " is not supported yet (", why,
+               "); run without it, or without --tp (docs/tensor-parallel.md)");
+  };
+  refuse(!a.save.empty() || !a.load.empty() || a.save_every > 0, "--save/--load",
+         "a checkpoint would hold each rank's tensor-parallel slices without their tp coordinates");
+  refuse(!a.init_from.empty(), "--init-from", "Hugging Face weights cut over the tensor-parallel ranks");
+  refuse(!a.lora.empty() || a.qlora, "--lora/--qlora", "adapters on the tensor-parallel layers");
+  refuse(cfg.zero_optimization.offload_optimizer.device != OffloadDevice::none,
+         "zero_optimization.offload_optimizer", "the host optimizer step is not tested with the model-parallel norm");
+}
+
 // [Pipeline Train] `train --pp N` (or a config whose pipeline.stages is N > 1): GPT-2 cut
 // into N stages by zt::pipe::PipeEngine (docs/pipeline.md), dp = ranks / N data-parallel
 // replicas with ZeRO 0-2 over dp, the schedule of pipeline.schedule. One step is
@@ -415,13 +458,22 @@ int cmd_train(int argc, char** argv) {
   fill_batch_auto(j, a.micro, a.accum, a.clip);
   const auto unflagged = fill_precision_auto(j, a.bf16, a.fp16, a.lr);
   fill_parallel_flags(j, a.tp, a.pp, a.ep);
+  const config::TensorParallelOptions tpo = config::tensor_parallel_options(j);
+  const bool tensor_parallel = tpo.size > 1;
+  if (tensor_parallel && j.contains("pipeline") && j["pipeline"].is_object() && j["pipeline"].contains("stages") &&
+      j["pipeline"]["stages"].is_number_integer() && j["pipeline"]["stages"].get<int64_t>() > 1) {
+    throw ConfigError(detail::cat("train: --tp ", tpo.size, " with --pp ", j["pipeline"]["stages"].get<int64_t>(),
+                                  " (tensor x pipeline parallelism) is not supported yet; use one of them "
+                                  "(docs/tensor-parallel.md, docs/pipeline.md)"));
+  }
   if (j.contains("pipeline") && j["pipeline"].is_object() && j["pipeline"].contains("stages") &&
       j["pipeline"]["stages"].is_number_integer() && j["pipeline"]["stages"].get<int64_t>() > 1) {
     const int rc = train_pipeline(a, j, group);  // [Pipeline Train]; its engine is gone on return
     comm::finalize();
     return rc;
   }
-  Config cfg = Config::from_json(j, world, a.config);
+  Config cfg = tensor_parallel ? tensor_parallel_config(j, world, a.config) : Config::from_json(j, world, a.config);
+  if (tensor_parallel) check_tensor_parallel_args(a, cfg, tpo);
   check_swap_dirs(cfg, a.save, a.load);
   if (rank == 0) {
     for (const auto& n : config::config_notes(j, cfg)) log::info("note: %s", n.c_str());
@@ -458,9 +510,24 @@ int cmd_train(int argc, char** argv) {
     }
   }
 
+  // [Tensor-Parallel Train]: the topology's groups, built in the same order on every rank
+  // (tp, dp, model-parallel; see [Topology Groups]); the model cut over tp.
+  std::unique_ptr<parallel::Topology> topo;
+  if (tensor_parallel) {
+    topo = std::make_unique<parallel::Topology>(
+        group, parallel::ParallelDims::make(world, world / static_cast<int>(tpo.size), static_cast<int>(tpo.size), 1));
+    topo->tp();
+    topo->dp();
+    topo->model_parallel();
+  }
+  // Data parallelism: each dp replica reads its own windows; the tp ranks of one replica
+  // read the same ones.
+  const int dp_rank = topo ? topo->coords().dp : rank, dp_size = topo ? topo->dims().dp : world;
   torch::manual_seed(static_cast<uint64_t>(a.seed));
-  TrainModel model =
-      build_train_model({a.model, a.init_from, a.layers, a.embd, a.heads, a.vocab, a.checkpoint, rank, lora_opts, a.qlora}, cfg);
+  const TrainModelOptions model_opts{a.model, a.init_from, a.layers,   a.embd,    a.heads,
+                                     a.vocab, a.checkpoint, rank,      lora_opts, a.qlora};
+  TrainModel model = topo ? build_tp_train_model(model_opts, cfg, topo->tp(), tpo.sequence_parallel)
+                          : build_train_model(model_opts, cfg);
   // The recompute of a checkpointed layer does not replay the RNG (models/checkpoint.h):
   // its dropout mask would differ from the forward's, and the gradients would be wrong.
   ZT_CHECK_T(!model.lora || model.lora->options.dropout == 0 || !model.activation_checkpointing, ConfigError,
@@ -470,6 +537,9 @@ int cmd_train(int argc, char** argv) {
   const int64_t seq = a.seq > 0 ? a.seq : std::min<int64_t>(1024, model.max_seq);
   ZT_CHECK_T(seq <= model.max_seq, ConfigError, "train: --seq ", seq, " exceeds the model's ", model.max_seq,
              " positions");
+  ZT_CHECK_T(!tpo.sequence_parallel || seq % tpo.size == 0, ConfigError, "train: --seq ", seq,
+             " does not divide by --tp ", tpo.size, ": tensor_parallel.sequence_parallel splits the sequence over the "
+             "tensor-parallel ranks; choose --seq a multiple of ", tpo.size, " or turn sequence_parallel off");
   std::shared_ptr<const data::Dataset> ds = open_train_data(a, model.vocab_size, seq, rank);
   std::shared_ptr<const data::ShardDataset> val_ds;
   if (!a.val_data.empty()) {
@@ -483,14 +553,19 @@ int cmd_train(int argc, char** argv) {
   model.engine_options(eo);
   eo.max_skipped_steps = a.max_skipped_steps;
   if (a.no_decay_1d) eo.param_groups = no_decay_groups(*model.module, cfg.optimizer.params.weight_decay);
-  eo.flops_per_sample = flops_per_token * static_cast<double>(seq);
+  // This rank's share: a tp rank computes 1/tp of its replica's FLOPs.
+  eo.flops_per_sample = flops_per_token * static_cast<double>(seq) / static_cast<double>(tpo.size);
   eo.device = train_device(a);
+  if (topo) {
+    eo.group = topo->dp();                     // ZeRO over the data-parallel ranks
+    eo.model_parallel = topo->model_parallel();  // the norm (clipping, overflow) over the tp ranks too
+  }
   auto engine = initialize(model.module, cfg, eo);
   model.attach(*engine);
   const torch::Device device = engine->device();
   const double peak = a.peak_tflops >= 0 ? a.peak_tflops : detect_peak_tflops(device, rank);
 
-  data::DistributedSampler sampler(ds->size(), rank, world, /*shuffle=*/true, static_cast<uint64_t>(a.seed));
+  data::DistributedSampler sampler(ds->size(), dp_rank, dp_size, /*shuffle=*/true, static_cast<uint64_t>(a.seed));
   data::Loader loader(ds, sampler, cfg.train_micro_batch_size_per_gpu, device);
 
   // Checkpoints: the data position and the model's shape travel as client state (the
@@ -619,14 +694,20 @@ int cmd_train(int argc, char** argv) {
 
   if (rank == 0) {
     log::info("%s: %.1fM parameters (%lld layers, %lld embd, %lld heads, vocab %lld), seq %lld | "
-              "ZeRO stage %lld, %s, %d rank(s) on %s | batch %lld = micro %lld x accum %lld x %d ranks | data %s",
+              "ZeRO stage %lld, %s, %d rank(s) on %s | batch %lld = micro %lld x accum %lld x %d dp ranks | data %s",
                 model.name.c_str(), model.num_params / 1e6, static_cast<long long>(model.n_layer),
                 static_cast<long long>(model.width), static_cast<long long>(model.n_head),
                 static_cast<long long>(model.vocab_size), static_cast<long long>(seq),
                 static_cast<long long>(cfg.zero_optimization.stage), c10::toString(engine->compute_dtype()), world,
                 device.str().c_str(), static_cast<long long>(cfg.train_batch_size),
                 static_cast<long long>(cfg.train_micro_batch_size_per_gpu),
-                static_cast<long long>(cfg.gradient_accumulation_steps), world, a.data.c_str());
+                static_cast<long long>(cfg.gradient_accumulation_steps), dp_size, a.data.c_str());
+    if (topo) {
+      log::info("tensor parallelism: %s split over tp %lld%s, dp %d (each tp group reads one replica's data; "
+                "the loss shown is the mean over the dp replicas)",
+                model.name.c_str(), static_cast<long long>(tpo.size),
+                tpo.sequence_parallel ? " with sequence parallelism" : "", dp_size);
+    }
     if (model.lora) {
       const auto& lo = model.lora->options;
       if (model.nf4_bytes > 0) {
@@ -642,14 +723,16 @@ int cmd_train(int argc, char** argv) {
     }
   }
 
-  // Validation: loss over this rank's windows of --val-data (rank r takes r, r + world, ...,
-  // the same count on every rank), averaged over all ranks' tokens. Parameters are
-  // gathered for the pass (ZeRO-3) and the model runs without gradients.
+  // Validation: loss over this replica's windows of --val-data (data-parallel rank r takes
+  // r, r + dp, ..., the same count on every rank; the tp ranks of a replica the same
+  // ones), averaged over all ranks' tokens (under tp each replica's count tp times, which
+  // leaves the mean as it is). Parameters are gathered for the pass (ZeRO-3) and the
+  // model runs without gradients.
   nlohmann::json evals = nlohmann::json::array();
   auto evaluate = [&](int64_t step) {
-    const int64_t per_rank = val_ds->size() / world;
+    const int64_t per_rank = val_ds->size() / dp_size;
     ZT_CHECK_T(per_rank > 0, ConfigError, "train: --val-data '", a.val_data, "' has ", val_ds->size(),
-               " windows of ", seq, " tokens, fewer than the ", world, " ranks");
+               " windows of ", seq, " tokens, fewer than the ", dp_size, " data-parallel ranks");
     const int64_t micro = cfg.train_micro_batch_size_per_gpu;
     int64_t batches = (per_rank + micro - 1) / micro;
     if (a.eval_batches > 0) batches = std::min(batches, a.eval_batches);
@@ -662,7 +745,7 @@ int cmd_train(int argc, char** argv) {
       for (int64_t b = 0; b < batches; ++b) {
         std::vector<torch::Tensor> xs, ys;
         for (int64_t k = b * micro; k < std::min(per_rank, (b + 1) * micro); ++k) {
-          auto ex = val_ds->get(rank + k * world);
+          auto ex = val_ds->get(dp_rank + k * dp_size);
           xs.push_back(ex.x);
           ys.push_back(ex.y);
         }
@@ -678,11 +761,11 @@ int cmd_train(int argc, char** argv) {
     group->all_reduce(t, comm::ReduceOp::kSum);
     const double loss = t[0].item<double>() / t[1].item<double>();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    evals.push_back({{"step", step}, {"val_loss", loss}, {"val_ppl", std::exp(loss)},
-                     {"val_tokens", static_cast<int64_t>(t[1].item<double>())}, {"ms", ms}});
+    const int64_t tokens = static_cast<int64_t>(t[1].item<double>()) / tpo.size;  // each replica's once
+    evals.push_back({{"step", step}, {"val_loss", loss}, {"val_ppl", std::exp(loss)}, {"val_tokens", tokens}, {"ms", ms}});
     if (rank == 0) {
       log::info("validation at step %lld: loss %.6f, perplexity %.3f (%lld tokens, %.0f ms)",
-                static_cast<long long>(step), loss, std::exp(loss), static_cast<long long>(t[1].item<double>()), ms);
+                static_cast<long long>(step), loss, std::exp(loss), static_cast<long long>(tokens), ms);
     }
   };
 
@@ -713,7 +796,7 @@ int cmd_train(int argc, char** argv) {
   // and the time left (mean step time x steps to go) settle as the run goes; until a timed
   // step is done the line shows the step's own time and "left ?". MFU needs the device's
   // peak (--peak-tflops or the table); the grad norm shows when the step computed it.
-  auto progress_line = [&](const StepReport& r, int64_t s, int64_t epoch) {
+  auto progress_line = [&](const StepReport& r, double loss, int64_t s, int64_t epoch) {
     const auto now = std::chrono::steady_clock::now();
     double step_s = (r.forward.ms + r.backward.ms + r.step_phase.ms) / 1000.0;  // this step, on the device
     bool mean = false;
@@ -729,7 +812,7 @@ int cmd_train(int argc, char** argv) {
     char buf[512];
     int n = std::snprintf(buf, sizeof(buf), "Epoch %lld, Step %lld/%lld, Loss: %.6f%s | lr %.3g",
                           static_cast<long long>(epoch + 1), static_cast<long long>(s + 1),
-                          static_cast<long long>(a.steps), r.loss, r.skipped ? " (skipped)" : "", r.lr);
+                          static_cast<long long>(a.steps), loss, r.skipped ? " (skipped)" : "", r.lr);
     std::string line(buf, static_cast<size_t>(n));
     if (r.grad_norm > 0) line += detail::cat(" | grad norm ", log_num(r.grad_norm));
     std::snprintf(buf, sizeof(buf), " | %.1f ms/step | %.0f tokens/s", step_s * 1000, tok_s);
@@ -742,11 +825,24 @@ int cmd_train(int argc, char** argv) {
             (mean ? log::format_duration(step_s * static_cast<double>(a.steps - (s + 1))) : std::string("?"));
     log::write(log::Level::kInfo, line);
   };
+  // [Tensor-Parallel Train] With dp > 1 under tp the printed loss is the mean over the dp
+  // replicas (the tp ranks of a replica hold the same loss): for each printed step, every
+  // rank all-reduces its micro-batch losses over dp right after the step (the same point
+  // on every rank; no wait for the device), and the line reads the result when the step's
+  // report arrives. Without tp the line shows rank 0's own loss, as before.
+  const bool dp_mean_loss = topo && dp_size > 1;
+  auto printed = [&](int64_t s) { return (s + 1) % print_every == 0 || s == start || s + 1 == a.steps; };
+  std::map<int64_t, torch::Tensor> dp_loss;  // loop index -> the dp mean (a device scalar)
   auto consume = [&](const StepReport& r) {
     const int64_t s = r.step - 1;  // the loop index of this step
-    if (s == start) first_loss = r.loss;
+    double loss = r.loss;
+    if (auto it = dp_loss.find(s); it != dp_loss.end()) {
+      loss = it->second.item<double>();
+      dp_loss.erase(it);
+    }
+    if (s == start) first_loss = loss;
     if (r.skipped) ++skipped_steps;
-    last_loss = r.loss;
+    last_loss = loss;
     if (s >= first_timed) {
       phase_ms_sum["forward"] += r.forward.ms;
       phase_ms_sum["backward"] += r.backward.ms;
@@ -762,9 +858,7 @@ int cmd_train(int argc, char** argv) {
     auto it = epoch_of.find(r.step);
     const int64_t epoch = it != epoch_of.end() ? it->second : loader.epoch();
     // Rank 0, or every rank with ZT_LOG_RANKS=all (each shows its own loss).
-    if (log::enabled(log::Level::kInfo) && ((s + 1) % print_every == 0 || s == start || s + 1 == a.steps)) {
-      progress_line(r, s, epoch);
-    }
+    if (log::enabled(log::Level::kInfo) && printed(s)) progress_line(r, loss, s, epoch);
     if (it != epoch_of.end()) epoch_of.erase(it);
   };
   for (int64_t s = start; s < a.steps; ++s) {
@@ -779,13 +873,23 @@ int cmd_train(int argc, char** argv) {
       profiler.start(device.is_cuda());
     }
     auto t0 = std::chrono::steady_clock::now();
+    torch::Tensor step_loss;  // dp_mean_loss: this rank's micro-batch losses, summed
     for (int64_t k = 0; k < cfg.gradient_accumulation_steps; ++k) {
       auto [x, y] = loader.next();
       auto loss = engine->forward([&] { return model.loss(x, y); });
+      if (dp_mean_loss && printed(s)) {
+        // A copy: the all-reduce is in place, and the engine reads the loss for its report.
+        auto l = loss.detach().to(torch::kFloat);
+        step_loss = step_loss.defined() ? step_loss + l : l.clone();
+      }
       engine->backward(loss);
       // step() publishes an asynchronous save whose files are written: its failure
       // surfaces here, after the step itself is done.
       periodic([&] { engine->step(); }, engine->global_steps());
+    }
+    if (step_loss.defined()) {
+      topo->dp()->all_reduce(step_loss, comm::ReduceOp::kSum);
+      dp_loss[s] = step_loss / static_cast<double>(dp_size * cfg.gradient_accumulation_steps);
     }
     if (s == a.profile_step) sync_device();  // the profiled step's device work, all of it
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -874,6 +978,9 @@ int cmd_train(int argc, char** argv) {
           {"model", model.name},
           {"n_params", model.num_params},
           {"world", world},
+          {"dp", dp_size},
+          {"tp", tpo.size},
+          {"sequence_parallel", tpo.sequence_parallel},
           {"stage", cfg.zero_optimization.stage},
           {"dtype", c10::toString(engine->compute_dtype())},
           {"micro_batch", cfg.train_micro_batch_size_per_gpu},

@@ -8,10 +8,12 @@
 #include "lora/lora_spec.h"
 #include "lora/qlora.h"
 #include "models/gpt2.h"
+#include "models/gpt2_tp.h"
 #include "models/hf_gpt2.h"
 #include "models/hf_llama.h"
 #include "models/llama.h"
 #include "models/llama_engine.h"
+#include "models/llama_tp.h"
 #include "zerotrain/error.h"
 #include "log/log.h"
 
@@ -195,6 +197,77 @@ TrainModel build_train_model(const TrainModelOptions& o, const Config& cfg) {
                                   "Qwen2ForCausalLM"));
   }
   return build_gpt2(o, cfg);
+}
+
+TrainModel build_tp_train_model(const TrainModelOptions& o, const Config& cfg, const comm::GroupPtr& tp,
+                                bool sequence_parallel) {
+  const int n = tp ? tp->size() : 1;
+  ZT_CHECK_T(o.init_from.empty(), ConfigError, "train: --init-from with --tp ", n, " is not supported yet (Hugging "
+             "Face weights cut over the tensor-parallel ranks); train from a seed, or run without --tp");
+  ZT_CHECK_T(!o.lora, ConfigError, "train: --lora/--qlora with --tp ", n, " is not supported yet (adapters on the "
+             "tensor-parallel layers); run without --tp");
+  ZT_CHECK_T(cfg.zero_optimization.stage < 3, ConfigError, "train: zero_optimization.stage = 3 with --tp ", n,
+             " is not supported yet (the tensor-parallel models are built whole on each rank, not partitioned); use "
+             "stage 1 or 2: tp already splits every weight matrix over the tp ranks, and ZeRO 1/2 shards the optimizer "
+             "state (and gradients) over the data-parallel ranks");
+  const auto& ac = cfg.activation_checkpointing;
+  ZT_CHECK_T(!ac.partition_activations && !ac.cpu_checkpointing && !ac.number_checkpoints, ConfigError,
+             "train: activation_checkpointing.partition_activations / cpu_checkpointing / number_checkpoints with --tp ",
+             n, " are not supported yet (the tensor-parallel GPT-2 recomputes every block and keeps its whole input); "
+             "remove them and use --checkpoint-activations");
+  // The whole model first, as the plain path builds it (the caller seeded the generator).
+  TrainModelOptions whole = o;
+  whole.checkpoint_activations = false;
+  TrainModel full = build_train_model(whole, cfg);
+  // Its parameters by name, not copied: load_full copies each rank's slices out of them.
+  std::map<std::string, torch::Tensor> weights;
+  for (const auto& kv : full.module->named_parameters()) weights[kv.key()] = kv.value().detach();
+
+  TrainModel t;
+  t.family = full.family;
+  t.name = full.name;
+  t.vocab_size = full.vocab_size;
+  t.max_seq = full.max_seq;
+  t.n_layer = full.n_layer;
+  t.width = full.width;
+  t.n_head = full.n_head;
+  t.num_params = full.num_params;
+  t.flops_formula = full.flops_formula;
+  t.model_json = full.model_json;
+  t.model_json["tensor_parallel"] = {{"size", n}, {"sequence_parallel", sequence_parallel}};
+  std::function<double(const std::string&)> norm_weight;
+  if (full.family == "gpt2") {
+    auto whole_gpt2 = std::dynamic_pointer_cast<models::GPT2Impl>(full.module);
+    ZT_ASSERT(whole_gpt2, "train: the GPT-2 model is not a GPT2Impl");
+    models::GPT2Config mc = whole_gpt2->config();
+    mc.deferred_init = false;
+    models::GPT2TP m(mc, tp, sequence_parallel);
+    m->load_full(weights);
+    if (o.checkpoint_activations) m->set_activation_checkpointing(true);
+    t.module = m.ptr();
+    t.loss = [p = m.ptr()](const torch::Tensor& x, const torch::Tensor& y) { return p->loss(x, y); };
+    t.flops_per_token = [mc](int64_t seq) { return models::gpt2_flops_per_token(mc, seq); };
+    t.activation_checkpointing = o.checkpoint_activations;
+    norm_weight = [p = m.ptr()](const std::string& name) { return p->norm_weight(name); };
+  } else {
+    auto whole_llama = std::dynamic_pointer_cast<models::LlamaForCausalLMImpl>(full.module);
+    ZT_ASSERT(whole_llama, "train: the Llama model is not a LlamaForCausalLMImpl");
+    ZT_CHECK_T(!o.checkpoint_activations, ConfigError, "train: --checkpoint-activations with --tp ", n, " and ",
+               full.name, ": the tensor-parallel Llama has no activation checkpointing yet (GPT-2's has); drop the "
+               "flag, or run Llama without --tp");
+    models::LlamaConfig mc = whole_llama->config();
+    mc.deferred_init = false;
+    models::LlamaTP m(mc, tp, sequence_parallel);
+    m->load_full(weights);
+    t.module = m.ptr();
+    t.loss = [p = m.ptr()](const torch::Tensor& x, const torch::Tensor& y) { return p->loss(x, y); };
+    t.flops_per_token = [mc](int64_t seq) { return models::llama_flops_per_token(mc, seq); };
+    norm_weight = [p = m.ptr()](const std::string& name) { return p->norm_weight(name); };
+  }
+  t.engine_options = [norm_weight](EngineOptions& eo) { eo.norm_weight = norm_weight; };
+  t.attach = [](Engine&) {};
+  t.detach = [] {};
+  return t;  // `full` and `weights` go here: each rank keeps its slices only
 }
 
 }  // namespace zt::cli

@@ -11,6 +11,7 @@
 
 #include "lora/lora.h"
 #include "lora/lora_models.h"
+#include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
 
@@ -57,5 +58,19 @@ struct TrainModel {
 // LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM, or an --init-from directory
 // whose config.json does; anything else is GPT-2 as before.
 TrainModel build_train_model(const TrainModelOptions& o, const Config& cfg);
+
+// [Tensor-Parallel Train] The model of build_train_model (same name, sizes and seed) cut
+// over the tensor-parallel group `tp`: GPT2TP or LlamaTP (docs/tensor-parallel.md), with
+// sequence parallelism when asked. Every rank first builds the whole model exactly as
+// build_train_model does (so one seed gives the same weights at every tp, tp 1 included:
+// `train --tp N` starts where `train` starts), keeps its slices (load_full) and frees the
+// rest. flops_per_token stays the whole model's (the caller divides by the ranks); the
+// engine options get the tp model's norm weights (replicated parameters counted 1/tp in
+// the model-parallel norm). The caller sets EngineOptions.group (dp) and model_parallel.
+// ConfigError (before any step) for what the tp models do not take: --init-from,
+// --lora, ZeRO-3 (deferred construction), Llama with activation checkpointing; the head
+// counts that do not divide by tp (the models' own checks, naming the fix).
+TrainModel build_tp_train_model(const TrainModelOptions& o, const Config& cfg, const comm::GroupPtr& tp,
+                                bool sequence_parallel);
 
 }  // namespace zt::cli

@@ -5,6 +5,7 @@
 // See docs/parallel.md and [Rank Order] in src/parallel/layout.h.
 #include "config/pipeline_options.h"
 #include "config/sections.h"
+#include "config/tensor_parallel_options.h"
 #include "parallel/layout.h"
 #include "zerotrain/error.h"
 
@@ -18,8 +19,35 @@ constexpr IntRule kDegree{1, 1 << 20};
 TensorParallelConfig parse_tensor_parallel(Section s, std::vector<std::string>& not_supported) {
   TensorParallelConfig t;
   t.autotp_size = s.get_int("autotp_size", t.autotp_size, IntRule{0, kDegree.max});
+  // zerotrain's key (tensor_parallel_options.h); applied by `train --tp`.
+  if (s.get_bool("sequence_parallel", false) && t.autotp_size <= 1) {
+    not_supported.push_back(s.path_of("sequence_parallel") + " = true is set but takes effect only with " +
+                            s.path_of("autotp_size") + " > 1 (it splits the sequence over the tensor-parallel " +
+                            "ranks): set autotp_size (or train --tp N) or remove sequence_parallel");
+  }
   read_known_keys(s, not_supported);
   return t;
+}
+
+TensorParallelOptions tensor_parallel_options(const json& ds_config) {
+  Context ctx;
+  const json* p =
+      ds_config.is_object() && ds_config.contains("tensor_parallel") ? &ds_config.at("tensor_parallel") : nullptr;
+  Section s(ctx, "tensor_parallel", p);
+  TensorParallelOptions o;
+  const int64_t size = s.get_int("autotp_size", 0, IntRule{0, kDegree.max});
+  o.size = size > 1 ? size : 1;
+  o.sequence_parallel = s.get_bool("sequence_parallel", false);
+  s.accept_all_keys();  // the others are Config::parse's
+  std::string msg;
+  for (const auto& e : ctx.errors()) msg += "\n  " + e;
+  if (!msg.empty()) throw ConfigError("invalid tensor_parallel section:" + msg);
+  return o;
+}
+
+void drop_tensor_parallel_note(std::vector<std::string>& not_supported) {
+  // The note config/support.cpp records for autotp_size > 1 starts with its key and value.
+  std::erase_if(not_supported, [](const std::string& m) { return m.rfind("tensor_parallel.autotp_size = ", 0) == 0; });
 }
 
 PipelineConfig parse_pipeline(Section s, std::vector<std::string>& not_supported) {

@@ -277,9 +277,14 @@ void check_support(const Config& c, std::vector<std::string>& not_supported) {
   // (src/parallel), the engine runs data parallelism only.
   const std::string dp_all = "; remove it (train data parallel over all ranks) until it lands";
   if (c.tp_size() > 1) {
+    // `zerotrain train --tp` and check-config take such a config
+    // (config::drop_tensor_parallel_note); zt::initialize does not: it needs the
+    // tensor-parallel model and the topology's groups, which a config alone does not give.
     not_supported.push_back(not_yet("tensor_parallel.autotp_size", std::to_string(c.tensor_parallel.autotp_size),
                                     "tensor parallelism (tp " + std::to_string(c.tp_size()) +
-                                        ") is not implemented yet" + dp_all + " (or drop --tp)"));
+                                        ") runs through zerotrain train --tp (GPT-2 and Llama, "
+                                        "docs/tensor-parallel.md), not zt::initialize from the config alone (build "
+                                        "the tp model and pass the topology's groups in EngineOptions)"));
   }
   if (c.pp_size() > 1) {
     // zt::pipe::PipeEngine (and with it `zerotrain train` and check-config) takes such a
