@@ -258,12 +258,18 @@ void ParamGatherer::prefetch_after(const std::vector<int>& order, int64_t pos, i
   // Units following position `pos` of `order` (in direction dir), up to
   // stage3_prefetch_bucket_size elements, never beyond stage3_max_live_parameters.
   // Units already gathered or in flight count against the window, so it never grows
-  // beyond stage3_prefetch_bucket_size elements ahead of the running unit.
+  // beyond stage3_prefetch_bucket_size elements ahead of the running unit -- except the
+  // next unit, which a positive bucket always takes: DeepSpeed's prefetch loop adds
+  // parameters while the elements in flight are below the bucket, so its smallest bucket
+  // still prefetches what comes next, and a unit (a whole decoder layer of an 8B model,
+  // 218M elements) larger than the bucket would otherwise never be prefetched. 0 prefetches
+  // nothing.
   int64_t budget = opt_.prefetch_numel;
   for (int64_t k = pos + dir; k >= 0 && k < static_cast<int64_t>(order.size()); k += dir) {
     const int b = order[k];
     const int64_t n = L_.flat.buckets[b].numel;
-    if (n > budget) break;
+    const bool next = k == pos + dir && budget > 0;
+    if (n > budget && !next) break;
     budget -= n;
     if (units_[b].live) continue;
     if (z3_.live_numel + n > opt_.max_live_numel) break;

@@ -112,21 +112,29 @@ TEST(ParamGatherer, ForwardGathersJustInTimeThenPrefetchesFromTheTrace) {
   f.g->release_all(true);
 }
 
-// With a prefetch budget smaller than any unit nothing is prefetched.
-TEST(ParamGatherer, NoPrefetchBeyondTheBudget) {
+// A prefetch budget smaller than any unit still prefetches the next unit (as DeepSpeed's
+// loop, which adds a parameter while the elements in flight are below the bucket), and only
+// that one; a budget of 0 prefetches nothing.
+TEST(ParamGatherer, ASmallBudgetPrefetchesTheNextUnitOnlyAndZeroNone) {
   auto group = world();
-  Fixture f(group, /*prefetch_numel=*/1);
-  torch::NoGradGuard no_grad;
-  for (int pass = 0; pass < 2; ++pass) {
-    f.g->begin_forward();
-    for (int unit = 0; unit < 2; ++unit) {
-      f.g->unit_pre_forward(unit, false);
-      f.g->unit_post_forward(unit, false);
+  for (const int64_t budget : {int64_t{1}, int64_t{0}}) {
+    Fixture f(group, /*prefetch_numel=*/budget);
+    torch::NoGradGuard no_grad;
+    for (int pass = 0; pass < 2; ++pass) {
+      f.g->reset_counters();
+      f.g->begin_forward();
+      if (pass == 1) {  // the first unit in flight, not the second: one unit ahead
+        EXPECT_EQ(f.g->stats().prefetched, budget > 0 ? 1 : 0) << "budget " << budget << " at the start of forward";
+      }
+      for (int unit = 0; unit < 2; ++unit) {
+        f.g->unit_pre_forward(unit, false);
+        f.g->unit_post_forward(unit, false);
+      }
+      f.g->end_forward();
+      EXPECT_EQ(f.g->stats().prefetched, pass == 1 && budget > 0 ? 2 : 0) << "budget " << budget << " pass " << pass;
     }
-    f.g->end_forward();
+    f.g->release_all(true);
   }
-  EXPECT_EQ(f.g->stats().prefetched, 0);
-  f.g->release_all(true);
 }
 
 }  // namespace
