@@ -204,6 +204,7 @@ void ParamGatherer::gather(int b, bool prefetch) {
   ++z3_.gathers;
   if (prefetch) ++z3_.prefetched;
   z3_.live_numel += B.numel;
+  if (U.kind == UnitKind::kBlock) block_live_numel_ += B.numel;
   z3_.peak_live_numel = std::max(z3_.peak_live_numel, z3_.live_numel);
 }
 
@@ -237,6 +238,7 @@ void ParamGatherer::release(int b) {
   U.prefetched = false;
   U.attached = false;
   z3_.live_numel -= B.numel;
+  if (U.kind == UnitKind::kBlock) block_live_numel_ -= B.numel;
   ++z3_.releases;
 }
 
@@ -272,7 +274,7 @@ void ParamGatherer::prefetch_after(const std::vector<int>& order, int64_t pos, i
     if (n > budget && !next) break;
     budget -= n;
     if (units_[b].live) continue;
-    if (z3_.live_numel + n > opt_.max_live_numel) break;
+    if (block_live_numel_ + n > opt_.max_live_numel) break;
     gather(b, /*prefetch=*/true);
   }
 }
@@ -331,7 +333,7 @@ void ParamGatherer::unit_post_forward(int unit, bool recompute) {
     const int64_t pos = static_cast<int64_t>(rec_.size()) - 1;
     int64_t distance = 0;
     for (size_t k = static_cast<size_t>(pos) + 1; k < trace_.size(); ++k) distance += 2 * L_.flat.buckets[trace_[k]].numel;
-    keep = distance <= opt_.max_reuse_distance && z3_.live_numel <= opt_.max_live_numel;
+    keep = distance <= opt_.max_reuse_distance && block_live_numel_ <= opt_.max_live_numel;
   }
   if (!keep) release(b);
 }

@@ -142,6 +142,11 @@ class ParamGatherer {
   int64_t bwd_pos_ = 0;
   int bwd_unit_ = -1;                    // release_after_backward: the unit whose backward runs
   int64_t gather_seq_ = 0;
+  // Gathered elements of block units: what stage3_max_live_parameters bounds. The root and
+  // persistent units are live through the whole forward and backward, so counting them
+  // would let a large root (an 8B Llama's embed_tokens + lm_head: 1.05e9 elements, above
+  // the 1e9 default) stop every prefetch and every keep.
+  int64_t block_live_numel_ = 0;
   std::vector<TagCheck> tag_checks_;
   Zero3Stats z3_;
 };

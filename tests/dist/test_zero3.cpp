@@ -216,8 +216,8 @@ TEST(Zero3Gpt2, BlocksAsUnitsMatchStage0) {
 
 // Model states per rank: 14 bytes per parameter / N with bf16 (2 grad + 4 master + 8
 // Adam; the bf16 shard a gather sends is cast from the master on the fly, so ZeRO's
-// 16 Psi/N lose the 2 of a standing bf16 copy), within 5%; gathered parameters stay
-// within max_live + one unit.
+// 16 Psi/N lose the 2 of a standing bf16 copy), within 5%; gathered blocks stay within
+// max_live + one unit (besides the root and persistent units).
 TEST(Zero3Memory, ModelStatesAndLiveBound) {
   auto group = zt::comm::world_group();
   const int world = group->size();
@@ -230,7 +230,7 @@ TEST(Zero3Memory, ModelStatesAndLiveBound) {
   for (auto& p : m->parameters()) psi += p.numel();
   const int64_t block = 12 * mc.n_embd * mc.n_embd + 13 * mc.n_embd;
   auto j = config(3, "bf16", 1, 0);
-  j["zero_optimization"]["stage3_max_live_parameters"] = 2 * block;  // root + at most ~1 block
+  j["zero_optimization"]["stage3_max_live_parameters"] = 2 * block;
   j["zero_optimization"]["stage3_prefetch_bucket_size"] = 10 * block;
   j["zero_optimization"]["stage3_max_reuse_distance"] = 0;
   auto cfg = zt::Config::from_json(j, world);
@@ -248,7 +248,11 @@ TEST(Zero3Memory, ModelStatesAndLiveBound) {
     for (auto& p : blk->parameters()) n += p.numel();
     max_unit = std::max(max_unit, n);
   }
-  max_unit = std::max<int64_t>(max_unit, mc.vocab_size * mc.n_embd + mc.n_positions * mc.n_embd);  // root
+  // stage3_max_live_parameters bounds the gathered blocks (max_live + one unit); the root
+  // unit and the persistent one (LayerNorms, biases) are live besides.
+  const int64_t root = mc.vocab_size * mc.n_embd + mc.n_positions * mc.n_embd + 2 * mc.n_embd;
+  int64_t persistent = 0;
+  for (auto& p : m->parameters()) persistent += p.numel() < 100000 && p.dim() == 1 ? p.numel() : 0;
   const int64_t pad = 64 * world;
   for (int s = 0; s < 3; ++s) {
     auto idx = torch::randint(0, mc.vocab_size, {kMicro, 17});
@@ -258,7 +262,7 @@ TEST(Zero3Memory, ModelStatesAndLiveBound) {
     engine->step();
     const auto& r = engine->last_report();
     EXPECT_GT(r.gathered_peak_bytes, 0);
-    EXPECT_LE(r.gathered_peak_bytes, 2 * (2 * block + max_unit + 3 * pad)) << "step " << s;
+    EXPECT_LE(r.gathered_peak_bytes, 2 * (2 * block + max_unit + root + persistent + 4 * pad)) << "step " << s;
     // Every block is gathered once in forward and once in backward (reuse distance 0
     // releases all but the last), plus the root unit.
     EXPECT_GE(r.gathers, 2 * mc.n_layer - 1) << "step " << s;
