@@ -183,6 +183,10 @@ def build(a, tp):
                      max_sequence_length=a.seq if llama else s["max_positions"], pre_process=True,
                      post_process=True, parallel_output=True, share_embeddings_and_output_weights=True, **rope)
     model.cuda()
+    # As Megatron's training loop: Float16Module casts the model to bf16 (the learned position
+    # embedding is a plain torch Embedding, fp32 otherwise) and the last stage's output to fp32.
+    from megatron.core.transformer.module import Float16Module
+    model = Float16Module(cfg, model)
     ddp = DistributedDataParallel(config=cfg, ddp_config=DistributedDataParallelConfig(
         grad_reduce_in_fp32=not a.bf16_grads, overlap_grad_reduce=False, use_distributed_optimizer=False), module=model)
     opt = get_megatron_optimizer(OptimizerConfig(
