@@ -73,6 +73,23 @@ struct EngineOptions {
   // model_parallel (a LayerNorm under tensor parallelism, a tied embedding on the first and
   // last pipeline stage) takes 1/k, so the global norm counts it once. Finite, >= 0.
   std::function<double(const std::string& name)> norm_weight;
+  // Mixture of Experts under expert parallelism (docs/moe.md#the-engine; [Expert Groups] in
+  // src/zero/zero_optimizer.h). is_expert(name) is true for a parameter that is an expert
+  // held by this rank of `ep` only (models::MoE's "...experts.<i>..." parameters); every
+  // other parameter is dense. With ep of size > 1 and at least one expert, the engine
+  // keeps the experts in a second ZeRO shard group over expert_dp: their gradients are
+  // averaged over expert_dp (dp / ep ranks) and scaled by 1/ep, so they equal ep 1's;
+  // their optimizer state is partitioned over expert_dp at stages 1-2; the global gradient
+  // norm (clipping, overflow) counts every expert once (summed over ep). Dense parameters
+  // are reduced over `group` as without experts. Requirements (ConfigError otherwise): ep
+  // and expert_dp both set, ep size x expert_dp size = group size (parallel::Topology::
+  // ep() / expert_dp() of the same layout), ZeRO stage 0-2 (not 3), no optimizer offload.
+  // Checkpoints and save_16bit_model refuse a model with experts (docs/moe.md, what is
+  // left); gather_master_params returns this rank's experts. Unset is_expert, ep null or of
+  // size 1: every parameter is dense (experts at ep 1 are ordinary parameters), no cost.
+  std::function<bool(const std::string& name)> is_expert;
+  comm::GroupPtr ep;
+  comm::GroupPtr expert_dp;
   // Device; unset = cuda:LOCAL_RANK when CUDA is available, else CPU.
   std::optional<torch::Device> device;
   // Where JSON-lines metrics go (one object per step); empty = none.

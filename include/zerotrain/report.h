@@ -36,6 +36,10 @@ struct ModelStateBytes {
   // arrays padded to 4096 bytes); master and optimizer above are then on the drive, and
   // host counts only the gradient and staging buffers.
   int64_t nvme = 0;
+  // Expert parallelism (EngineOptions::is_expert): the expert shard group's part of
+  // master and optimizer above (partitioned over expert-dp at stages 1-2).
+  int64_t expert_master = 0;
+  int64_t expert_optimizer = 0;
   int64_t total() const { return params + grads + master + optimizer + frozen; }
 };
 

@@ -24,6 +24,7 @@
 #include "monitor/monitor.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
+#include "zero/grad_norm.h"
 #include "zero/zero_optimizer.h"
 #include "zerotrain/error.h"
 #include "zerotrain/model.h"
@@ -208,7 +209,7 @@ class EngineImpl : public Engine {
         zo.norm_weight[i] = w;
       }
     }
-    zero_ = std::make_unique<zero::ZeroOptimizer>(params, group_, zo);
+    if (!split_experts(params, names, zo)) zero_ = std::make_unique<zero::ZeroOptimizer>(params, group_, zo);
     if (hooked_) {
       zero::ZeroOptimizer* z = zero_.get();
       UnitHooks hooks;
@@ -234,7 +235,7 @@ class EngineImpl : public Engine {
     scaler_ = std::make_unique<optim::LossScaler>(so);
     schedule_ = optim::make_lr_schedule(cfg_.scheduler, cfg_.optimizer.params.lr);
     timer_ = std::make_unique<PhaseTimer>(device_);
-    timer_->set_cpu_bytes(zero_->state_bytes().total());
+    timer_->set_cpu_bytes(model_state_bytes().total());
     if (!opts_.metrics_path.empty() && group_->rank() == 0) {
       metrics_.open(opts_.metrics_path, std::ios::out | std::ios::trunc);
       ZT_CHECK_T(metrics_.good(), Error, "cannot write metrics to ", opts_.metrics_path);
@@ -327,9 +328,11 @@ class EngineImpl : public Engine {
     }
     timer_->begin();
     zero_->begin_backward(boundary, first);
+    if (expert_) expert_->begin_backward(boundary, first);
     in_phase("backward", [&] {
       run();
       exposed_.push_back(zero_->end_backward());
+      if (expert_) exposed_.push_back(expert_->end_backward());
       return 0;
     });
     bwd_phases_.push_back(timer_->end());
@@ -353,13 +356,14 @@ class EngineImpl : public Engine {
     in.step = applied_steps_ + 1;
     // fp16's dynamic scale must be known before the next backward: decide at once there.
     in.defer = device_.is_cuda() && !cfg_.fp16.enabled;
-    zero::StepOutcome out = in_phase("step", [&] { return zero_->step(in); });
+    zero::StepOutcome out = in_phase("step", [&] { return step_shard_groups(in); });
     Pending p;
     p.deferred = out.norm_sq.defined();
     p.r.loss_scale = scaler_->scale();
     if (!p.deferred) apply_outcome(out.overflow, p.r);
     p.r.grad_norm = out.grad_norm;
     zero_->zero_grad();
+    if (expert_) expert_->zero_grad();
     // What the report reads from the device: copied to host memory behind the step's work
     // and read once the step's end event has passed.
     {
@@ -401,6 +405,7 @@ class EngineImpl : public Engine {
     loss_sum_ = torch::Tensor();
     window_micro_ = 0;
     zero_->reset_counters();
+    if (expert_) expert_->reset_counters();
     if (!device_.is_cuda()) resolve_pending();  // nothing to wait for
     // An asynchronous checkpoint in flight is published once every rank's writer is done
     // (one small all-reduce per step until then; throws the writer's error).
@@ -445,6 +450,15 @@ class EngineImpl : public Engine {
   const comm::GroupPtr& group() const override { return group_; }
   ModelStateBytes model_state_bytes() const override {
     auto m = zero_->state_bytes();
+    if (expert_) {
+      const auto e = expert_->state_bytes();
+      m.params += e.params;
+      m.grads += e.grads;
+      m.master += e.master;
+      m.optimizer += e.optimizer;
+      m.expert_master = e.master;
+      m.expert_optimizer = e.optimizer;
+    }
     m.gathered = zero_->zero3_stats().live_numel * static_cast<int64_t>(c10::elementSize(dtype_));
     return m;
   }
@@ -452,13 +466,30 @@ class EngineImpl : public Engine {
     resolve_pending();
     return last_;
   }
-  std::vector<torch::Tensor> gather_master_params() override { return zero_->gather_master_params(); }
+  std::vector<torch::Tensor> gather_master_params() override {
+    if (!expert_) return zero_->gather_master_params();
+    // Both shard groups, back in the user's order (collective over dp and over expert-dp).
+    auto dense = zero_->gather_master_params();
+    auto experts = expert_->gather_master_params();
+    std::vector<torch::Tensor> all(names_.size());
+    for (size_t i = 0; i < dense.size(); ++i) all[static_cast<size_t>(dense_index_[i])] = dense[i];
+    for (size_t i = 0; i < experts.size(); ++i) all[static_cast<size_t>(expert_index_[i])] = experts[i];
+    return all;
+  }
+
+  // Checkpoints and the 16-bit export hold one shard group (docs/moe.md: what is left).
+  void refuse_experts(const char* what) const {
+    ZT_CHECK_T(!expert_, ConfigError, what, " with expert parallelism (ep ", opts_.ep ? opts_.ep->size() : 1,
+               ") is not supported yet: experts would need storing by global index (docs/moe.md, what is left); "
+               "train at ep 1 to save, or use gather_master_params()");
+  }
 
   void save_16bit_model(const std::string& path) override {
     ZT_CHECK_T(cfg_.zero_optimization.stage != 3 || cfg_.zero_optimization.stage3_gather_16bit_weights_on_model_save,
                ConfigError, "save_16bit_model under ZeRO-3 gathers the full weights: set "
                "zero_optimization.stage3_gather_16bit_weights_on_model_save to true (or save a checkpoint and "
                "consolidate it with `zerotrain convert`)");
+    refuse_experts("save_16bit_model");
     auto full = zero_->gather_master_params();  // collective
     if (group_->rank() != 0) return;
     std::map<std::string, torch::Tensor> tensors;
@@ -473,6 +504,7 @@ class EngineImpl : public Engine {
                        bool async) override {
     ZT_CHECK_T(window_micro_ == 0, CheckpointError, "save_checkpoint() between micro-steps of an accumulation window (",
                window_micro_, " of ", cfg_.gradient_accumulation_steps, " done): save after step() returned true");
+    refuse_experts("save_checkpoint");
     resolve_pending();  // the counters and the loss scaler must include the last step
     ckpt::Counters c{micro_, global_steps_, applied_steps_, skipped_};
     ckpt::EngineParts parts{*model_, *zero_, *scaler_, cfg_, group_, device_, dtype_, c};
@@ -483,6 +515,7 @@ class EngineImpl : public Engine {
   const CheckpointSaveReport& last_checkpoint_save() const override { return saver_.last(); }
   nlohmann::json load_checkpoint(const std::string& dir, const std::string& tag) override {
     ZT_CHECK_T(window_micro_ == 0, CheckpointError, "load_checkpoint() inside an accumulation window");
+    refuse_experts("load_checkpoint");
     resolve_pending();
     saver_.wait(group_, global_steps_);  // the checkpoint being loaded may be the one in flight
     ckpt::Counters c{micro_, global_steps_, applied_steps_, skipped_};
@@ -625,6 +658,69 @@ class EngineImpl : public Engine {
     while (!pending_.empty()) resolve_one();
   }
 
+  // [Expert Groups] (src/zero/zero_optimizer.h): with experts under ep > 1, makes zero_
+  // over the dense parameters (dp) and expert_ over the experts (expert-dp, grad_scale
+  // 1/ep) and returns true; false (nothing made) when every parameter is dense.
+  bool split_experts(const std::vector<torch::Tensor>& params, const std::vector<std::string>& names,
+                     const zero::ZeroOptions& zo) {
+    if (!opts_.is_expert || !opts_.ep || opts_.ep->size() <= 1) return false;
+    std::vector<int> dense, expert;
+    for (size_t i = 0; i < params.size(); ++i) (opts_.is_expert(names[i]) ? expert : dense).push_back(static_cast<int>(i));
+    if (expert.empty()) return false;
+    const int ep = opts_.ep->size();
+    ZT_CHECK_T(opts_.expert_dp, ConfigError, "EngineOptions.is_expert marks ", expert.size(),
+               " expert parameters (e.g. '", names[expert[0]], "') over an ep group of ", ep,
+               " ranks but EngineOptions.expert_dp is not set: pass parallel::Topology::expert_dp()");
+    ZT_CHECK_T(ep * opts_.expert_dp->size() == group_->size(), ConfigError, "EngineOptions.ep (", ep,
+               " ranks) x EngineOptions.expert_dp (", opts_.expert_dp->size(), " ranks) != the data-parallel group (",
+               group_->size(), " ranks): pass the ep() and expert_dp() groups of one parallel::Topology whose dp is "
+               "the engine's group");
+    ZT_CHECK_T(zo.stage <= 2, ConfigError, "zero_optimization.stage 3 with expert parallelism (ep ", ep,
+               ") is not supported yet: use zero_optimization.stage 1 or 2 (the experts' optimizer state is "
+               "partitioned over expert-dp there too; docs/moe.md)");
+    ZT_CHECK_T(!zo.offload_optimizer, ConfigError, "zero_optimization.offload_optimizer with expert parallelism (ep ",
+               ep, ") is not supported yet: set offload_optimizer.device to none, or train at ep 1 (docs/moe.md)");
+    ZT_CHECK_T(!dense.empty(), ConfigError, "EngineOptions.is_expert marks every trainable parameter as an expert: "
+               "an MoE model has a dense part (at least the gate); check the predicate");
+    auto subset = [&](const std::vector<int>& idx, zero::ZeroOptions o, std::vector<torch::Tensor>& out) {
+      out.clear();
+      o.param_group.clear();
+      o.norm_weight.clear();
+      o.param_names.clear();
+      for (int i : idx) {
+        out.push_back(params[static_cast<size_t>(i)]);
+        if (!zo.param_group.empty()) o.param_group.push_back(zo.param_group[static_cast<size_t>(i)]);
+        if (!zo.norm_weight.empty()) o.norm_weight.push_back(zo.norm_weight[static_cast<size_t>(i)]);
+        if (!zo.param_names.empty()) o.param_names.push_back(zo.param_names[static_cast<size_t>(i)]);
+      }
+      return o;
+    };
+    std::vector<torch::Tensor> dp_params, ex_params;
+    zero::ZeroOptions dzo = subset(dense, zo, dp_params);
+    zero::ZeroOptions ezo = subset(expert, zo, ex_params);
+    // The engine sums the expert partial over ep and combines over model_parallel itself.
+    ezo.model_parallel = nullptr;
+    ezo.grad_scale = 1.0 / ep;
+    zero_ = std::make_unique<zero::ZeroOptimizer>(dp_params, group_, dzo);
+    expert_ = std::make_unique<zero::ZeroOptimizer>(ex_params, opts_.expert_dp, ezo);
+    dense_index_ = dense;
+    expert_index_ = expert;
+    return true;
+  }
+
+  // One optimizer step of every shard group with one global norm ([Expert Groups]).
+  zero::StepOutcome step_shard_groups(const zero::StepInputs& in) {
+    if (!expert_) return zero_->step(in);
+    torch::NoGradGuard no_grad;
+    auto dense_sq = zero_->prepare_step();
+    auto expert_sq = expert_->prepare_step();
+    opts_.ep->all_reduce(expert_sq, comm::ReduceOp::kSum);  // every expert once
+    auto sq = zero::combine_norm_sq({dense_sq, expert_sq}, opts_.model_parallel);
+    zero::StepOutcome out = zero_->apply_step(sq, in);
+    expert_->apply_step(sq, in);
+    return out;
+  }
+
   std::string group_name(size_t g) const {
     const std::string& n = opts_.param_groups[g].name;
     return n.empty() ? "group " + std::to_string(g) : n;
@@ -757,6 +853,10 @@ class EngineImpl : public Engine {
   torch::Device device_{torch::kCPU};
   at::ScalarType dtype_ = at::kFloat;
   std::unique_ptr<zero::ZeroOptimizer> zero_;
+  // [Expert Groups]: the experts' shard group over expert-dp (null without experts at ep >
+  // 1), and which managed parameters (user order) each shard group holds, in order.
+  std::unique_ptr<zero::ZeroOptimizer> expert_;
+  std::vector<int> dense_index_, expert_index_;
   std::unique_ptr<optim::LossScaler> scaler_;
   std::unique_ptr<optim::LrSchedule> schedule_;
   std::unique_ptr<PhaseTimer> timer_;

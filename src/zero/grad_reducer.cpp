@@ -158,6 +158,15 @@ DeviceSpan GradReducer::wait() {
 }
 
 void GradReducer::reduce_now() {
+  reduce_unreduced();
+  if (opt_.grad_scale != 1.0) {
+    torch::NoGradGuard no_grad;
+    if (flat_grad_.defined()) flat_grad_.mul_(opt_.grad_scale);
+    if (grad_shard_.defined()) grad_shard_.mul_(opt_.grad_scale);
+  }
+}
+
+void GradReducer::reduce_unreduced() {
   if (world_ <= 1 || opt_.stage >= 2 || reducing_) return;
   torch::NoGradGuard no_grad;
   const double pre = opt_.prescale_gradients ? opt_.gradient_predivide_factor : 1.0;

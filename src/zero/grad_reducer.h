@@ -33,6 +33,12 @@ struct ReducerOptions {
   bool overlap_comm = true;           // stages 0-1: reduce from hooks in backward
   bool prescale_gradients = false;    // divide by the predivide factor before the sum
   double gradient_predivide_factor = 1.0;
+  // Multiplies the window's reduced gradient once, in reduce_now() at the step (after the
+  // average over the group). 1 = none (no work). Expert parameters use 1/ep: their
+  // gradient on the owner is already the SUM over the ep group's tokens, so the average
+  // over expert-dp times 1/ep is the average over all dp ranks ([Expert Groups] in
+  // zero_optimizer.h; DeepSpeed #5618 is this factor missing).
+  double grad_scale = 1.0;
 };
 
 class GradReducer {
@@ -65,7 +71,8 @@ class GradReducer {
   // Waits (the compute stream, not the host, on CUDA) for this backward's reductions and
   // applies the post-scaling. Returns the span of that wait (exposed communication).
   DeviceSpan wait();
-  // Stages 0-1 without overlap_comm, at the step: reduce every bucket now (blocking).
+  // At the step, once per window: stages 0-1 without overlap_comm reduce every bucket now
+  // (blocking); then grad_scale applies (every stage).
   void reduce_now();
   // Whether the hooks of this micro-step's backward reduce.
   bool reducing() const { return reducing_; }
@@ -85,6 +92,7 @@ class GradReducer {
  private:
   void on_grad_ready(int layout_index);
   void launch_bucket(int b);
+  void reduce_unreduced();  // reduce_now's reduction (stages 0-1 without overlap_comm)
   torch::TensorOptions topt() const;
 
   const ShardLayout& L_;

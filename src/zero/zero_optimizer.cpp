@@ -129,6 +129,7 @@ void ZeroOptimizer::make_reducer() {
   ro.overlap_comm = opt_.overlap_comm;
   ro.prescale_gradients = opt_.prescale_gradients;
   ro.gradient_predivide_factor = opt_.gradient_predivide_factor;
+  ro.grad_scale = opt_.grad_scale;
   reducer_ = std::make_unique<GradReducer>(L_, params_, user_index_, group_, ro);
   // Offload: the last micro-step's reduced shard is final; stream it to the host now,
   // while backward goes on.
@@ -158,14 +159,22 @@ DeviceSpan ZeroOptimizer::end_backward() {
 }
 
 StepOutcome ZeroOptimizer::step(const StepInputs& in) {
-  torch::NoGradGuard no_grad;
-  StepOutcome out;
-  // Stages 0-1 without overlap_comm: all-reduce (0) or reduce-scatter (1) now.
-  reducer_->reduce_now();
-
   // One number carries both the overflow check and the clipping norm (zero/grad_norm.h):
   // this shard group's partial sum of squares, combined with the model-parallel ranks'.
-  auto sq = combine_norm_sq({grad_norm_sq()}, opt_.model_parallel);
+  auto sq = prepare_step();
+  return apply_step(combine_norm_sq({sq}, opt_.model_parallel), in);
+}
+
+torch::Tensor ZeroOptimizer::prepare_step() {
+  torch::NoGradGuard no_grad;
+  // Stages 0-1 without overlap_comm: all-reduce (0) or reduce-scatter (1) now; grad_scale.
+  reducer_->reduce_now();
+  return grad_norm_sq();
+}
+
+StepOutcome ZeroOptimizer::apply_step(const torch::Tensor& sq, const StepInputs& in) {
+  torch::NoGradGuard no_grad;
+  StepOutcome out;
   double factor = 1.0 / in.loss_scale;
   const bool defer = in.defer && device_ && device_->can_defer();
   if (defer) {

@@ -120,6 +120,9 @@ struct ZeroOptions {
   // (a LayerNorm under tensor parallelism, a tied embedding on two pipeline stages) has
   // weight 1/k, so the global norm counts it once. Weights must be finite and >= 0.
   std::vector<double> norm_weight;
+  // Multiplies this shard group's reduced gradients once per step (ReducerOptions::
+  // grad_scale): 1 for dense parameters; 1/ep for an expert shard group ([Expert Groups]).
+  double grad_scale = 1.0;
 };
 
 struct NvmeOffload;  // zero_offload_nvme.cpp
@@ -137,6 +140,19 @@ struct StepOutcome {
   torch::Tensor norm_sq;
 };
 
+// [Expert Groups] (docs/moe.md; the engine composes them, src/engine/engine.cpp)
+//  * An MoE model under expert parallelism (ep > 1) has two kinds of trainable parameters:
+//    dense ones (the same tensor on every dp rank) and experts (rank r of an ep group holds
+//    its own experts; the dp ranks with the same ep index hold the same experts: the
+//    expert-dp group, dp/ep ranks). The engine makes one ZeroOptimizer per kind: dense over
+//    dp, experts over expert-dp, with the same stage and optimizer.
+//  * Expert gradients: the MoE layer's backward all-to-all leaves on an expert's owner the
+//    SUM of the gradients of every ep rank's tokens. Averaging that over expert-dp gives
+//    ep x the dp average; grad_scale = 1/ep makes it the dp average, the gradient ep 1 has.
+//  * One global norm: the dense partial (same on every ep rank), plus the expert partial
+//    summed over the ep group (every expert counted once), then summed over model_parallel.
+//    Both optimizers take apply_step() with that one number: the same overflow skip and
+//    clipping coefficient everywhere.
 class ZeroOptimizer {
  public:
   // params: managed tensors in the user's order; they become views into flat buffers.
@@ -152,6 +168,14 @@ class ZeroOptimizer {
   // At the boundary: finish reduction (stage 1), unscale, check overflow, clip, update
   // this rank's shard, refresh the compute-dtype parameters (all-gather for stages 1-2).
   StepOutcome step(const StepInputs& in);
+  // step() in two halves, for an engine with several shard groups that share one global
+  // norm ([Expert Groups]): prepare_step() finishes the reduction and returns this shard
+  // group's partial sum of squares (zero/grad_norm.h; not yet combined over model_parallel);
+  // apply_step() takes the GLOBAL sum (every shard group, every model-parallel rank) and
+  // does the rest of step(): overflow check, clipping, update, refresh. step(in) is
+  // apply_step(combine_norm_sq({prepare_step()}, model_parallel), in).
+  torch::Tensor prepare_step();
+  StepOutcome apply_step(const torch::Tensor& global_sq, const StepInputs& in);
   void zero_grad();
 
   // Stage 3 (no-ops at stages 0-2). The engine calls begin/end_forward around the user's
