@@ -210,11 +210,22 @@ TrainModel build_tp_train_model(const TrainModelOptions& o, const Config& cfg, c
              " is not supported yet (the tensor-parallel models are built whole on each rank, not partitioned); use "
              "stage 1 or 2: tp already splits every weight matrix over the tp ranks, and ZeRO 1/2 shards the optimizer "
              "state (and gradients) over the data-parallel ranks");
+  // [TP Activation Checkpointing]: --checkpoint-activations, or a key that describes the
+  // checkpoints (as the plain path: number_checkpoints, cpu_checkpointing), turns it on.
   const auto& ac = cfg.activation_checkpointing;
-  ZT_CHECK_T(!ac.partition_activations && !ac.cpu_checkpointing && !ac.number_checkpoints, ConfigError,
-             "train: activation_checkpointing.partition_activations / cpu_checkpointing / number_checkpoints with --tp ",
-             n, " are not supported yet (the tensor-parallel GPT-2 recomputes every block and keeps its whole input); "
-             "remove them and use --checkpoint-activations");
+  const bool tp_ckpt = o.checkpoint_activations || ac.partition_activations || ac.cpu_checkpointing ||
+                       ac.number_checkpoints || ac.contiguous_memory_optimization;
+  ZT_CHECK_T(tp_ckpt || (!ac.synchronize_checkpoint_boundary && !ac.profile), ConfigError,
+             "train: activation_checkpointing.", ac.profile ? "profile" : "synchronize_checkpoint_boundary",
+             " = true with --tp ", n, " but no layer is checkpointed; add --checkpoint-activations, or remove the key");
+  if (tp_ckpt && !o.checkpoint_activations && o.rank == 0) {
+    log::info("activation checkpointing on (the config's activation_checkpointing section sets %s)",
+              ac.partition_activations ? "partition_activations"
+              : ac.cpu_checkpointing   ? "cpu_checkpointing"
+              : ac.number_checkpoints  ? "number_checkpoints"
+                                       : "contiguous_memory_optimization");
+  }
+  const auto ckpt_opts = models::TpCheckpointOptions::from_config(ac);
   // The whole model first, as the plain path builds it (the caller seeded the generator).
   TrainModelOptions whole = o;
   whole.checkpoint_activations = false;
@@ -243,25 +254,24 @@ TrainModel build_tp_train_model(const TrainModelOptions& o, const Config& cfg, c
     mc.deferred_init = false;
     models::GPT2TP m(mc, tp, sequence_parallel);
     m->load_full(weights);
-    if (o.checkpoint_activations) m->set_activation_checkpointing(true);
+    if (tp_ckpt) m->set_activation_checkpointing(ckpt_opts);
     t.module = m.ptr();
     t.loss = [p = m.ptr()](const torch::Tensor& x, const torch::Tensor& y) { return p->loss(x, y); };
     t.flops_per_token = [mc](int64_t seq) { return models::gpt2_flops_per_token(mc, seq); };
-    t.activation_checkpointing = o.checkpoint_activations;
+    t.activation_checkpointing = tp_ckpt;
     norm_weight = [p = m.ptr()](const std::string& name) { return p->norm_weight(name); };
   } else {
     auto whole_llama = std::dynamic_pointer_cast<models::LlamaForCausalLMImpl>(full.module);
     ZT_ASSERT(whole_llama, "train: the Llama model is not a LlamaForCausalLMImpl");
-    ZT_CHECK_T(!o.checkpoint_activations, ConfigError, "train: --checkpoint-activations with --tp ", n, " and ",
-               full.name, ": the tensor-parallel Llama has no activation checkpointing yet (GPT-2's has); drop the "
-               "flag, or run Llama without --tp");
     models::LlamaConfig mc = whole_llama->config();
     mc.deferred_init = false;
     models::LlamaTP m(mc, tp, sequence_parallel);
     m->load_full(weights);
+    if (tp_ckpt) m->set_activation_checkpointing(ckpt_opts);
     t.module = m.ptr();
     t.loss = [p = m.ptr()](const torch::Tensor& x, const torch::Tensor& y) { return p->loss(x, y); };
     t.flops_per_token = [mc](int64_t seq) { return models::llama_flops_per_token(mc, seq); };
+    t.activation_checkpointing = tp_ckpt;
     norm_weight = [p = m.ptr()](const std::string& name) { return p->norm_weight(name); };
   }
   t.engine_options = [norm_weight](EngineOptions& eo) { eo.norm_weight = norm_weight; };

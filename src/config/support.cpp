@@ -100,17 +100,25 @@ const Feature kFeatures[] = {
     {"zero_optimization.ignore_unused_parameters", false,
      [](const Config& c) { return unflag(c.zero_optimization.ignore_unused_parameters); },
      "remove it (unused parameters are ignored)"},
+    // [TP Activation Checkpointing] (models/tp_checkpoint.h): honoured under tensor
+    // parallelism (train --tp N); the models without tp checkpoint through
+    // models/checkpoint.h, which does not take these four.
     {"activation_checkpointing.partition_activations", false,
-     [](const Config& c) { return flag(c.activation_checkpointing.partition_activations); }, "set it false"},
+     [](const Config& c) { return c.tp_size() > 1 ? std::string() : flag(c.activation_checkpointing.partition_activations); },
+     "set it false: it takes effect with tensor parallelism only (zerotrain train --tp N, docs/tensor-parallel.md)"},
     {"activation_checkpointing.contiguous_memory_optimization", false,
-     [](const Config& c) { return flag(c.activation_checkpointing.contiguous_memory_optimization); },
-     "set it false"},
+     [](const Config& c) {
+       return c.tp_size() > 1 ? std::string() : flag(c.activation_checkpointing.contiguous_memory_optimization);
+     },
+     "set it false: it is honoured with tensor parallelism only (zerotrain train --tp N, docs/tensor-parallel.md)"},
     {"activation_checkpointing.synchronize_checkpoint_boundary", false,
-     [](const Config& c) { return flag(c.activation_checkpointing.synchronize_checkpoint_boundary); },
-     "set it false"},
+     [](const Config& c) {
+       return c.tp_size() > 1 ? std::string() : flag(c.activation_checkpointing.synchronize_checkpoint_boundary);
+     },
+     "set it false: it is honoured with tensor parallelism only (zerotrain train --tp N, docs/tensor-parallel.md)"},
     {"activation_checkpointing.profile", false,
-     [](const Config& c) { return flag(c.activation_checkpointing.profile); },
-     "set it false (wall_clock_breakdown times the phases)"},
+     [](const Config& c) { return c.tp_size() > 1 ? std::string() : flag(c.activation_checkpointing.profile); },
+     "set it false (wall_clock_breakdown times the phases; per-checkpoint times come with train --tp N)"},
     {"optimizer.params.amsgrad", false, [](const Config& c) { return flag(c.optimizer.params.amsgrad); },
      "set it false"},
     {"fp16.auto_cast", false, [](const Config& c) { return flag(c.fp16.auto_cast); },

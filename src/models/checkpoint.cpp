@@ -9,8 +9,10 @@ thread_local int t_recompute_depth = 0;
 
 // The autograd context stores IValues only; fn travels in a capsule.
 struct FnHolder : torch::CustomClassHolder {
-  explicit FnHolder(CheckpointFn f) : fn(std::move(f)) {}
+  explicit FnHolder(CheckpointFn f, StashFn s = {}) : fn(std::move(f)), stash_fn(std::move(s)) {}
   CheckpointFn fn;
+  StashFn stash_fn;                         // empty: x saved as below
+  std::unique_ptr<CheckpointStash> stash;  // stash_fn(x), from forward to backward
 };
 
 struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
@@ -23,7 +25,9 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     torch::Tensor y = holder->fn(x);
     ctx->saved_data["fn"] = c10::IValue::make_capsule(holder);
     ctx->saved_data["x_requires_grad"] = x.requires_grad();
-    if (cpu_checkpointing && x.is_cuda()) {
+    if (holder->stash_fn) {
+      holder->stash = holder->stash_fn(x);
+    } else if (cpu_checkpointing && x.is_cuda()) {
       // Pinned destination + non_blocking: the D2H copy is queued on the current stream
       // and the host does not wait; backward's H2D copy is queued on the same stream
       // after it, so nobody reads the host copy before it is complete.
@@ -40,15 +44,18 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_out) {
     if (!grad_out[0].defined()) return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    auto holder = ctx->saved_data["fn"].toCapsule();
+    auto* fn_holder = static_cast<FnHolder*>(holder.get());
     torch::Tensor x;
     auto it = ctx->saved_data.find("x_host");
-    if (it != ctx->saved_data.end()) {
+    if (fn_holder->stash) {
+      x = fn_holder->stash->restore();
+      fn_holder->stash.reset();
+    } else if (it != ctx->saved_data.end()) {
       x = it->second.toTensor().to(ctx->saved_data["x_device"].toDevice(), /*non_blocking=*/true);
     } else {
       x = ctx->get_saved_variables()[0];
     }
-    auto holder = ctx->saved_data["fn"].toCapsule();
-    auto* fn_holder = static_cast<FnHolder*>(holder.get());
     const bool x_requires_grad = ctx->saved_data["x_requires_grad"].toBool();
 
     torch::Tensor x_in = x.detach().requires_grad_(x_requires_grad);
@@ -83,6 +90,13 @@ torch::Tensor checkpoint(const CheckpointFn& fn, const torch::Tensor& x, bool cp
   // Always defined: the autograd node records metadata for every tensor input.
   auto anchor = torch::empty({0}, x.options().requires_grad(!x.requires_grad()));
   return CheckpointFunction::apply(x, anchor, holder, cpu_checkpointing);
+}
+
+torch::Tensor checkpoint(const CheckpointFn& fn, const torch::Tensor& x, const StashFn& stash) {
+  if (!torch::GradMode::is_enabled()) return fn(x);
+  auto holder = c10::make_intrusive<FnHolder>(fn, stash);
+  auto anchor = torch::empty({0}, x.options().requires_grad(!x.requires_grad()));
+  return CheckpointFunction::apply(x, anchor, holder, /*cpu_checkpointing=*/false);
 }
 
 bool in_checkpoint_recompute() { return t_recompute_depth > 0; }

@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <memory>
 
 namespace zt::models {
 
@@ -23,6 +24,20 @@ using CheckpointFn = std::function<torch::Tensor(const torch::Tensor&)>;
 // stream in backward) when x is a CUDA tensor; on CPU it is kept as is.
 // When grad mode is off this is just fn(x).
 torch::Tensor checkpoint(const CheckpointFn& fn, const torch::Tensor& x, bool cpu_checkpointing = false);
+
+// What checkpoint() keeps of x for backward when the caller decides how (partitioned over
+// the tensor-parallel ranks, on the host, in a preallocated buffer: models/tp_checkpoint.h).
+struct CheckpointStash {
+  virtual ~CheckpointStash() = default;
+  // x again (same values, sizes, dtype and device); called once, in backward, before fn
+  // is re-run. May run collectives (the same on every rank of a group, in the same order).
+  virtual torch::Tensor restore() = 0;
+};
+using StashFn = std::function<std::unique_ptr<CheckpointStash>(const torch::Tensor& x)>;
+
+// As checkpoint() above, but x is kept as stash(x) returns it (called once, in forward);
+// the stash is destroyed right after backward's restore(), or with the graph.
+torch::Tensor checkpoint(const CheckpointFn& fn, const torch::Tensor& x, const StashFn& stash);
 
 // True while a checkpointed fn is being re-run inside backward, on this thread.
 bool in_checkpoint_recompute();

@@ -173,7 +173,17 @@ double GPT2TPImpl::norm_weight(const std::string& name) const {
   return split_spec(name).split() ? 1.0 : 1.0 / static_cast<double>(tp_size());
 }
 
-void GPT2TPImpl::set_activation_checkpointing(bool enabled) { ckpt_ = enabled; }
+void GPT2TPImpl::set_activation_checkpointing(bool enabled) {
+  if (enabled) {
+    set_activation_checkpointing(TpCheckpointOptions{});
+  } else {
+    ckpt_.reset();
+  }
+}
+
+void GPT2TPImpl::set_activation_checkpointing(const TpCheckpointOptions& o) {
+  ckpt_ = std::make_shared<TpCheckpointer>(group_, cfg_.n_layer, o, sp_);
+}
 
 std::vector<zt::ModelUnit> GPT2TPImpl::zero_units() const {
   std::vector<zt::ModelUnit> out;
@@ -194,7 +204,7 @@ torch::Tensor GPT2TPImpl::run_block(int64_t i, const torch::Tensor& x) {
     return y;
   };
   // A checkpointed block recomputes its collectives in backward, on every tp rank alike.
-  auto y = ckpt_ && torch::GradMode::is_enabled() ? checkpoint(body, x) : body(x);
+  auto y = ckpt_ ? ckpt_->run(i, body, x) : body(x);
   return hooks_.wrap_output ? hooks_.wrap_output(i, y) : y;
 }
 

@@ -28,11 +28,13 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "models/gpt2.h"
+#include "models/tp_checkpoint.h"
 #include "tp/layers.h"
 #include "tp/shard.h"
 #include "zerotrain/comm.h"
@@ -107,7 +109,13 @@ struct GPT2TPImpl : torch::nn::Module, zt::ZeroModel {
   // (EngineOptions::norm_weight), 1 when split.
   double norm_weight(const std::string& name) const;
 
+  // Every block recomputes in backward (enabled), or none; the options of the config's
+  // activation_checkpointing section: the overload below ([TP Activation Checkpointing]).
   void set_activation_checkpointing(bool enabled);
+  void set_activation_checkpointing(const TpCheckpointOptions& o);
+  bool activation_checkpointing() const { return ckpt_ != nullptr; }
+  // The checkpoint store (bytes held, notes); null without checkpointing.
+  const TpCheckpointer* activation_checkpointer() const { return ckpt_.get(); }
   void set_unit_hooks(zt::UnitHooks hooks) override { hooks_ = std::move(hooks); }
   std::vector<zt::ModelUnit> zero_units() const override;
   // This rank's share of the training FLOPs per token: GPT-2's / tp.
@@ -129,7 +137,7 @@ struct GPT2TPImpl : torch::nn::Module, zt::ZeroModel {
   GPT2Config cfg_;
   comm::GroupPtr group_;
   bool sp_ = false;
-  bool ckpt_ = false;
+  std::shared_ptr<TpCheckpointer> ckpt_;
   std::vector<TPBlock> blocks_;
   zt::UnitHooks hooks_;
 };

@@ -225,8 +225,30 @@ torch::Tensor LlamaTPImpl::hidden(const torch::Tensor& idx) {
   const auto freqs = pos.unsqueeze(1) * inv.unsqueeze(0);
   const auto emb = torch::cat({freqs, freqs}, -1);
   const auto cos = emb.cos().to(x.scalar_type()), sin = emb.sin().to(x.scalar_type());
-  for (auto& layer : layers_) x = layer->forward(x, cos, sin);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    auto* layer = layers_[i].get();
+    if (!ckpt_) {
+      x = layer->forward(x, cos, sin);
+      continue;
+    }
+    // A checkpointed layer recomputes its collectives in backward, on every tp rank alike;
+    // cos and sin are no function of x (the same tables in recompute).
+    x = ckpt_->run(static_cast<int64_t>(i), [layer, cos, sin](const torch::Tensor& t) { return layer->forward(t, cos, sin); },
+                   x);
+  }
   return tp_rms_norm(model->norm, x, group_, sp_);
+}
+
+void LlamaTPImpl::set_activation_checkpointing(bool enabled) {
+  if (enabled) {
+    set_activation_checkpointing(TpCheckpointOptions{});
+  } else {
+    ckpt_.reset();
+  }
+}
+
+void LlamaTPImpl::set_activation_checkpointing(const TpCheckpointOptions& o) {
+  ckpt_ = std::make_shared<TpCheckpointer>(group_, cfg_.num_hidden_layers, o, sp_);
 }
 
 torch::Tensor LlamaTPImpl::local_logits(const torch::Tensor& idx) {

@@ -19,10 +19,12 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "models/llama.h"
+#include "models/tp_checkpoint.h"
 #include "tp/layers.h"
 #include "tp/shard.h"
 #include "zerotrain/comm.h"
@@ -89,6 +91,13 @@ struct LlamaTPImpl : torch::nn::Module, zt::ZeroModel {
   std::vector<zt::ModelUnit> zero_units() const override;
   double flops_per_token(int64_t seq) const override;
 
+  // Activation checkpointing per decoder layer, as GPT2TPImpl's ([TP Activation
+  // Checkpointing]): enabled = every layer with the default options.
+  void set_activation_checkpointing(bool enabled);
+  void set_activation_checkpointing(const TpCheckpointOptions& o);
+  bool activation_checkpointing() const { return ckpt_ != nullptr; }
+  const TpCheckpointer* activation_checkpointer() const { return ckpt_.get(); }
+
   int tp_size() const { return group_ ? group_->size() : 1; }
   int tp_rank() const { return group_ ? group_->rank() : 0; }
 
@@ -104,6 +113,7 @@ struct LlamaTPImpl : torch::nn::Module, zt::ZeroModel {
   bool sp_ = false;
   torch::Tensor inv_freq_;
   std::vector<LlamaTPLayer> layers_;
+  std::shared_ptr<TpCheckpointer> ckpt_;
 };
 TORCH_MODULE(LlamaTP);
 
