@@ -190,11 +190,18 @@ TEST_P(TpCheckpointModels, EveryVariantEqualsNoCheckpointing) {
       {"contiguous_unpartitioned", true, opts(false, false, true)},
       {"number_checkpoints_1", true, opts(true, false, false, 1)},
       {"partition_sync_profile", true, opts(true, false, false, std::nullopt, true, true)},
+      // Sequence parallelism: the input is already 1/tp of the sequence; kept whole.
+      {"sequence_parallel_partition_cpu", true, opts(true, true), true},
   };
-  const CkptRun want = train(llama, plain, *mesh.topo);
-  ASSERT_LT(want.losses.back(), want.losses.front()) << "the reference trains";
+  const CkptRun want_plain = train(llama, plain, *mesh.topo);
+  const CkptRun want_sp = train(llama, {"none_sp", false, {}, true}, *mesh.topo);
+  ASSERT_LT(want_plain.losses.back(), want_plain.losses.front()) << "the reference trains";
   for (const auto& v : variants) {
     const CkptRun got = train(llama, v, *mesh.topo);
+    const CkptRun& want = v.sequence_parallel ? want_sp : want_plain;
+    if (v.sequence_parallel) {
+      EXPECT_EQ(got.bytes_after_forward, 2 * kCkptMicro * (kCkptSeq / tp) * 128 * 4) << v.name << ": 1/tp of the sequence";
+    }
     ASSERT_EQ(got.losses.size(), want.losses.size());
     double dl = 0;
     for (size_t s = 0; s < want.losses.size(); ++s) {
