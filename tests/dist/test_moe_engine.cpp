@@ -13,6 +13,8 @@
 //    expert once: the clipping coefficient and the overflow flag are ep 1's);
 //  * every parameter after 5 steps: dense ones by name, this rank's experts against the
 //    ep-1 expert of the same global index.
+// Also: an inf in one rank's expert gradient skips the step on every rank (the overflow
+// flag over ep), expert state bytes per rank (model_state_bytes), and the refusals.
 // Tolerance 1e-5 absolute (fp32; the expert GEMMs see the slots of P ranks in one batch and
 // the reductions sum in another order). A control run at ep 2 with the experts treated as
 // dense parameters (EngineOptions.is_expert unset: the behaviour before expert-dp groups)
@@ -21,6 +23,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -61,9 +64,10 @@ struct Case {
   int gas = 1;
   bool drop = true;
   std::string optimizer = "SGD";
+  bool overlap = false;  // zero_optimization.overlap_comm (stage 1: reduce in backward hooks)
   std::string tag() const {
     return "top-" + std::to_string(k) + " stage " + std::to_string(stage) + " gas " + std::to_string(gas) +
-           (drop ? " drop" : " dropless") + " " + optimizer;
+           (drop ? " drop" : " dropless") + " " + optimizer + (overlap ? " overlap_comm" : "");
   }
 };
 
@@ -130,7 +134,8 @@ nlohmann::json config(const Case& c, double clip) {
           {"steps_per_print", 1000},
           {"optimizer", opt},
           // Small buckets: several buckets per shard group, padding in each.
-          {"zero_optimization", {{"stage", c.stage}, {"reduce_bucket_size", 300}, {"allgather_bucket_size", 400}}}};
+          {"zero_optimization",
+           {{"stage", c.stage}, {"reduce_bucket_size", 300}, {"allgather_bucket_size", 400}, {"overlap_comm", c.overlap}}}};
 }
 
 struct TrainRun {
@@ -207,7 +212,7 @@ TEST(MoEEngine, ExpertParallelTrainsLikeEpOne) {
   const int64_t E = 4;  // 4 experts: 2 per rank at ep 2, 1 at ep 4
   std::vector<Case> cases = {
       {1, 0, 1, true}, {1, 1, 1, true}, {1, 2, 2, true}, {2, 0, 2, false}, {2, 1, 1, true}, {2, 2, 1, true},
-      {2, 2, 1, true, "AdamW"},
+      {2, 2, 1, true, "AdamW"}, {1, 1, 2, true, "SGD", true},
   };
   double worst = 0;
   for (const Case& c : cases) {
@@ -286,6 +291,44 @@ TEST(MoEEngine, ExpertStateIsPartitionedOverExpertDp) {
       EXPECT_EQ((b.master - b.expert_master) * W, full.master - full.expert_master) << tag;
     }
   }
+}
+
+TEST(MoEEngine, OverflowInOneExpertSkipsEveryRank) {
+  // An inf in one expert's gradient on one rank only: the expert partial norm, summed over
+  // ep, makes every rank (also those whose own experts are finite) skip the step.
+  auto w = world();
+  const int W = w->size(), r = w->rank();
+  if (W < 2) GTEST_SKIP() << "needs 2 ranks (an ep size > 1)";
+  const Case c{1, 2, 1, true};
+  parallel::Topology topo(w, parallel::ParallelDims::make(W, W, 1, 1, W));
+  Net net(c, W, topo.ep());
+  load_reference_weights(net, c, W);
+  EngineOptions o;
+  o.device = torch::Device(torch::kCPU);
+  o.print = false;
+  o.group = topo.dp();
+  o.is_expert = is_expert;
+  o.ep = topo.ep();
+  o.expert_dp = topo.expert_dp();
+  auto engine = initialize(net.ptr(), Config::from_json(config(c, 1.0), W), o);
+  std::vector<torch::Tensor> before;
+  for (const auto& p : net->parameters()) before.push_back(p.detach().clone());
+  torch::Tensor expert_w = net->moe->experts[0]->parameters()[0];
+  const bool poison = r == W - 1;  // the last ep rank only
+  unsigned hook = 0;
+  if (poison) hook = expert_w.register_hook([](const torch::Tensor& g) { return g * INFINITY; });
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7 + r);
+  auto x = torch::randn({2, 5, kIn}, gen), y = torch::randn({2, 5, kOut}, gen);
+  engine->backward(engine->forward([&] { return net->loss(x, y); }));
+  ASSERT_TRUE(engine->step());
+  if (poison) expert_w.remove_hook(hook);
+  EXPECT_TRUE(engine->was_step_skipped()) << "rank " << r;
+  auto after = net->parameters();
+  for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(torch::equal(after[i].detach(), before[i])) << "rank " << r << " param " << i;
+  // The next step, without the inf, is applied everywhere.
+  engine->backward(engine->forward([&] { return net->loss(x, y); }));
+  ASSERT_TRUE(engine->step());
+  EXPECT_FALSE(engine->was_step_skipped()) << "rank " << r;
 }
 
 TEST(MoEEngine, UnsupportedSetupsAreNamed) {
