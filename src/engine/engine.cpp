@@ -714,8 +714,8 @@ class EngineImpl : public Engine {
     torch::NoGradGuard no_grad;
     auto dense_sq = zero_->prepare_step();
     auto expert_sq = expert_->prepare_step();
-    opts_.ep->all_reduce(expert_sq, comm::ReduceOp::kSum);  // every expert once
-    auto sq = zero::combine_norm_sq({dense_sq, expert_sq}, opts_.model_parallel);
+    // The expert partial summed over ep (every expert once), then over model_parallel.
+    auto sq = zero::combine_norm_sq(dense_sq, expert_sq, opts_.ep, opts_.model_parallel);
     zero::StepOutcome out = zero_->apply_step(sq, in);
     expert_->apply_step(sq, in);
     return out;

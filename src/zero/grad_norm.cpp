@@ -12,4 +12,10 @@ torch::Tensor combine_norm_sq(const std::vector<torch::Tensor>& partials, const 
   return sq;
 }
 
+torch::Tensor combine_norm_sq(const torch::Tensor& sq, torch::Tensor split_sq, const comm::GroupPtr& split_over,
+                              const comm::GroupPtr& model_parallel) {
+  if (split_over && split_over->size() > 1) split_over->all_reduce(split_sq, comm::ReduceOp::kSum);
+  return combine_norm_sq({sq, split_sq}, model_parallel);
+}
+
 }  // namespace zt::zero

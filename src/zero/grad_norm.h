@@ -19,4 +19,11 @@ namespace zt::zero {
 // model-parallel group); otherwise one blocking all-reduce (sum) of the 1-element sum.
 torch::Tensor combine_norm_sq(const std::vector<torch::Tensor>& partials, const comm::GroupPtr& model_parallel);
 
+// The same with a shard group whose parameters differ between the ranks of `split_over`
+// (experts over the ep group, [Expert Groups] in zero_optimizer.h): its partial `split_sq`
+// is summed over split_over first (one blocking 1-element all-reduce), so each of those
+// parameters counts once; then as above.
+torch::Tensor combine_norm_sq(const torch::Tensor& sq, torch::Tensor split_sq, const comm::GroupPtr& split_over,
+                              const comm::GroupPtr& model_parallel);
+
 }  // namespace zt::zero
