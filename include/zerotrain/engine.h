@@ -83,7 +83,7 @@ struct EngineOptions {
   // norm (clipping, overflow) counts every expert once (summed over ep). Dense parameters
   // are reduced over `group` as without experts. Requirements (ConfigError otherwise): ep
   // and expert_dp both set, ep size x expert_dp size = group size (parallel::Topology::
-  // ep() / expert_dp() of the same layout), ZeRO stage 0-2 (not 3), no optimizer offload.
+  // ep() / expert_dp() of the same layout), ZeRO stage 0-2 (not 3), optimizer offload to cpu (not nvme).
   // Checkpoints and save_16bit_model refuse a model with experts (docs/moe.md, what is
   // left); gather_master_params returns this rank's experts. Unset is_expert, ep null or of
   // size 1: every parameter is dense (experts at ep 1 are ordinary parameters), no cost.

@@ -678,8 +678,9 @@ class EngineImpl : public Engine {
     ZT_CHECK_T(zo.stage <= 2, ConfigError, "zero_optimization.stage 3 with expert parallelism (ep ", ep,
                ") is not supported yet: use zero_optimization.stage 1 or 2 (the experts' optimizer state is "
                "partitioned over expert-dp there too; docs/moe.md)");
-    ZT_CHECK_T(!zo.offload_optimizer, ConfigError, "zero_optimization.offload_optimizer with expert parallelism (ep ",
-               ep, ") is not supported yet: set offload_optimizer.device to none, or train at ep 1 (docs/moe.md)");
+    // Two shard groups of one rank would share the rank's swap file name.
+    ZT_CHECK_T(!zo.nvme, ConfigError, "zero_optimization.offload_optimizer.device nvme with expert parallelism (ep ",
+               ep, ") is not supported yet: use offload_optimizer.device cpu, or train at ep 1 (docs/moe.md)");
     ZT_CHECK_T(!dense.empty(), ConfigError, "EngineOptions.is_expert marks every trainable parameter as an expert: "
                "an MoE model has a dense part (at least the gate); check the predicate");
     auto subset = [&](const std::vector<int>& idx, zero::ZeroOptions o, std::vector<torch::Tensor>& out) {

@@ -134,7 +134,9 @@ void ZeroOptimizer::make_reducer() {
   // Offload: the last micro-step's reduced shard is final; stream it to the host now,
   // while backward goes on.
   reducer_->on_issued = [this](int b, const comm::WorkPtr& work, bool final) {
-    if (opt_.offload_optimizer && final && !opt_.prescale_gradients) stream_grad_to_host(b, work);
+    // Not with post-scaling still to come (prescale_gradients, grad_scale): offload_step
+    // copies those buckets once they are final.
+    if (opt_.offload_optimizer && final && !opt_.prescale_gradients && opt_.grad_scale == 1.0) stream_grad_to_host(b, work);
   };
   // Stage 3: the unit's gradients are out; its full parameters are no longer needed.
   reducer_->on_done = [this](int b) {

@@ -65,9 +65,11 @@ struct Case {
   bool drop = true;
   std::string optimizer = "SGD";
   bool overlap = false;  // zero_optimization.overlap_comm (stage 1: reduce in backward hooks)
+  bool offload = false;  // offload_optimizer.device cpu (the CPU Adam step)
   std::string tag() const {
     return "top-" + std::to_string(k) + " stage " + std::to_string(stage) + " gas " + std::to_string(gas) +
-           (drop ? " drop" : " dropless") + " " + optimizer + (overlap ? " overlap_comm" : "");
+           (drop ? " drop" : " dropless") + " " + optimizer + (overlap ? " overlap_comm" : "") +
+           (offload ? " offload cpu" : "");
   }
 };
 
@@ -128,7 +130,7 @@ nlohmann::json config(const Case& c, double clip) {
   nlohmann::json opt = c.optimizer == "SGD"
                            ? nlohmann::json{{"type", "SGD"}, {"params", {{"lr", 0.2}, {"momentum", 0.9}}}}
                            : nlohmann::json{{"type", "AdamW"}, {"params", {{"lr", 1e-2}, {"weight_decay", 0.01}}}};
-  return {{"train_micro_batch_size_per_gpu", 2},
+  nlohmann::json j = {{"train_micro_batch_size_per_gpu", 2},
           {"gradient_accumulation_steps", c.gas},
           {"gradient_clipping", clip},
           {"steps_per_print", 1000},
@@ -136,6 +138,8 @@ nlohmann::json config(const Case& c, double clip) {
           // Small buckets: several buckets per shard group, padding in each.
           {"zero_optimization",
            {{"stage", c.stage}, {"reduce_bucket_size", 300}, {"allgather_bucket_size", 400}, {"overlap_comm", c.overlap}}}};
+  if (c.offload) j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+  return j;
 }
 
 struct TrainRun {
@@ -213,6 +217,7 @@ TEST(MoEEngine, ExpertParallelTrainsLikeEpOne) {
   std::vector<Case> cases = {
       {1, 0, 1, true}, {1, 1, 1, true}, {1, 2, 2, true}, {2, 0, 2, false}, {2, 1, 1, true}, {2, 2, 1, true},
       {2, 2, 1, true, "AdamW"}, {1, 1, 2, true, "SGD", true},
+      {1, 1, 1, true, "AdamW", false, true}, {2, 2, 2, true, "AdamW", false, true},
   };
   double worst = 0;
   for (const Case& c : cases) {
