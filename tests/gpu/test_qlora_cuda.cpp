@@ -42,6 +42,7 @@
 
 #ifdef ZT_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include "support/tiny_llama.h"
 #endif
 
 namespace zt_gpu_test_qlora {
@@ -127,16 +128,7 @@ TEST_F(Nf4Kernel, BadArgumentsThrow) {
   EXPECT_NO_THROW(zt::kernels::nf4_dequantize(a, stream()));
 }
 
-zt::models::LlamaForCausalLM tiny_llama() {
-  auto c = zt::models::named_llama("llama-tiny");
-  c.hidden_size = 64;
-  c.head_dim = 16;
-  c.intermediate_size = 128;
-  c.vocab_size = 64;
-  c.max_position_embeddings = 32;
-  torch::manual_seed(3);
-  return zt::models::LlamaForCausalLM(c);
-}
+zt::models::LlamaForCausalLM tiny_llama() { return zt_test::tiny_qlora_llama(); }
 
 // A tiny Llama with random non-zero adapters on all seven projections and NF4 bases.
 struct QModel {

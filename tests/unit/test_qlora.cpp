@@ -19,6 +19,7 @@
 #include "models/gpt2.h"
 #include "models/llama.h"
 #include "quant/nf4.h"
+#include "support/tiny_llama.h"
 #include "zerotrain/error.h"
 
 namespace zt_test_qlora {
@@ -27,16 +28,7 @@ namespace F = torch::nn::functional;
 
 namespace {
 
-zt::models::LlamaForCausalLM tiny_llama() {
-  auto c = zt::models::named_llama("llama-tiny");
-  c.hidden_size = 64;
-  c.head_dim = 16;
-  c.intermediate_size = 128;
-  c.vocab_size = 64;
-  c.max_position_embeddings = 32;
-  torch::manual_seed(3);
-  return zt::models::LlamaForCausalLM(c);
-}
+zt::models::LlamaForCausalLM tiny_llama() { return zt_test::tiny_qlora_llama(); }
 
 zt::lora::LoraOptions opts() {
   zt::lora::LoraOptions o;
