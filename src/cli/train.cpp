@@ -82,7 +82,9 @@ const char* kTrainUsage =
     "                      (pipeline.schedule, docs/pipeline.md); --tp N > 1 splits every layer of GPT-2\n"
     "                      or Llama over N ranks (Megatron-style; sequence parallelism with\n"
     "                      --set tensor_parallel.sequence_parallel=true; docs/tensor-parallel.md);\n"
-    "                      --ep > 1 is not implemented yet\n"
+    "                      --ep N > 1 splits the experts of an MoE model (--model gpt2-tiny-moe) over\n"
+    "                      N ranks, ZeRO 1/2 over dp for the dense part and over expert-dp = dp / N\n"
+    "                      for the experts (docs/moe.md); not with --tp/--pp, checkpoints, ZeRO-3\n"
     "  --profile STEP      profile that step (0-based) with Kineto: writes PATH.rank<R>.json (Chrome\n"
     "                      trace) and PATH.rank<R>.txt (GPU time by kernel kind, top kernels)\n"
     "  --profile-out PATH  where (default zerotrain-profile)\n"
@@ -318,6 +320,19 @@ Config tensor_parallel_config(const nlohmann::json& j, int world, const std::str
   return cfg;
 }
 
+// The config of an expert-parallel run: Config::parse with the "expert parallelism is not
+// implemented yet" note dropped (it holds for zt::initialize from the config alone; this path
+// builds the groups and the MoE model); every other unsupported setting is still an error.
+Config expert_parallel_config(const nlohmann::json& j, int world, const std::string& origin) {
+  Config cfg = Config::parse(j, world, origin);
+  std::erase_if(cfg.not_supported_yet,
+                [](const std::string& m) { return m.rfind("expert_parallel.enabled = ", 0) == 0; });
+  std::string rest;
+  for (const auto& m : cfg.not_supported_yet) rest += "\n  " + m;
+  ZT_CHECK_T(rest.empty(), ConfigError, origin, ": settings zerotrain does not support yet:", rest);
+  return cfg;
+}
+
 // The flags and settings the tensor-parallel path does not take yet (ConfigError naming
 // each and the fix, before the model is built).
 void check_tensor_parallel_args(const TrainArgs& a, const Config& cfg, const config::TensorParallelOptions& tpo) {
@@ -366,6 +381,8 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
   auto impl = std::dynamic_pointer_cast<models::GPT2Impl>(model.module);
   ZT_CHECK_T(model.family == "gpt2" && impl, ConfigError, "train: --pp cuts GPT-2 into stages; ", model.name,
              " is a ", model.family, " model (a pipelined Llama is not implemented yet)");
+  ZT_CHECK_T(impl->config().moe_num_experts == 0, ConfigError, "train: --pp with the MoE model ", model.name,
+             " is not supported yet (the pipeline stages hold dense GPT-2 blocks); run without --pp");
   const int64_t seq = a.seq > 0 ? a.seq : std::min<int64_t>(1024, model.max_seq);
   ZT_CHECK_T(seq <= model.max_seq, ConfigError, "train: --seq ", seq, " exceeds the model's ", model.max_seq,
              " positions");
@@ -422,6 +439,38 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
 }
 
 }  // namespace
+// [Expert-Parallel Train] `train --ep N` (or a config whose expert_parallel.enabled is true
+// with autoep_size N > 1): an MoE model (gpt2-tiny-moe, [GPT-2 MoE] in models/gpt2.h) built
+// whole from --seed on every rank, each keeping the dense part and its own experts
+// (build_ep_train_model), trained by the engine with ZeRO 0-2: dense parameters over dp
+// (every rank), experts over expert-dp = dp / N (EngineOptions.is_expert / ep / expert_dp,
+// docs/moe.md). Each rank reads its own data as without --ep (dp = world), and the line
+// shows rank 0's own loss as the plain path does, so ep N prints what ep 1 prints. What it
+// does not do yet is named before the first step (here, build_ep_train_model and the
+// engine): checkpoints, --init-from, --lora, --val-data, ZeRO-3, NVMe offload, --tp/--pp.
+
+// The expert-parallel degree the config (after the flags) asks for: autoep_size when
+// expert_parallel.enabled is true, else 1. Wrong types are left to Config::parse.
+int64_t expert_parallel_degree(const nlohmann::json& j) {
+  if (!j.contains("expert_parallel") || !j["expert_parallel"].is_object()) return 1;
+  const auto& e = j["expert_parallel"];
+  if (!e.contains("enabled") || !e["enabled"].is_boolean() || !e["enabled"].get<bool>()) return 1;
+  return e.contains("autoep_size") && e["autoep_size"].is_number_integer() ? e["autoep_size"].get<int64_t>() : 1;
+}
+
+// The flags the expert-parallel path does not take yet (ConfigError naming each and the
+// fix, before the model is built).
+void check_expert_parallel_args(const TrainArgs& a, int64_t ep) {
+  auto refuse = [&](bool given, const char* what, const char* why) {
+    ZT_CHECK_T(!given, ConfigError, "train: ", what, " with --ep ", ep, " is not supported yet (", why,
+               "); run without it, or without --ep (docs/moe.md)");
+  };
+  refuse(!a.save.empty() || !a.load.empty() || a.save_every > 0, "--save/--load",
+         "a checkpoint would hold each rank's experts by their local index");
+  refuse(!a.init_from.empty(), "--init-from", "Hugging Face weights of an MoE GPT-2");
+  refuse(!a.lora.empty() || a.qlora, "--lora/--qlora", "adapters on the experts");
+  refuse(!a.val_data.empty(), "--val-data", "validation of the expert-parallel model is not tested");
+}
 
 int cmd_train(int argc, char** argv) {
   TrainArgs a = parse_train_args(argc, argv);
@@ -460,6 +509,15 @@ int cmd_train(int argc, char** argv) {
   fill_parallel_flags(j, a.tp, a.pp, a.ep);
   const config::TensorParallelOptions tpo = config::tensor_parallel_options(j);
   const bool tensor_parallel = tpo.size > 1;
+  const int64_t ep = expert_parallel_degree(j);
+  const bool expert_parallel = ep > 1;
+  if (expert_parallel && (tensor_parallel || (j.contains("pipeline") && j["pipeline"].is_object() &&
+                                              j["pipeline"].contains("stages") &&
+                                              j["pipeline"]["stages"].is_number_integer() &&
+                                              j["pipeline"]["stages"].get<int64_t>() > 1))) {
+    throw ConfigError(detail::cat("train: --ep ", ep, " with ", tensor_parallel ? "--tp" : "--pp",
+                                  " is not supported yet; use expert parallelism alone (docs/moe.md)"));
+  }
   if (tensor_parallel && j.contains("pipeline") && j["pipeline"].is_object() && j["pipeline"].contains("stages") &&
       j["pipeline"]["stages"].is_number_integer() && j["pipeline"]["stages"].get<int64_t>() > 1) {
     throw ConfigError(detail::cat("train: --tp ", tpo.size, " with --pp ", j["pipeline"]["stages"].get<int64_t>(),
@@ -472,8 +530,11 @@ int cmd_train(int argc, char** argv) {
     comm::finalize();
     return rc;
   }
-  Config cfg = tensor_parallel ? tensor_parallel_config(j, world, a.config) : Config::from_json(j, world, a.config);
+  Config cfg = tensor_parallel   ? tensor_parallel_config(j, world, a.config)
+               : expert_parallel ? expert_parallel_config(j, world, a.config)
+                                 : Config::from_json(j, world, a.config);
   if (tensor_parallel) check_tensor_parallel_args(a, cfg, tpo);
+  if (expert_parallel) check_expert_parallel_args(a, ep);
   check_swap_dirs(cfg, a.save, a.load);
   if (rank == 0) {
     for (const auto& n : config::config_notes(j, cfg)) log::info("note: %s", n.c_str());
@@ -519,6 +580,12 @@ int cmd_train(int argc, char** argv) {
     topo->tp();
     topo->dp();
     topo->model_parallel();
+  } else if (expert_parallel) {
+    // [Expert-Parallel Train]: dp = every rank, cut into ep groups (DeepSpeed's E + D).
+    topo = std::make_unique<parallel::Topology>(group, parallel::ParallelDims::make(world, world, 1, 1, static_cast<int>(ep)));
+    topo->dp();
+    topo->ep();
+    topo->expert_dp();
   }
   // Data parallelism: each dp replica reads its own windows; the tp ranks of one replica
   // read the same ones.
@@ -526,8 +593,9 @@ int cmd_train(int argc, char** argv) {
   torch::manual_seed(static_cast<uint64_t>(a.seed));
   const TrainModelOptions model_opts{a.model, a.init_from, a.layers,   a.embd,    a.heads,
                                      a.vocab, a.checkpoint, rank,      lora_opts, a.qlora};
-  TrainModel model = topo ? build_tp_train_model(model_opts, cfg, topo->tp(), tpo.sequence_parallel)
-                          : build_train_model(model_opts, cfg);
+  TrainModel model = tensor_parallel ? build_tp_train_model(model_opts, cfg, topo->tp(), tpo.sequence_parallel)
+                     : expert_parallel ? build_ep_train_model(model_opts, cfg, topo->ep())
+                                       : build_train_model(model_opts, cfg);
   // The recompute of a checkpointed layer does not replay the RNG (models/checkpoint.h):
   // its dropout mask would differ from the forward's, and the gradients would be wrong.
   ZT_CHECK_T(!model.lora || model.lora->options.dropout == 0 || !model.activation_checkpointing, ConfigError,
@@ -556,9 +624,13 @@ int cmd_train(int argc, char** argv) {
   // This rank's share: a tp rank computes 1/tp of its replica's FLOPs.
   eo.flops_per_sample = flops_per_token * static_cast<double>(seq) / static_cast<double>(tpo.size);
   eo.device = train_device(a);
-  if (topo) {
+  if (tensor_parallel) {
     eo.group = topo->dp();                     // ZeRO over the data-parallel ranks
     eo.model_parallel = topo->model_parallel();  // the norm (clipping, overflow) over the tp ranks too
+  } else if (expert_parallel) {
+    eo.group = topo->dp();  // the dense parameters over every rank; experts over expert-dp
+    eo.ep = topo->ep();
+    eo.expert_dp = topo->expert_dp();
   }
   auto engine = initialize(model.module, cfg, eo);
   model.attach(*engine);
@@ -702,7 +774,12 @@ int cmd_train(int argc, char** argv) {
                 device.str().c_str(), static_cast<long long>(cfg.train_batch_size),
                 static_cast<long long>(cfg.train_micro_batch_size_per_gpu),
                 static_cast<long long>(cfg.gradient_accumulation_steps), dp_size, a.data.c_str());
-    if (topo) {
+    if (expert_parallel) {
+      log::info("expert parallelism: the experts of %s split over ep %lld, expert-dp %lld (dense parameters over "
+                "dp %d; the loss shown is rank 0's, as without --ep)",
+                model.name.c_str(), static_cast<long long>(ep), static_cast<long long>(world / ep), dp_size);
+    }
+    if (tensor_parallel) {
       log::info("tensor parallelism: %s split over tp %lld%s, dp %d (each tp group reads one replica's data; "
                 "the loss shown is the mean over the dp replicas)",
                 model.name.c_str(), static_cast<long long>(tpo.size),
@@ -796,6 +873,9 @@ int cmd_train(int argc, char** argv) {
   // and the time left (mean step time x steps to go) settle as the run goes; until a timed
   // step is done the line shows the step's own time and "left ?". MFU needs the device's
   // peak (--peak-tflops or the table); the grad norm shows when the step computed it.
+  // An MoE model: the aux loss (unscaled sum over the MoE blocks, of the step's last
+  // micro-batch on this rank) and dropped fraction, read after the forward of printed steps.
+  std::map<int64_t, std::pair<double, double>> moe_of;
   auto progress_line = [&](const StepReport& r, double loss, int64_t s, int64_t epoch) {
     const auto now = std::chrono::steady_clock::now();
     double step_s = (r.forward.ms + r.backward.ms + r.step_phase.ms) / 1000.0;  // this step, on the device
@@ -815,6 +895,11 @@ int cmd_train(int argc, char** argv) {
                           static_cast<long long>(a.steps), loss, r.skipped ? " (skipped)" : "", r.lr);
     std::string line(buf, static_cast<size_t>(n));
     if (r.grad_norm > 0) line += detail::cat(" | grad norm ", log_num(r.grad_norm));
+    if (auto it = moe_of.find(s); it != moe_of.end()) {
+      std::snprintf(buf, sizeof(buf), " | moe aux %.4f, dropped %.3f", it->second.first, it->second.second);
+      line += buf;
+      moe_of.erase(it);
+    }
     std::snprintf(buf, sizeof(buf), " | %.1f ms/step | %.0f tokens/s", step_s * 1000, tok_s);
     line += buf;
     if (peak > 0) {
@@ -830,7 +915,7 @@ int cmd_train(int argc, char** argv) {
   // rank all-reduces its micro-batch losses over dp right after the step (the same point
   // on every rank; no wait for the device), and the line reads the result when the step's
   // report arrives. Without tp the line shows rank 0's own loss, as before.
-  const bool dp_mean_loss = topo && dp_size > 1;
+  const bool dp_mean_loss = tensor_parallel && dp_size > 1;
   auto printed = [&](int64_t s) { return (s + 1) % print_every == 0 || s == start || s + 1 == a.steps; };
   std::map<int64_t, torch::Tensor> dp_loss;  // loop index -> the dp mean (a device scalar)
   auto consume = [&](const StepReport& r) {
@@ -877,6 +962,7 @@ int cmd_train(int argc, char** argv) {
     for (int64_t k = 0; k < cfg.gradient_accumulation_steps; ++k) {
       auto [x, y] = loader.next();
       auto loss = engine->forward([&] { return model.loss(x, y); });
+      if (model.moe && printed(s) && k + 1 == cfg.gradient_accumulation_steps) moe_of[s] = model.moe();
       if (dp_mean_loss && printed(s)) {
         // A copy: the all-reduce is in place, and the engine reads the loss for its report.
         auto l = loss.detach().to(torch::kFloat);

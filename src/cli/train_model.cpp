@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "lora/lora_spec.h"
 #include "lora/qlora.h"
@@ -85,6 +86,11 @@ TrainModel build_gpt2(const TrainModelOptions& o, const Config& cfg) {
   // With LoRA the frozen base is not the engine's, so it is built whole (the engine
   // fills placeholders of managed parameters only).
   mc.deferred_init = cfg.zero_optimization.stage == 3 && !o.lora;
+  ZT_CHECK_T(mc.moe_num_experts == 0 || !o.lora, ConfigError, "train: --lora/--qlora with the MoE model ", o.model,
+             " is not supported yet (adapters on the experts); train it without --lora");
+  ZT_CHECK_T(mc.moe_num_experts == 0 || !mc.deferred_init, ConfigError, "train: ", o.model,
+             " (an MoE GPT-2) with zero_optimization.stage = 3 is not supported yet (ZeRO-3 for the dense part, "
+             "experts over expert-dp); use stage 1 or 2: they partition the experts' optimizer state over expert-dp");
   models::GPT2 model(mc);
   if (!o.init_from.empty()) {
     // Every rank reads the file; the engine then starts all ranks from rank 0's copy.
@@ -106,6 +112,13 @@ TrainModel build_gpt2(const TrainModelOptions& o, const Config& cfg) {
                     {"n_embd", mc.n_embd},
                     {"vocab_size", mc.vocab_size},
                     {"n_positions", mc.n_positions}}}};
+  if (mc.moe_num_experts > 0) {
+    t.model_json["gpt2"]["moe"] = {{"num_experts", mc.moe_num_experts}, {"every", mc.moe_every},
+                                   {"k", mc.moe_k}, {"capacity_factor", mc.moe_capacity_factor},
+                                   {"min_capacity", mc.moe_min_capacity}, {"drop_tokens", mc.moe_drop_tokens},
+                                   {"aux_loss_coef", mc.moe_aux_loss_coef}};
+    t.moe = [m = model.ptr()] { return std::make_pair(m->last_moe_aux_loss(), m->last_moe_dropped_fraction()); };
+  }
   apply_lora_options(t, model, o);
   t.engine_options = [](EngineOptions&) {};  // the engine drives GPT-2's block hooks itself
   t.attach = [](Engine&) {};
@@ -199,6 +212,48 @@ TrainModel build_train_model(const TrainModelOptions& o, const Config& cfg) {
   return build_gpt2(o, cfg);
 }
 
+TrainModel build_ep_train_model(const TrainModelOptions& o, const Config& cfg, const comm::GroupPtr& ep) {
+  const int n = ep ? ep->size() : 1;
+  ZT_CHECK_T(o.init_from.empty() && !o.lora, ConfigError, "train: --init-from/--lora with --ep ", n,
+             " is not supported yet; train from a seed without adapters, or run without --ep");
+  // The whole model first, as the plain path builds it (the caller seeded the generator):
+  // ep N starts from ep 1's weights.
+  TrainModel full = build_train_model(o, cfg);
+  auto whole = std::dynamic_pointer_cast<models::GPT2Impl>(full.module);
+  ZT_CHECK_T(whole && whole->config().moe_num_experts > 0, ConfigError, "train: --ep ", n, " splits the experts "
+             "of an MoE model; ", full.name, " has none (use --model gpt2-tiny-moe, docs/moe.md)");
+  const models::GPT2Config mc = whole->config();
+  models::GPT2 m(mc, ep);
+  {
+    torch::NoGradGuard no_grad;
+    std::map<std::string, torch::Tensor> weights;
+    for (const auto& kv : whole->named_parameters()) weights[kv.key()] = kv.value();
+    // Experts by global index: local expert i of an MoE block is global first_expert() + i.
+    for (int64_t b = 0; b < mc.n_layer; ++b) {
+      const auto& blk = m->blocks_at(b);
+      if (!blk->moe) continue;
+      const std::string pre = "h." + std::to_string(b) + ".moe.experts.";
+      for (int64_t i = 0; i < blk->moe->local_experts(); ++i) {
+        for (const auto& kv : blk->moe->experts->ptr(static_cast<size_t>(i))->named_parameters()) {
+          const std::string src = pre + std::to_string(blk->moe->first_expert() + i) + "." + kv.key();
+          kv.value().copy_(weights.at(src));
+        }
+      }
+    }
+    for (const auto& kv : m->named_parameters())
+      if (!models::gpt2_is_expert_param(kv.key())) kv.value().copy_(weights.at(kv.key()));
+  }
+  TrainModel t = full;
+  t.module = m.ptr();
+  t.loss = [p = m.ptr()](const torch::Tensor& x, const torch::Tensor& y) { return p->loss(x, y); };
+  t.moe = [p = m.ptr()] { return std::make_pair(p->last_moe_aux_loss(), p->last_moe_dropped_fraction()); };
+  t.model_json["expert_parallel"] = {{"size", n}};
+  t.engine_options = [](EngineOptions& eo) { eo.is_expert = models::gpt2_is_expert_param; };
+  t.attach = [](Engine&) {};
+  t.detach = [] {};
+  return t;  // `full` goes here: each rank keeps its own experts
+}
+
 TrainModel build_tp_train_model(const TrainModelOptions& o, const Config& cfg, const comm::GroupPtr& tp,
                                 bool sequence_parallel) {
   const int n = tp ? tp->size() : 1;
@@ -251,6 +306,8 @@ TrainModel build_tp_train_model(const TrainModelOptions& o, const Config& cfg, c
     auto whole_gpt2 = std::dynamic_pointer_cast<models::GPT2Impl>(full.module);
     ZT_ASSERT(whole_gpt2, "train: the GPT-2 model is not a GPT2Impl");
     models::GPT2Config mc = whole_gpt2->config();
+    ZT_CHECK_T(mc.moe_num_experts == 0, ConfigError, "train: --tp ", n, " with the MoE model ", full.name,
+               " is not supported yet (the tensor-parallel GPT-2 has no MoE blocks); run without --tp");
     mc.deferred_init = false;
     models::GPT2TP m(mc, tp, sequence_parallel);
     m->load_full(weights);

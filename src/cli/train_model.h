@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "lora/lora.h"
 #include "lora/lora_models.h"
@@ -50,6 +51,9 @@ struct TrainModel {
   lora::LoraTargetSpace lora_space;
   int64_t nf4_bytes = 0;  // --qlora: bytes of the NF4 base weights
   int64_t lora_trainable = 0;  // the adapters' parameters, counted whole (before ZeRO-3 partitions them)
+  // An MoE model: the last loss()'s aux loss (unscaled sum over the MoE blocks) and dropped
+  // fraction (mean over them), for the log; null for a dense model.
+  std::function<std::pair<double, double>()> moe;
 };
 
 // Builds the model for `cfg` (ZeRO-3: partitioned construction; activation
@@ -58,6 +62,16 @@ struct TrainModel {
 // LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM, or an --init-from directory
 // whose config.json does; anything else is GPT-2 as before.
 TrainModel build_train_model(const TrainModelOptions& o, const Config& cfg);
+
+// [Expert-Parallel Train] The MoE model of build_train_model (same name, sizes and seed)
+// with its experts split over the expert-parallel group `ep` (models/moe.h [Expert
+// Parallel]): every rank builds the whole model exactly as build_train_model does, keeps
+// the dense parameters and its own experts (global index first_expert() + i), and frees
+// the rest, so `train --ep N` starts where `train` starts. The engine options get
+// is_expert (the experts' names); the caller sets group (dp), ep and expert_dp.
+// ConfigError (before any step) for a model without experts, experts that do not divide
+// by ep (the layer's check), --init-from, --lora, ZeRO-3.
+TrainModel build_ep_train_model(const TrainModelOptions& o, const Config& cfg, const comm::GroupPtr& ep);
 
 // [Tensor-Parallel Train] The model of build_train_model (same name, sizes and seed) cut
 // over the tensor-parallel group `tp`: GPT2TP or LlamaTP (docs/tensor-parallel.md), with

@@ -32,6 +32,9 @@ struct NamedConfig {
 // The four OpenAI sizes (vocab 50257, context 1024) plus a byte-level toy.
 const NamedConfig kNamedConfigs[] = {
     {"gpt2-tiny", {2, 4, 128, 256, 256}},
+    // [GPT-2 MoE]: block 1 of 2 an MoE of 4 MLPs, top-2, dropless.
+    {"gpt2-tiny-moe", {.n_layer = 2, .n_head = 4, .n_embd = 128, .vocab_size = 256, .n_positions = 256,
+                       .moe_num_experts = 4}},
     {"gpt2", {12, 12, 768, 50257, 1024}},
     {"gpt2-medium", {24, 16, 1024, 50257, 1024}},
     {"gpt2-large", {36, 20, 1280, 50257, 1024}},
@@ -44,6 +47,36 @@ void validate(const GPT2Config& c, const std::string& where) {
              ", n_embd=", c.n_embd, ", vocab_size=", c.vocab_size, ", n_positions=", c.n_positions, ")");
   ZT_CHECK_T(c.n_embd % c.n_head == 0, zt::ConfigError, where, ": n_embd (", c.n_embd,
              ") must be divisible by n_head (", c.n_head, ")");
+  if (c.moe_num_experts == 0) return;
+  ZT_CHECK_T(c.moe_num_experts > 0, zt::ConfigError, where, ": moe_num_experts must be >= 0 (0 = dense), got ",
+             c.moe_num_experts);
+  ZT_CHECK_T(c.moe_every >= 1 && c.moe_every <= c.n_layer, zt::ConfigError, where, ": moe_every = ", c.moe_every,
+             " must be in [1, n_layer = ", c.n_layer, "] (1 = every block an MoE, 2 = every other block)");
+  ZT_CHECK_T(c.moe_aux_loss_coef >= 0, zt::ConfigError, where, ": moe_aux_loss_coef must be >= 0, got ",
+             c.moe_aux_loss_coef);
+  ZT_CHECK_T(!c.deferred_init, zt::ConfigError, where, ": the MoE GPT-2 (moe_num_experts = ", c.moe_num_experts,
+             ") is not supported with ZeRO stage 3 (partitioned construction) yet; use zero_optimization.stage 1 "
+             "or 2, which partition the experts' optimizer state over expert-dp (docs/moe.md)");
+}
+
+// The dense GPT-2 name of an expert's parameter: "h.1.moe.experts.3.c_fc.weight" ->
+// "h.1.mlp.c_fc.weight" (each expert is GPT-2's MLP: same shape and init).
+std::string gpt2_dense_name(const std::string& name) {
+  const std::string key = ".moe.experts.";
+  const auto at = name.find(key);
+  if (at == std::string::npos) return name;
+  const auto dot = name.find('.', at + key.size());
+  if (dot == std::string::npos) return name;
+  return name.substr(0, at) + ".mlp" + name.substr(dot);
+}
+
+// Parameters of one GPT-2 MLP (c_fc and c_proj, weights and biases).
+int64_t gpt2_mlp_params(int64_t C) { return 8 * C * C + 5 * C; }
+
+int64_t gpt2_moe_blocks(const GPT2Config& c) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < c.n_layer; ++i) n += gpt2_is_moe_block(c, i) ? 1 : 0;
+  return n;
 }
 
 }  // namespace
@@ -155,9 +188,17 @@ std::string gpt2_config_to_hf_json(const GPT2Config& c) {
   return j.dump(2) + "\n";
 }
 
+bool gpt2_is_moe_block(const GPT2Config& cfg, int64_t block) {
+  return cfg.moe_num_experts > 0 && cfg.moe_every >= 1 && (block + 1) % cfg.moe_every == 0;
+}
+
+bool gpt2_is_expert_param(const std::string& name) { return name.find(".moe.experts.") != std::string::npos; }
+
 int64_t gpt2_num_params(const GPT2Config& c) {
   const int64_t C = c.n_embd;
-  return c.vocab_size * C + c.n_positions * C + c.n_layer * (12 * C * C + 13 * C) + 2 * C;
+  const int64_t dense = c.vocab_size * C + c.n_positions * C + c.n_layer * (12 * C * C + 13 * C) + 2 * C;
+  // [GPT-2 MoE]: an MoE block holds E MLPs instead of one, and the gate (E, C).
+  return dense + gpt2_moe_blocks(c) * ((c.moe_num_experts - 1) * gpt2_mlp_params(C) + c.moe_num_experts * C);
 }
 
 int64_t gpt2_num_params_non_embedding(const GPT2Config& c) { return gpt2_num_params(c) - c.n_positions * c.n_embd; }
@@ -172,7 +213,10 @@ int64_t gpt2_loss_chunk_rows(const GPT2Config& c) {
 }
 
 double gpt2_flops_per_token(const GPT2Config& c, int64_t seq) {
-  return 6.0 * static_cast<double>(gpt2_num_params_non_embedding(c)) +
+  // [GPT-2 MoE]: the parameters a token runs through: k of the E experts and the gate.
+  const int64_t C = c.n_embd;
+  const int64_t inactive = gpt2_moe_blocks(c) * (c.moe_num_experts - std::min(c.moe_k, c.moe_num_experts)) * gpt2_mlp_params(C);
+  return 6.0 * static_cast<double>(gpt2_num_params_non_embedding(c) - inactive) +
          12.0 * static_cast<double>(c.n_layer) * static_cast<double>(c.n_embd) * static_cast<double>(seq);
 }
 
@@ -329,26 +373,47 @@ torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   return linear(c_proj, torch::gelu(linear(c_fc, x), "tanh"));  // (B, T, 4C) inside
 }
 
-BlockImpl::BlockImpl(const GPT2Config& cfg) {
+BlockImpl::BlockImpl(const GPT2Config& cfg, bool is_moe, comm::GroupPtr ep_group) {
   ln_1 = register_module("ln_1", util::make_gpt2_ln(cfg.n_embd));
   attn = register_module("attn", CausalSelfAttention(cfg));
   ln_2 = register_module("ln_2", util::make_gpt2_ln(cfg.n_embd));
-  mlp = register_module("mlp", MLP(cfg));
+  if (!is_moe) {
+    mlp = register_module("mlp", MLP(cfg));
+    return;
+  }
+  // [GPT-2 MoE]: no noise and no sampled second expert (the routing draws nothing).
+  MoEOptions o;
+  o.hidden = cfg.n_embd;
+  o.num_experts = cfg.moe_num_experts;
+  o.gate.k = cfg.moe_k;
+  o.gate.capacity_factor = cfg.moe_capacity_factor;
+  o.gate.min_capacity = cfg.moe_min_capacity;
+  o.gate.drop_tokens = cfg.moe_drop_tokens;
+  o.gate.use_rts = false;
+  o.gate.noisy_gate_policy = NoisyGatePolicy::None;
+  o.gate.second_expert_sampling = false;
+  o.eval_capacity_factor = cfg.moe_capacity_factor;
+  o.ep_group = std::move(ep_group);
+  moe = register_module("moe", MoE(o, [cfg] { return torch::nn::AnyModule(MLP(cfg)); }));
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   auto h1 = x + attn(layer_norm(ln_1, x));
-  return h1 + mlp(layer_norm(ln_2, h1));
+  if (!moe) return h1 + mlp(layer_norm(ln_2, h1));
+  auto out = moe(layer_norm(ln_2, h1));
+  aux_loss = out.aux_loss;
+  dropped_fraction = out.gate.dropped_fraction;
+  return h1 + out.output;
 }
 
-GPT2Impl::GPT2Impl(const GPT2Config& cfg) : cfg_(cfg) {
+GPT2Impl::GPT2Impl(const GPT2Config& cfg, comm::GroupPtr ep_group) : cfg_(cfg) {
   validate(cfg, "GPT2Config");
   const bool d = cfg.deferred_init;
   wte = register_module("wte", torch::nn::Embedding(d ? 1 : cfg.vocab_size, d ? 1 : cfg.n_embd));
   wpe = register_module("wpe", torch::nn::Embedding(d ? 1 : cfg.n_positions, d ? 1 : cfg.n_embd));
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < cfg.n_layer; ++i) {
-    blocks_.emplace_back(cfg);
+    blocks_.emplace_back(cfg, gpt2_is_moe_block(cfg, i), ep_group);
     h->push_back(blocks_.back());
   }
   ln_f = register_module("ln_f", util::make_gpt2_ln(cfg.n_embd));
@@ -362,8 +427,10 @@ void GPT2Impl::reset_parameters() {
   for (auto& kv : named_parameters()) init_parameter(kv.key(), kv.value());
 }
 
-std::vector<int64_t> gpt2_param_shape(const GPT2Config& cfg, const std::string& name) {
+std::vector<int64_t> gpt2_param_shape(const GPT2Config& cfg, const std::string& full_name) {
   const int64_t C = cfg.n_embd;
+  if (cfg.moe_num_experts > 0 && ends_with(full_name, ".moe.gate.weight")) return {cfg.moe_num_experts, C};
+  const std::string name = gpt2_dense_name(full_name);  // an expert is GPT-2's MLP
   if (name == "wte.weight") return {cfg.vocab_size, C};
   if (name == "wpe.weight") return {cfg.n_positions, C};
   if (ends_with(name, "attn.c_attn.weight")) return {3 * C, C};
@@ -376,7 +443,7 @@ std::vector<int64_t> gpt2_param_shape(const GPT2Config& cfg, const std::string& 
       ends_with(name, "ln_2.weight") || ends_with(name, "ln_2.bias") || name == "ln_f.weight" || name == "ln_f.bias") {
     return {C};
   }
-  throw zt::InternalError("GPT2: no parameter named '" + name + "'");
+  throw zt::InternalError("GPT2: no parameter named '" + full_name + "'");
 }
 
 std::vector<int64_t> GPT2Impl::param_shape(const std::string& name) const { return gpt2_param_shape(cfg_, name); }
@@ -437,8 +504,26 @@ torch::Tensor GPT2Impl::lm_head(const torch::Tensor& x) {
 torch::Tensor GPT2Impl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
   ZT_CHECK(targets.sizes() == idx.sizes(), "GPT2::loss: targets ", targets.sizes(), " must match idx ",
            idx.sizes());
-  const int64_t V = cfg_.vocab_size;
   const auto h = hidden(idx);  // (B, T, C)
+  const auto lm = lm_loss(h, targets);
+  if (cfg_.moe_num_experts == 0) return lm;
+  // [GPT-2 MoE]: the load-balancing losses of this forward's MoE blocks.
+  torch::Tensor aux;
+  double dropped = 0.0;
+  int64_t n = 0;
+  for (const auto& b : blocks_) {
+    if (!b->moe) continue;
+    aux = aux.defined() ? aux + b->aux_loss : b->aux_loss;
+    dropped += b->dropped_fraction;
+    ++n;
+  }
+  last_aux_ = aux.detach();
+  last_dropped_ = n ? dropped / static_cast<double>(n) : 0.0;
+  return lm + cfg_.moe_aux_loss_coef * aux;
+}
+
+torch::Tensor GPT2Impl::lm_loss(const torch::Tensor& h, const torch::Tensor& targets) {
+  const int64_t V = cfg_.vocab_size;
   if (cfg_.fused_lm_head_loss && h.scalar_type() != torch::kHalf) {
     return lm_head_cross_entropy(h.reshape({-1, h.size(-1)}), wte->weight, targets.reshape({-1}),
                                  cfg_.lm_head_pad_multiple, gpt2_loss_chunk_rows(cfg_));
@@ -455,6 +540,9 @@ torch::Tensor GPT2Impl::loss(const torch::Tensor& idx, const torch::Tensor& targ
 
 void GPT2Impl::set_activation_checkpointing(bool enabled, std::optional<int64_t> number_checkpoints,
                                             bool cpu_checkpointing) {
+  ZT_CHECK_T(!enabled || cfg_.moe_num_experts == 0, zt::ConfigError, "activation checkpointing of the MoE GPT-2 "
+             "(moe_num_experts = ", cfg_.moe_num_experts, ") is not supported yet (the recomputed MoE blocks' aux loss "
+             "would not reach the loss); turn activation checkpointing off");
   const int64_t n = number_checkpoints.value_or(cfg_.n_layer);
   ZT_CHECK_T(n >= 0 && n <= cfg_.n_layer, zt::ConfigError, "activation_checkpointing.number_checkpoints = ", n,
              " must be in [0, n_layer = ", cfg_.n_layer, "]");

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "models/moe.h"
+#include "zerotrain/comm.h"
 #include "zerotrain/model.h"
 
 namespace zt::models {
@@ -43,10 +45,31 @@ struct GPT2Config {
   // (src/models/lm_head_loss.h): about 4 GB less at the end of forward for GPT-2 Large at
   // 8 x 1024 tokens. fp16 always takes the unfused path (see there why).
   bool fused_lm_head_loss = true;
+  // [GPT-2 MoE] Mixture of Experts (docs/moe.md). 0 = the dense GPT-2 (every field below
+  // unused). E > 0: blocks moe_every-1, 2*moe_every-1, ... (every other block for 2, the
+  // odd ones as in GShard/Switch) replace their MLP by an MoE layer (models/moe.h) of E copies of
+  // GPT-2's MLP (c_fc -> GELU -> c_proj), parameters "h.<i>.moe.gate.weight" and
+  // "h.<i>.moe.experts.<e>.c_fc.weight", ...; loss() adds moe_aux_loss_coef times the sum of
+  // the MoE blocks' load-balancing losses. No noisy gate and no second-expert sampling: the
+  // routing draws nothing from a generator, so a seed gives the same routing at every ep.
+  int64_t moe_num_experts = 0;
+  int64_t moe_every = 2;             // >= 1; 1 = every block
+  int64_t moe_k = 2;                 // top-k: 1 or 2
+  double moe_capacity_factor = 1.0;  // training and eval (DeepSpeed doubles it for top-2)
+  int64_t moe_min_capacity = 4;
+  bool moe_drop_tokens = false;      // false: dropless (no token dropped)
+  double moe_aux_loss_coef = 0.01;   // DeepSpeed's usual load-balancing coefficient
 };
 
+// True for the blocks whose MLP is an MoE under cfg ([GPT-2 MoE]).
+bool gpt2_is_moe_block(const GPT2Config& cfg, int64_t block);
+// True for an expert parameter of the MoE GPT-2 ("....moe.experts.<e>...."), the engine's
+// EngineOptions::is_expert.
+bool gpt2_is_expert_param(const std::string& name);
+
 // "gpt2-tiny" (2/4/128, V=256, T=256: the byte-tokenizer model that trains on a laptop
-// CPU), "gpt2" (124M), "gpt2-medium" (350M), "gpt2-large" (774M), "gpt2-xl" (1.5B).
+// CPU), "gpt2-tiny-moe" (gpt2-tiny with block 1's MLP an MoE of 4 experts, top-2,
+// dropless: [GPT-2 MoE]), "gpt2" (124M), "gpt2-medium" (350M), "gpt2-large" (774M), "gpt2-xl" (1.5B).
 // Throws ConfigError listing the known names for anything else.
 GPT2Config named_gpt2(const std::string& name);
 std::vector<std::string> gpt2_names();
@@ -97,13 +120,17 @@ struct MLPImpl : torch::nn::Module {
 TORCH_MODULE(MLP);
 
 struct BlockImpl : torch::nn::Module {
-  explicit BlockImpl(const GPT2Config& cfg);
+  // moe: this block's MLP is an MoE over ep_group ([GPT-2 MoE]).
+  explicit BlockImpl(const GPT2Config& cfg, bool moe = false, comm::GroupPtr ep_group = nullptr);
   torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C), pre-LN
 
   torch::nn::LayerNorm ln_1{nullptr};
   CausalSelfAttention attn{nullptr};
   torch::nn::LayerNorm ln_2{nullptr};
-  MLP mlp{nullptr};
+  MLP mlp{nullptr};                      // null in an MoE block
+  MoE moe{nullptr};                      // null in a dense block
+  torch::Tensor aux_loss;                // the MoE's load-balancing loss of the last forward
+  double dropped_fraction = 0.0;         // and its dropped fraction
 };
 TORCH_MODULE(Block);
 
@@ -116,12 +143,15 @@ using BlockHooks = zt::UnitHooks;
 struct GPT2Impl : torch::nn::Module, zt::ZeroModel {
   // Parameters are created on the CPU in fp32 with GPT-2 init drawn from the global
   // generator (seed it with torch::manual_seed for reproducible weights).
-  explicit GPT2Impl(const GPT2Config& cfg);
+  // ep_group: the MoE blocks' experts split over it ([Expert Parallel] in models/moe.h);
+  // null = every expert here. Parameters of experts are local (experts.0 .. E/ep - 1).
+  explicit GPT2Impl(const GPT2Config& cfg, comm::GroupPtr ep_group = nullptr);
 
   // idx (B, T) int64 with T <= n_positions -> logits (B, T, V) in the parameter dtype.
   torch::Tensor forward(const torch::Tensor& idx);
   // Mean cross entropy over all positions, computed in fp32 whatever the param dtype;
   // targets (B, T) int64, entries equal to -1 are ignored. Returns a scalar fp32 tensor.
+  // With MoE blocks, plus moe_aux_loss_coef x the sum of their aux losses ([GPT-2 MoE]).
   torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
   // The trunk: embeddings, blocks, final LayerNorm. idx (B, T) -> (B, T, C).
   torch::Tensor hidden(const torch::Tensor& idx);
@@ -152,7 +182,12 @@ struct GPT2Impl : torch::nn::Module, zt::ZeroModel {
 
   // The transformer blocks in execution order (the engine's ZeRO-3 gather units).
   std::vector<std::shared_ptr<torch::nn::Module>> blocks() const;
+  const Block& blocks_at(int64_t i) const { return blocks_.at(static_cast<size_t>(i)); }
   const GPT2Config& config() const { return cfg_; }
+  // The MoE blocks' aux loss of the last loss() (unscaled sum; 0 without MoE), and their
+  // dropped fraction (mean over the MoE blocks), for the log.
+  double last_moe_aux_loss() const { return last_aux_.defined() ? last_aux_.item<double>() : 0.0; }
+  double last_moe_dropped_fraction() const { return last_dropped_; }
 
   int64_t num_params() const;               // all parameters (wte counted once: tied)
   int64_t num_params_non_embedding() const; // num_params minus wpe (wte stays: it is the LM head)
@@ -169,6 +204,7 @@ struct GPT2Impl : torch::nn::Module, zt::ZeroModel {
 
  private:
   torch::Tensor run_block(int64_t i, const torch::Tensor& x);
+  torch::Tensor lm_loss(const torch::Tensor& h, const torch::Tensor& targets);  // h (B, T, C)
 
   GPT2Config cfg_;
   std::vector<Block> blocks_;
@@ -176,6 +212,8 @@ struct GPT2Impl : torch::nn::Module, zt::ZeroModel {
   int64_t ckpt_count_ = 0;
   bool ckpt_cpu_ = false;
   BlockHooks hooks_;
+  torch::Tensor last_aux_;  // detached: read (a device sync) only when the log asks
+  double last_dropped_ = 0.0;
 };
 TORCH_MODULE(GPT2);
 
