@@ -42,6 +42,9 @@ at::ScalarType parse_dtype(const std::string& s) {
 }
 
 models::GPT2Config gpt2_from_json(const nlohmann::json& j) {
+  // [GPT-2 MoE]: Hugging Face's GPT-2 has no experts; --raw still writes the tensors.
+  ZT_CHECK_T(!j.contains("moe"), ConfigError, "convert: the checkpoint holds an MoE GPT-2 (", j["moe"].dump(),
+             "), which has no Hugging Face GPT-2 form; convert it with --raw");
   models::GPT2Config c;
   c.n_layer = j.at("n_layer").get<int64_t>();
   c.n_head = j.at("n_head").get<int64_t>();

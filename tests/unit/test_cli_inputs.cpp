@@ -127,6 +127,25 @@ Ran train_and_save(const std::string& dir, const std::string& extra = "") {
              " " + extra);
 }
 
+// [GPT-2 MoE]: a checkpoint of gpt2-tiny-moe (ep 1 saves) has no Hugging Face GPT-2 form:
+// convert names it and --raw, which writes the module's own tensors, works.
+TEST(CliInputs, ConvertRefusesAnMoEGpt2ButWritesItRaw) {
+  const fs::path d = temp_dir("convert_moe");
+  const fs::path ckpt = d / "ckpt";
+  Ran r = run("train --config " + std::string(ZT_SOURCE_DIR) +
+              "/configs/zero0.json --model gpt2-tiny-moe --steps 1 --seq 16 --micro-batch 1 --device cpu --save " +
+              ckpt.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run("convert " + ckpt.string() + " " + (d / "hf.safetensors").string());
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "the checkpoint holds an MoE GPT-2")) << r.output;
+  EXPECT_FALSE(fs::exists(d / "hf.safetensors"));
+  r = run("convert --raw " + ckpt.string() + " " + (d / "raw.safetensors").string());
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(d / "raw.safetensors"));
+  rm_rf(d);
+}
+
 TEST(CliInputs, ConvertRefusesAnOutputInsideTheCheckpoint) {
   const fs::path d = temp_dir("convert");
   const fs::path ckpt = d / "ckpt";
