@@ -85,6 +85,11 @@ const char* kTrainUsage =
     "                      --ep N > 1 splits the experts of an MoE model (--model gpt2-tiny-moe) over\n"
     "                      N ranks, ZeRO 1/2 over dp for the dense part and over expert-dp = dp / N\n"
     "                      for the experts (docs/moe.md); not with --tp/--pp, checkpoints, ZeRO-3\n"
+    "  --moe-experts N     GPT-2 with every --moe-every-th block's MLP (default 2: every other) an MoE of\n"
+    "                      N copies of it (docs/moe.md); --moe-k 1|2 (default 2), --moe-capacity-factor F\n"
+    "                      (drop tokens beyond capacity F; default dropless), --moe-aux-coef X (the\n"
+    "                      load-balancing loss's weight in the loss, default 0.01). --model gpt2-tiny-moe\n"
+    "                      is gpt2-tiny with --moe-experts 4\n"
     "  --profile STEP      profile that step (0-based) with Kineto: writes PATH.rank<R>.json (Chrome\n"
     "                      trace) and PATH.rank<R>.txt (GPU time by kernel kind, top kernels)\n"
     "  --profile-out PATH  where (default zerotrain-profile)\n"
@@ -121,6 +126,7 @@ struct TrainArgs {
   int64_t steps = 20, seq = 0, micro = 0, accum = 0, layers = 0, embd = 0, heads = 0, vocab = 0, print_every = 0,
           warmup = 2, seed = 1234, tp = -1, pp = -1, ep = -1;  // -1: flag not given
   double clip = 1.0, peak_tflops = -1, lr = -1;
+  TrainModelOptions::Moe moe;  // --moe-*
   bool bf16 = false, fp16 = false;
   std::vector<std::string> sets;  // --set KEY.PATH=VALUE, in order
   bool checkpoint = false;
@@ -174,6 +180,11 @@ TrainArgs parse_train_args(int argc, char** argv) {
   f.count("--tp", a.tp, 1);
   f.count("--pp", a.pp, 1);
   f.count("--ep", a.ep, 1);
+  f.count("--moe-experts", a.moe.experts, 1);
+  f.count("--moe-k", a.moe.k, 1, 2);
+  f.count("--moe-every", a.moe.every, 1);
+  f.number("--moe-capacity-factor", a.moe.capacity_factor, 1e-9);
+  f.number("--moe-aux-coef", a.moe.aux_coef, 0.0);
   a.help = !f.parse(argc, argv);
   if (a.help) return a;
   ZT_CHECK_T(!a.config.empty(), UsageError, "train: --config CONFIG.json is required (see zerotrain train --help)");
@@ -377,7 +388,7 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
              " ranks");
   const int dp = world / pp;
   torch::manual_seed(static_cast<uint64_t>(a.seed));
-  TrainModel model = build_train_model({a.model, "", a.layers, a.embd, a.heads, a.vocab, false, rank, std::nullopt, false}, cfg);
+  TrainModel model = build_train_model({a.model, "", a.layers, a.embd, a.heads, a.vocab, false, rank, std::nullopt, false, a.moe}, cfg);
   auto impl = std::dynamic_pointer_cast<models::GPT2Impl>(model.module);
   ZT_CHECK_T(model.family == "gpt2" && impl, ConfigError, "train: --pp cuts GPT-2 into stages; ", model.name,
              " is a ", model.family, " model (a pipelined Llama is not implemented yet)");
@@ -592,7 +603,7 @@ int cmd_train(int argc, char** argv) {
   const int dp_rank = topo ? topo->coords().dp : rank, dp_size = topo ? topo->dims().dp : world;
   torch::manual_seed(static_cast<uint64_t>(a.seed));
   const TrainModelOptions model_opts{a.model, a.init_from, a.layers,   a.embd,    a.heads,
-                                     a.vocab, a.checkpoint, rank,      lora_opts, a.qlora};
+                                     a.vocab, a.checkpoint, rank,      lora_opts, a.qlora, a.moe};
   TrainModel model = tensor_parallel ? build_tp_train_model(model_opts, cfg, topo->tp(), tpo.sequence_parallel)
                      : expert_parallel ? build_ep_train_model(model_opts, cfg, topo->ep())
                                        : build_train_model(model_opts, cfg);

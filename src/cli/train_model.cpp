@@ -81,6 +81,20 @@ TrainModel build_gpt2(const TrainModelOptions& o, const Config& cfg) {
   if (!o.init_from.empty() && std::ifstream(o.init_from + "/config.json").good()) {
     mc = models::gpt2_config_from_hf_json(o.init_from + "/config.json");
   }
+  if (o.moe.any()) {
+    ZT_CHECK_T(o.init_from.empty(), ConfigError, "train: --moe-* with --init-from: Hugging Face GPT-2 weights have "
+               "no experts; drop one");
+    if (o.moe.experts) mc.moe_num_experts = o.moe.experts;
+    ZT_CHECK_T(mc.moe_num_experts > 0, ConfigError, "train: --moe-k/--moe-every/--moe-capacity-factor/--moe-aux-coef "
+               "shape the experts of an MoE model; ", o.model, " has none: add --moe-experts N, or use gpt2-tiny-moe");
+    if (o.moe.k) mc.moe_k = o.moe.k;
+    if (o.moe.every) mc.moe_every = o.moe.every;
+    if (o.moe.capacity_factor >= 0) {
+      mc.moe_capacity_factor = o.moe.capacity_factor;
+      mc.moe_drop_tokens = true;
+    }
+    if (o.moe.aux_coef >= 0) mc.moe_aux_loss_coef = o.moe.aux_coef;
+  }
   // ZeRO-3 builds the model partitioned: placeholders now, each unit materialised on the
   // device (and sharded) by initialize(), so no rank ever holds the whole model.
   // With LoRA the frozen base is not the engine's, so it is built whole (the engine
@@ -199,7 +213,11 @@ TrainModel build_llama(const TrainModelOptions& o, const Config& cfg) {
 }  // namespace
 
 TrainModel build_train_model(const TrainModelOptions& o, const Config& cfg) {
-  if (wants_llama(o)) return build_llama(o, cfg);
+  if (wants_llama(o)) {
+    ZT_CHECK_T(!o.moe.any(), ConfigError, "train: --moe-* makes GPT-2's MLPs MoEs; an MoE Llama is not implemented "
+               "yet (use a GPT-2 model)");
+    return build_llama(o, cfg);
+  }
   const auto gpt2 = models::gpt2_names();
   if (std::find(gpt2.begin(), gpt2.end(), o.model) == gpt2.end()) {
     std::string known;

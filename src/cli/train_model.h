@@ -28,6 +28,12 @@ struct TrainModelOptions {
   // adapters are the engine's. [Linear Adapters]
   std::optional<lora::LoraOptions> lora;
   bool qlora = false;  // --qlora: the adapted linears' base weights as NF4 ([QLoRA Base])
+  // --moe-*: GPT-2's MoE fields ([GPT-2 MoE] in models/gpt2.h); 0 / -1 = the model's own.
+  struct Moe {
+    int64_t experts = 0, k = 0, every = 0;
+    double capacity_factor = -1, aux_coef = -1;  // a capacity factor turns token drops on
+    bool any() const { return experts || k || every || capacity_factor >= 0 || aux_coef >= 0; }
+  } moe;
 };
 
 struct TrainModel {

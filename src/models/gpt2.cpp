@@ -52,6 +52,8 @@ void validate(const GPT2Config& c, const std::string& where) {
              c.moe_num_experts);
   ZT_CHECK_T(c.moe_every >= 1 && c.moe_every <= c.n_layer, zt::ConfigError, where, ": moe_every = ", c.moe_every,
              " must be in [1, n_layer = ", c.n_layer, "] (1 = every block an MoE, 2 = every other block)");
+  ZT_CHECK_T(c.moe_capacity_factor > 0, zt::ConfigError, where, ": moe_capacity_factor must be > 0, got ",
+             c.moe_capacity_factor);
   ZT_CHECK_T(c.moe_aux_loss_coef >= 0, zt::ConfigError, where, ": moe_aux_loss_coef must be >= 0, got ",
              c.moe_aux_loss_coef);
   ZT_CHECK_T(!c.deferred_init, zt::ConfigError, where, ": the MoE GPT-2 (moe_num_experts = ", c.moe_num_experts,

@@ -392,6 +392,27 @@ TEST(ParallelCli, TrainExpertParallelEqualsEpOne) {
     ASSERT_EQ(l.size(), 5u) << one.out;
     EXPECT_LT(l.back(), l.front() - 0.3) << "it trains";
     EXPECT_TRUE(contains(one.out, "moe aux ")) << one.out;
+    // --moe-experts 4 on gpt2-tiny is gpt2-tiny-moe (the same losses); the other --moe-*
+    // flags act: capacity 0.5 of top-1 over 2 experts drops half of the tokens at step 1.
+    const std::string plain = " train --config " + cfg.string() +
+                              " --model gpt2-tiny --device cpu --steps 5 --warmup 1 --seq 32 --print-every 1 --data " +
+                              std::string(ZT_SOURCE_DIR) + "/README.md";
+    const CmdResult flagged = run(kZt + plain + " --moe-experts 4");
+    ASSERT_EQ(flagged.rc, 0) << flagged.out;
+    EXPECT_EQ(losses(flagged.out), l);
+    const CmdResult drops = run(kZt + plain + " --moe-experts 2 --moe-k 1 --moe-every 1 --moe-capacity-factor 0.5 "
+                                              "--moe-aux-coef 0.1");
+    ASSERT_EQ(drops.rc, 0) << drops.out;
+    EXPECT_TRUE(contains(drops.out, "Step 1/5, Loss: ")) << drops.out;
+    EXPECT_TRUE(contains(drops.out, "dropped 0.500")) << drops.out;
+    EXPECT_NE(losses(drops.out), l);
+    // A --moe-* flag on a model without experts, or on Llama: named.
+    CmdResult r = run(kZt + plain + " --moe-k 1");
+    EXPECT_NE(r.rc, 0) << r.out;
+    EXPECT_TRUE(contains(r.out, "gpt2-tiny has none: add --moe-experts N")) << r.out;
+    r = run(kZt + plain + " --moe-experts 2 --model llama-tiny");
+    EXPECT_NE(r.rc, 0) << r.out;
+    EXPECT_TRUE(contains(r.out, "an MoE Llama is not implemented yet")) << r.out;
   }
   struct Case {
     const char* name;
