@@ -186,6 +186,16 @@ fs::path write_config(const std::string& name, const std::string& text) {
   return p;
 }
 
+// The losses `train --print-every 1 --steps N` prints ("Step S/N, Loss: L"), in order.
+std::vector<double> printed_losses(const std::string& out, int steps) {
+  std::vector<double> v;
+  const std::regex re("Step [0-9]+/" + std::to_string(steps) + ", Loss: ([0-9.]+)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it) {
+    v.push_back(std::stod((*it)[1].str()));
+  }
+  return v;
+}
+
 const std::string kZt = ZT_BINARY_DIR "/zerotrain";
 const std::string kTiny = " --model gpt2-tiny --device cpu --steps 1 --warmup 0 --seq 16 --micro-batch 1";
 
@@ -280,14 +290,7 @@ TEST(ParallelCli, TrainPipelineEqualsOneRank) {
   EXPECT_TRUE(contains(pp.out, "pipeline: GPT-2 gpt2-tiny in 2 stages")) << pp.out;
   const CmdResult one = run(kZt + flags);
   ASSERT_EQ(one.rc, 0) << one.out;
-  auto losses = [](const std::string& out) {
-    std::vector<double> v;
-    const std::regex re("Step [0-9]+/6, Loss: ([0-9.]+)");
-    for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it) {
-      v.push_back(std::stod((*it)[1].str()));
-    }
-    return v;
-  };
+  auto losses = [](const std::string& out) { return printed_losses(out, 6); };
   const auto a = losses(pp.out), b = losses(one.out);
   ASSERT_EQ(a.size(), 6u) << pp.out;
   ASSERT_EQ(b.size(), 6u) << one.out;
@@ -313,14 +316,7 @@ TEST(ParallelCli, TrainPipelineEqualsOneRank) {
 TEST(ParallelCli, TrainTensorParallelEqualsOneRank) {
   const fs::path cfg = write_config("tp", R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
       "gradient_clipping": 1.0, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 1}})");
-  auto losses = [](const std::string& out) {
-    std::vector<double> v;
-    const std::regex re("Step [0-9]+/5, Loss: ([0-9.]+)");
-    for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it) {
-      v.push_back(std::stod((*it)[1].str()));
-    }
-    return v;
-  };
+  auto losses = [](const std::string& out) { return printed_losses(out, 5); };
   struct Case {
     const char* name;
     const char* model;
@@ -373,14 +369,7 @@ TEST(ParallelCli, TrainTensorParallelEqualsOneRank) {
 TEST(ParallelCli, TrainExpertParallelEqualsEpOne) {
   const fs::path cfg = write_config("ep", R"({"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0,
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 1}})");
-  auto losses = [](const std::string& out) {
-    std::vector<double> v;
-    const std::regex re("Step [0-9]+/5, Loss: ([0-9.]+)");
-    for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it) {
-      v.push_back(std::stod((*it)[1].str()));
-    }
-    return v;
-  };
+  auto losses = [](const std::string& out) { return printed_losses(out, 5); };
   const std::string flags = " train --config " + cfg.string() +
                             " --model gpt2-tiny-moe --device cpu --steps 5 --warmup 1 --seq 32 --print-every 1 --data " +
                             std::string(ZT_SOURCE_DIR) + "/README.md";
@@ -460,14 +449,7 @@ TEST(ParallelCli, TrainTensorParallelCheckpointingEqualsWithout) {
   const fs::path part = write_config("tp_ckpt_part", common + R"(, "activation_checkpointing": {
       "partition_activations": true, "cpu_checkpointing": true, "synchronize_checkpoint_boundary": true,
       "profile": true}})");
-  auto losses = [](const std::string& out) {
-    std::vector<double> v;
-    const std::regex re("Step [0-9]+/3, Loss: ([0-9.]+)");
-    for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it) {
-      v.push_back(std::stod((*it)[1].str()));
-    }
-    return v;
-  };
+  auto losses = [](const std::string& out) { return printed_losses(out, 3); };
   const std::string flags = " --model llama-tiny --device cpu --steps 3 --warmup 1 --seq 32 --print-every 1 --tp 2 "
                             "--data " + std::string(ZT_SOURCE_DIR) + "/README.md";
   const std::string launch2 = kZt + " launch -n 2 -- " + kZt + " train --config ";
