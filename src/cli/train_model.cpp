@@ -1,6 +1,9 @@
 #include "cli/train_model.h"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -59,17 +62,38 @@ TrainModel common_train_model(Holder& model, const TrainModelOptions& o, const C
 
 // --lora (and --qlora): adapters on the model's adaptable linears, recorded in the
 // checkpoint's model description.
+// `nf4_bases`: the targets' NF4 made while the base was built ([Layerwise QLoRA Base]), if any.
 template <class Holder>
-void apply_lora_options(TrainModel& t, Holder& model, const TrainModelOptions& o) {
+void apply_lora_options(TrainModel& t, Holder& model, const TrainModelOptions& o, lora::Nf4Bases* nf4_bases = nullptr) {
   if (!o.lora) return;
+  const bool prebuilt = nf4_bases != nullptr && !nf4_bases->empty();
   t.lora_space = lora::lora_space(*model);
-  t.lora = std::make_shared<lora::LoraModel>(lora::apply_lora(*model, t.lora_space.sites, *o.lora));
+  t.lora = std::make_shared<lora::LoraModel>(lora::apply_lora(
+      *model, t.lora_space.sites, *o.lora, prebuilt ? lora::LoraBase::kWholeOrHeldElsewhere : lora::LoraBase::kWhole));
   t.model_json["lora"] = lora::lora_spec_string(*o.lora);
   t.lora_trainable = t.lora->trainable_params();
   if (o.qlora) {
-    t.nf4_bytes = lora::quantize_lora_bases(*t.lora);
+    t.nf4_bytes = prebuilt ? lora::attach_nf4_bases(*t.lora, std::move(*nf4_bases)) : lora::quantize_lora_bases(*t.lora);
     t.model_json["qlora"] = true;
   }
+}
+
+// A random Llama base for --lora/--qlora, drawn one decoder layer at a time on the intra-op
+// threads, with --qlora each target weight quantized as soon as its layer is drawn
+// ([Layerwise Init], [Layerwise QLoRA Base]): the same values as LlamaForCausalLM(mc).
+models::LlamaForCausalLM build_llama_layerwise(const models::LlamaConfig& mc, const TrainModelOptions& o,
+                                               lora::Nf4Bases& nf4_bases) {
+  models::LlamaForCausalLM model(models::LlamaForCausalLMImpl::skeleton(mc));
+  models::LlamaForCausalLMImpl::InitSink sink;
+  if (o.qlora) sink = lora::nf4_base_sink(lora::select_targets(lora::lora_space(*model).sites, *o.lora), nf4_bases);
+  const auto t0 = std::chrono::steady_clock::now();
+  model->init_layerwise(sink);
+  if (o.rank == 0) {
+    log::info("built the random Llama base layer by layer in %.1f s on %d threads%s",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), at::get_num_threads(),
+              o.qlora ? ", each adapted linear quantized to NF4 as its layer was drawn" : "");
+  }
+  return model;
 }
 
 TrainModel build_gpt2(const TrainModelOptions& o, const Config& cfg) {
@@ -173,7 +197,9 @@ TrainModel build_llama(const TrainModelOptions& o, const Config& cfg) {
   // come from a checkpoint (each tensor read straight into its place: never twice).
   // With LoRA the frozen base is not the engine's: built whole and loaded here.
   mc.deferred_init = (cfg.zero_optimization.stage == 3 || ckpt != nullptr) && !o.lora;
-  models::LlamaForCausalLM model(mc);
+  lora::Nf4Bases nf4_bases;
+  models::LlamaForCausalLM model =
+      o.lora && !ckpt ? build_llama_layerwise(mc, o, nf4_bases) : models::LlamaForCausalLM(mc);
   if (o.lora && ckpt) models::load_hf_llama(*model, *ckpt);
   TrainModel t = common_train_model(model, o, cfg, "llama");
   t.name = models::is_llama_name(o.model) || is_file_or_dir(o.model) ? o.model : o.init_from;
@@ -186,7 +212,7 @@ TrainModel build_llama(const TrainModelOptions& o, const Config& cfg) {
   t.model_json = {{"name", t.name}, {"llama", nlohmann::json::parse(models::llama_config_to_hf_json(mc))}};
   const int rank = o.rank;
   const std::string from = o.init_from;
-  apply_lora_options(t, model, o);
+  apply_lora_options(t, model, o, &nf4_bases);
   const bool lora = o.lora.has_value();
   t.engine_options = [model, ckpt, rank, from, lora](EngineOptions& eo) {
     if (lora) {

@@ -151,7 +151,8 @@ std::vector<torch::Tensor> LoraModel::parameters() const {
   return out;
 }
 
-LoraModel apply_lora(torch::nn::Module& model, const std::vector<LoraSite>& sites, const LoraOptions& o) {
+LoraModel apply_lora(torch::nn::Module& model, const std::vector<LoraSite>& sites, const LoraOptions& o,
+                     LoraBase base) {
   const auto targets = select_targets(sites, o);
   const double scaling = o.scaling();
   for (auto& p : model.parameters()) p.set_requires_grad(false);
@@ -162,7 +163,9 @@ LoraModel apply_lora(torch::nn::Module& model, const std::vector<LoraSite>& site
     ZT_CHECK_T(models::linear_adapter(lin) == nullptr, ConfigError, "lora: '", s.path,
                "' already carries an adapter (apply_lora twice?)");
     const auto& w = lin.weight;  // (out, in)
-    ZT_CHECK_T(w.dim() == 2 && w.numel() == lin.options.out_features() * lin.options.in_features(), ConfigError,
+    const bool held_elsewhere = base == LoraBase::kWholeOrHeldElsewhere && w.numel() == 0;
+    ZT_CHECK_T(held_elsewhere || (w.dim() == 2 && w.numel() == lin.options.out_features() * lin.options.in_features()),
+               ConfigError,
                "lora: '", s.path, "' holds a placeholder weight of shape ", w.sizes(),
                " (a model built with deferred_init): build the base model whole before applying LoRA");
     LoraAdapter a(lin.options.in_features(), lin.options.out_features(), o.r, scaling, o.dropout, w.options());

@@ -104,10 +104,16 @@ struct LoraModel {
   std::vector<torch::Tensor> parameters() const;  // A, B of each adapter, in order
 };
 
+// What apply_lora accepts as a selected linear's weight: only the whole weight (the
+// default), or also a 0-element placeholder whose base is held elsewhere (its NF4 form, made
+// while the base was built: [Layerwise QLoRA Base] in lora/qlora.h).
+enum class LoraBase { kWhole, kWholeOrHeldElsewhere };
+
 // Freezes every parameter of `model` (requires_grad false), then attaches a LoraAdapter
 // (trainable) to each site `o` selects. Call before zt::initialize. A site that already
 // carries an adapter is a ConfigError.
-LoraModel apply_lora(torch::nn::Module& model, const std::vector<LoraSite>& sites, const LoraOptions& o);
+LoraModel apply_lora(torch::nn::Module& model, const std::vector<LoraSite>& sites, const LoraOptions& o,
+                     LoraBase base = LoraBase::kWhole);
 
 // Adds each adapter's delta_weight to its base weight (in fp32, stored back in the weight's
 // dtype) and detaches the adapters: the model computes what the adapted model computed,

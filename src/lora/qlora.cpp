@@ -2,6 +2,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <set>
+
 #include "zerotrain/error.h"
 
 namespace zt::lora {
@@ -56,15 +58,31 @@ std::shared_ptr<Impl> rebuild(const LoraAdapterImpl& from, Args&&... args) {
   return a;
 }
 
+// Puts q in place of a's adapter and empties the base Linear's weight (a 0-element
+// placeholder: the NF4 copy is the base now). Returns q's NF4 bytes.
+int64_t install_qlora_adapter(LoraModel::Adapted& a, const std::shared_ptr<QLoraAdapterImpl>& q) {
+  torch::nn::LinearImpl& lin = *a.site.linear.ptr();
+  lin.unregister_module(kQloraAdapterChild);
+  lin.register_module(kQloraAdapterChild, q);
+  a.adapter = LoraAdapter(std::static_pointer_cast<LoraAdapterImpl>(q));
+  torch::NoGradGuard no_grad;
+  if (lin.weight.numel() != 0) lin.weight.set_data(torch::empty({0}, lin.weight.options()));
+  return q->nf4_bytes();
+}
+
 }  // namespace
 
 QLoraAdapterImpl::QLoraAdapterImpl(const LoraAdapterImpl& from, const torch::Tensor& weight, torch::Tensor bias)
+    : QLoraAdapterImpl(from, std::make_shared<const quant::Nf4Tensor>(quant::quantize_nf4(weight)), std::move(bias)) {}
+
+QLoraAdapterImpl::QLoraAdapterImpl(const LoraAdapterImpl& from, std::shared_ptr<const quant::Nf4Tensor> nf4,
+                                   torch::Tensor bias)
     : LoraAdapterImpl(from.lora_A.size(1), from.lora_B.size(0), from.r(), from.scaling(), from.dropout(),
                       from.lora_A.options()),
-      nf4_(std::make_shared<const quant::Nf4Tensor>(quant::quantize_nf4(weight))),
+      nf4_(std::move(nf4)),
       bias_(std::move(bias)) {
-  ZT_CHECK_T(weight.dim() == 2 && weight.size(0) == from.lora_B.size(0) && weight.size(1) == from.lora_A.size(1),
-             ConfigError, "qlora: base weight of shape ", weight.sizes(), " does not fit the adapter (A ",
+  ZT_CHECK_T(nf4_->shape.size() == 2 && nf4_->shape[0] == from.lora_B.size(0) && nf4_->shape[1] == from.lora_A.size(1),
+             ConfigError, "qlora: base weight of shape ", c10::IntArrayRef(nf4_->shape), " does not fit the adapter (A ",
              from.lora_A.sizes(), ", B ", from.lora_B.sizes(), ")");
 }
 
@@ -106,13 +124,40 @@ int64_t quantize_lora_bases(LoraModel& lm) {
                "): build the base whole before quantizing it");
     auto q = rebuild<QLoraAdapterImpl>(*a.adapter, *a.adapter, lin.weight.detach(),
                                        lin.bias.defined() ? lin.bias : torch::Tensor());
-    bytes += q->nf4_bytes();
-    lin.unregister_module(kQloraAdapterChild);
-    lin.register_module(kQloraAdapterChild, q);
-    a.adapter = LoraAdapter(std::static_pointer_cast<LoraAdapterImpl>(q));
-    torch::NoGradGuard no_grad;
-    lin.weight.set_data(torch::empty({0}, lin.weight.options()));  // freed: the NF4 copy is the base now
+    bytes += install_qlora_adapter(a, q);
   }
+  return bytes;
+}
+
+std::function<bool(const std::string&, const torch::Tensor&)> nf4_base_sink(const std::vector<LoraSite>& targets,
+                                                                           Nf4Bases& bases) {
+  std::set<std::string> names;
+  for (const auto& s : targets) names.insert(s.path + ".weight");
+  return [names = std::move(names), &bases](const std::string& name, const torch::Tensor& t) {
+    if (!names.contains(name)) return false;
+    bases[name] = std::make_shared<const quant::Nf4Tensor>(quant::quantize_nf4(t));
+    return true;
+  };
+}
+
+int64_t attach_nf4_bases(LoraModel& lm, Nf4Bases bases) {
+  int64_t bytes = 0;
+  for (auto& a : lm.adapters) {
+    ZT_CHECK_T(std::dynamic_pointer_cast<QLoraAdapterImpl>(a.adapter.ptr()) == nullptr, ConfigError, "qlora: '",
+               a.site.path, "' is already quantized");
+    auto it = bases.find(a.site.path + ".weight");
+    ZT_CHECK_T(it != bases.end(), ConfigError, "qlora: no NF4 base was made for '", a.site.path,
+               "' (the sink's targets and the adapters' differ)");
+    torch::nn::LinearImpl& lin = *a.site.linear.ptr();
+    ZT_CHECK_T(lin.weight.numel() == 0, ConfigError, "qlora: '", a.site.path, "' holds a weight of shape ",
+               lin.weight.sizes(), " beside the NF4 base made for it");
+    auto q = rebuild<QLoraAdapterImpl>(*a.adapter, *a.adapter, it->second,
+                                       lin.bias.defined() ? lin.bias : torch::Tensor());
+    bytes += install_qlora_adapter(a, q);
+    bases.erase(it);
+  }
+  ZT_CHECK_T(bases.empty(), ConfigError, "qlora: an NF4 base was made for '", bases.empty() ? "" : bases.begin()->first,
+             "', which carries no adapter (its weight is gone); select the same targets for both");
   return bytes;
 }
 

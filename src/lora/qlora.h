@@ -22,7 +22,11 @@
 // shard group partitions the base's parameters, but the NF4 weights are not parameters:
 // every rank holds all of them (0.52 bytes a weight).
 #pragma once
+#include <functional>
+#include <map>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "lora/lora.h"
 #include "quant/nf4.h"
@@ -33,6 +37,8 @@ class QLoraAdapterImpl : public LoraAdapterImpl {
  public:
   // Takes `from`'s adapter values and options; `weight` (out, in) is quantized here.
   QLoraAdapterImpl(const LoraAdapterImpl& from, const torch::Tensor& weight, torch::Tensor bias);
+  // The same with the weight quantized already.
+  QLoraAdapterImpl(const LoraAdapterImpl& from, std::shared_ptr<const quant::Nf4Tensor> nf4, torch::Tensor bias);
   torch::Tensor adapt(const torch::Tensor& x, const models::BaseLinearFn& base) override;
   // dequant(W) (out, in), fp32 on the CPU (the reference quant::dequantize_nf4).
   torch::Tensor base_weight() const;
@@ -50,6 +56,29 @@ class QLoraAdapterImpl : public LoraAdapterImpl {
 // Quantizes every adapted linear's base weight to NF4 ([QLoRA Base]). Call after
 // apply_lora / load_peft_adapter and before zt::initialize. Returns the NF4 bytes in all.
 int64_t quantize_lora_bases(LoraModel& lm);
+
+// [Layerwise QLoRA Base]
+// quantize_lora_bases needs the whole base in fp32 first (Llama-3-8B: 32 GB on each rank's
+// host, and minutes of drawing on one thread). For a random base the CLI instead builds the
+// model as a skeleton (models::LlamaForCausalLMImpl::skeleton), selects the targets on it,
+// and lets init_layerwise ([Layerwise Init]) hand each weight to a sink as soon as its
+// decoder layer is drawn: a target's weight is quantized there (nf4_base_sink) and its fp32
+// freed, so the host holds one layer in fp32 plus the NF4 of the rest. Then
+// apply_lora(..., LoraBase::kWholeOrHeldElsewhere) draws the adapters (the generator stands
+// where the whole construction leaves it, so they are the same) and attach_nf4_bases makes
+// them QLoraAdapters on the NF4 made earlier: the model equals, bit for bit, the one
+// quantize_lora_bases makes from the whole base (tested: QLora.LayerwiseBaseEqualsTheWholeBase).
+using Nf4Bases = std::map<std::string, std::shared_ptr<const quant::Nf4Tensor>>;  // by "<site path>.weight"
+
+// A sink for init_layerwise: quantizes the weights of the sites `targets` selects into
+// `bases` and takes them; keeps every other parameter.
+std::function<bool(const std::string&, const torch::Tensor&)> nf4_base_sink(const std::vector<LoraSite>& targets,
+                                                                           Nf4Bases& bases);
+
+// Gives each adapter of `lm` (made by apply_lora with LoraBase::kWholeOrHeldElsewhere, its
+// base weight a 0-element placeholder) its NF4 base from `bases`, as quantize_lora_bases
+// would. A missing base, or one left over, is a ConfigError. Returns the NF4 bytes in all.
+int64_t attach_nf4_bases(LoraModel& lm, Nf4Bases bases);
 
 // x (..., in) @ dequant(q)^T -> (..., out), in x's dtype, with q on x's device. Differentiable
 // w.r.t. x only; the autograd node keeps q (the NF4 tensors, shared, not copied) and

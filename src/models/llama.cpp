@@ -2,11 +2,15 @@
 #include "models/model_util.h"
 #include "models/llama.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <limits>
+#include <mutex>
 
 #include "models/gpt2.h"  // linear(): addmm whose backward accumulates into W.grad
 #include "models/linear_adapter.h"
 #include "models/lm_head_loss.h"
+#include "models/parallel_init.h"
 #include "zerotrain/error.h"
 
 namespace zt::models {
@@ -134,7 +138,7 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& cfg) : cfg_(cfg) {
 }
 
 void LlamaForCausalLMImpl::reset_parameters() {
-  if (cfg_.deferred_init) return;  // placeholders: init_parameter runs at materialisation
+  if (cfg_.deferred_init || skeleton_) return;  // placeholders: init_parameter runs at materialisation
   torch::NoGradGuard no_grad;
   for (auto& kv : named_parameters()) init_parameter(kv.key(), kv.value());
 }
@@ -159,21 +163,122 @@ std::vector<int64_t> llama_param_shape(const LlamaConfig& cfg, const std::string
   throw InternalError("Llama: no parameter named '" + name + "'");
 }
 
+namespace {
+
+// How Llama's init fills a parameter: RMSNorm weights 1, biases 0, matrices N(0, range);
+// the embedding's pad row, when there is one, 0 after the draw (transformers' _init_weights).
+enum class LlamaInit { kOnes, kZeros, kNormal };
+
+LlamaInit llama_init_of(const std::string& name) {
+  if (ends_with(name, "norm.weight")) return LlamaInit::kOnes;
+  if (ends_with(name, ".bias")) return LlamaInit::kZeros;
+  return LlamaInit::kNormal;
+}
+
+bool llama_zeroes_pad_row(const LlamaConfig& c, const std::string& name) {
+  return name == "model.embed_tokens.weight" && c.pad_token_id >= 0;
+}
+
+// "model.layers.N" for a decoder layer's parameter, "" for the others: init_layerwise's groups.
+std::string llama_init_group(const std::string& name) {
+  const std::string pre = "model.layers.";
+  if (name.rfind(pre, 0) != 0) return "";
+  return name.substr(0, name.find('.', pre.size()));
+}
+
+}  // namespace
+
 void LlamaForCausalLMImpl::init_parameter(const std::string& name, torch::Tensor& t) const {
   torch::NoGradGuard no_grad;
   const auto shape = param_shape(name);
   ZT_CHECK_T(t.sizes().vec() == shape, InternalError, "Llama: ", name, " has shape ", t.sizes(), ", expected ",
              c10::IntArrayRef(shape));
-  if (ends_with(name, "norm.weight")) {
-    t.fill_(1.0);
-  } else if (name == "model.embed_tokens.weight" && cfg_.pad_token_id >= 0) {
-    t.normal_(0.0, cfg_.initializer_range);
-    t[cfg_.pad_token_id].zero_();  // as transformers' _init_weights
-  } else if (ends_with(name, ".bias")) {
-    t.zero_();
-  } else {
-    t.normal_(0.0, cfg_.initializer_range);
+  switch (llama_init_of(name)) {
+    case LlamaInit::kOnes: t.fill_(1.0); break;
+    case LlamaInit::kZeros: t.zero_(); break;
+    case LlamaInit::kNormal: t.normal_(0.0, cfg_.initializer_range); break;
   }
+  if (llama_zeroes_pad_row(cfg_, name)) t[cfg_.pad_token_id].zero_();
+}
+
+// ---- [Layerwise Init] -------------------------------------------------------------------
+
+std::shared_ptr<LlamaForCausalLMImpl> LlamaForCausalLMImpl::skeleton(const LlamaConfig& cfg) {
+  ZT_CHECK_T(!cfg.deferred_init, ConfigError, "Llama skeleton: build from a config with deferred_init false");
+  // The deferred constructor makes 1x1 placeholders (and draws for them): undo its draws.
+  auto gen = at::detail::getDefaultCPUGenerator();
+  at::Generator before;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    before = gen.clone();
+  }
+  LlamaConfig placeholders = cfg;
+  placeholders.deferred_init = true;
+  auto m = std::make_shared<LlamaForCausalLMImpl>(placeholders);
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(before.get_state());
+  }
+  m->cfg_ = cfg;
+  m->skeleton_ = true;
+  for (const auto& item : m->named_modules("", /*include_self=*/false)) {
+    auto lin = std::dynamic_pointer_cast<torch::nn::LinearImpl>(item.value());
+    if (!lin) continue;
+    const auto shape = m->param_shape(item.key() + ".weight");  // (out, in)
+    lin->options.out_features(shape[0]);
+    lin->options.in_features(shape[1]);
+  }
+  return m;
+}
+
+int64_t LlamaForCausalLMImpl::construction_draws(const LlamaConfig& c) {
+  // torch::nn::Embedding: normal_(0, 1) on (V, d). torch::nn::Linear: kaiming_uniform_ on W
+  // (out, in), then uniform_ on the bias (out): one draw per element.
+  ZT_ASSERT(c.vocab_size * c.hidden_size >= 16, "construction_draws: an embedding under 16 elements");
+  int64_t n = normal_draws(c.vocab_size * c.hidden_size);
+  auto linear = [](int64_t in, int64_t out, bool bias) { return uniform_draws(in * out) + (bias ? uniform_draws(out) : 0); };
+  const int64_t d = c.hidden_size, I = c.intermediate_size;
+  const int64_t layer = linear(d, c.q_dim(), c.qkv_bias) + 2 * linear(d, c.kv_dim(), c.qkv_bias) +
+                        linear(c.q_dim(), d, c.o_bias) + 2 * linear(d, I, c.mlp_bias) + linear(I, d, c.mlp_bias);
+  n += c.num_hidden_layers * layer;
+  if (!c.tie_word_embeddings) n += linear(d, c.vocab_size, false);
+  return n;
+}
+
+void LlamaForCausalLMImpl::init_layerwise(const InitSink& sink) {
+  ZT_CHECK_T(skeleton_, ConfigError, "Llama init_layerwise: the model is not a skeleton (build it with skeleton())");
+  torch::NoGradGuard no_grad;
+  auto gen = at::detail::getDefaultCPUGenerator();
+  discard_draws(gen, construction_draws(cfg_));  // their values are overwritten below
+  auto params = named_parameters();
+  ParallelNormal normal;
+  std::vector<std::pair<std::string, torch::Tensor>> group;  // drawn, not yet handed over
+  auto flush = [&] {
+    normal.run();
+    for (auto& [name, t] : group) {
+      if (llama_zeroes_pad_row(cfg_, name)) t[cfg_.pad_token_id].zero_();
+      torch::Tensor& p = params[name];
+      const bool taken = sink && sink(name, t);
+      p.set_data(taken ? torch::empty({0}, t.options()) : t);
+    }
+    group.clear();
+  };
+  std::string current;
+  for (const auto& kv : params) {
+    const std::string& name = kv.key();
+    const std::string g = llama_init_group(name);
+    if (!group.empty() && g != current) flush();
+    current = g;
+    auto t = torch::empty(param_shape(name), torch::kFloat);
+    switch (llama_init_of(name)) {
+      case LlamaInit::kOnes: t.fill_(1.0); break;
+      case LlamaInit::kZeros: t.zero_(); break;
+      case LlamaInit::kNormal: normal.add(t, 0.0, cfg_.initializer_range); break;  // in order: see [Parallel Init]
+    }
+    group.emplace_back(name, std::move(t));
+  }
+  flush();
+  skeleton_ = false;
 }
 
 std::pair<torch::Tensor, torch::Tensor> LlamaForCausalLMImpl::rope(int64_t T, const torch::Tensor& like) const {
@@ -189,6 +294,7 @@ std::pair<torch::Tensor, torch::Tensor> LlamaForCausalLMImpl::rope(int64_t T, co
 torch::Tensor LlamaForCausalLMImpl::hidden(const torch::Tensor& idx) {
   ZT_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong, "Llama: idx must be (B, T) int64, got ", idx.sizes(),
            " ", idx.scalar_type());
+  ZT_CHECK(!skeleton_, "Llama: a skeleton has no values yet; run init_layerwise first");
   const int64_t T = idx.size(1);
   ZT_CHECK(T <= cfg_.max_position_embeddings, "Llama: sequence length ", T, " exceeds max_position_embeddings ",
            cfg_.max_position_embeddings);

@@ -185,6 +185,30 @@ struct LlamaForCausalLMImpl : torch::nn::Module {
 
   void reset_parameters();
   std::vector<int64_t> param_shape(const std::string& name) const;  // full shape by HF name
+
+  // [Layerwise Init] Building a large frozen base (QLoRA, LoRA) without holding it whole in
+  // fp32 nor drawing it on one thread:
+  //   auto m = LlamaForCausalLMImpl::skeleton(cfg);   // structure only, nothing drawn
+  //   ... read m's structure (lora_space, select_targets) ...
+  //   m->init_layerwise(sink);                        // the values
+  // gives bit for bit the parameters LlamaForCausalLM(cfg) has (cfg.deferred_init false) and
+  // leaves the default CPU generator where that constructor leaves it, so whatever draws next
+  // (LoRA's A matrices) draws the same. init_layerwise skips the constructors' draws
+  // (kaiming_uniform_ of each Linear, normal_ of the embedding: their values are overwritten)
+  // and draws init_parameter's values one group at a time (the embedding; each decoder layer;
+  // the final norm and lm_head), the group's normal_ on the intra-op threads ([Parallel
+  // Init], models/parallel_init.h). Each parameter, once drawn, goes to `sink` in
+  // named_parameters() order; when it returns true the sink has taken what it needs (e.g.
+  // the NF4 form) and the parameter becomes a 0-element placeholder, freed at once; false
+  // keeps it. Host peak: one group in fp32 beyond what the sink keeps.
+  using InitSink = std::function<bool(const std::string& name, const torch::Tensor& value)>;
+  // Every parameter a placeholder, each Linear's options its real sizes (apply_lora reads
+  // them); config() is cfg. Nothing else may use the model before init_layerwise.
+  static std::shared_ptr<LlamaForCausalLMImpl> skeleton(const LlamaConfig& cfg);
+  void init_layerwise(const InitSink& sink);
+  // Draws LlamaForCausalLM(cfg)'s constructor takes from the default CPU generator before
+  // reset_parameters (the values init_layerwise skips).
+  static int64_t construction_draws(const LlamaConfig& cfg);
   // Llama's init: RMSNorm weights 1, biases 0, matrices N(0, initializer_range).
   void init_parameter(const std::string& name, torch::Tensor& t) const;
 
@@ -208,6 +232,7 @@ struct LlamaForCausalLMImpl : torch::nn::Module {
   std::pair<torch::Tensor, torch::Tensor> rope(int64_t T, const torch::Tensor& like) const;
 
   LlamaConfig cfg_;
+  bool skeleton_ = false;  // built by skeleton(), init_layerwise not yet run
   std::vector<LlamaDecoderLayer> layers_;
   torch::Tensor inv_freq_;  // (head_dim / 2) fp32, CPU; moved to the device per forward
   bool ckpt_enabled_ = false;
