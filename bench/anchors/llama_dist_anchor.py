@@ -14,6 +14,17 @@ run it, next to `zerotrain train --model llama3-8b` at ZeRO-3:
   --qlora    with --lora: the base linears as bitsandbytes NF4 (Linear4bit, blocksize 64,
              double quantization, quant_storage bf16 so ZeRO-3 can partition them), as
              Hugging Face documents QLoRA with ZeRO-3; needs the bitsandbytes package
+  single     one GPU, no DeepSpeed (issue 21's rows): transformers + peft LoRA (--lora R) on a
+             bf16 base, or with --qlora on a bitsandbytes NF4 base, torch AdamW on the adapters
+             (fp32: peft's autocast_adapter_dtype); plain python or torchrun with one process
+
+In single mode, and with --qlora in deepspeed mode, the frozen base is built on the meta device and materialized on the GPU one
+module at a time in bf16 (matrices N(0, initializer_range), norms 1, as transformers'
+_init_weights), and with --qlora each decoder layer's seven linears become bitsandbytes
+Linear4bit right after the layer is drawn (quantized on the GPU), as transformers' quantized
+from_pretrained loads a checkpoint: the base is never whole in fp32, nor on the host (build_s
+in the JSON line). Random weights with the same distribution as LlamaForCausalLM(cfg)'s init,
+not the same values.
 
 Activation checkpointing (non-reentrant, per decoder layer) with --checkpoint-activations.
 Random token batches (as zerotrain's --data random), loss = the model's own causal-LM loss.
@@ -41,6 +52,10 @@ def llama_config(name, layers):
         "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                           num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=8192,
                           rope_theta=500000.0, tie_word_embeddings=False),
+        # zerotrain's llama-tiny (a CPU smoke test of the script)
+        "llama-tiny": dict(vocab_size=256, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
+                           rope_theta=10000.0, tie_word_embeddings=False),
         # meta-llama/Llama-3.2-1B
         "llama3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                             num_attention_heads=32, num_key_value_heads=8, head_dim=64,
@@ -135,18 +150,14 @@ def build_deepspeed(cfg, args, device):
     torch.manual_seed(args.seed)
     notes = {"deepspeed": deepspeed.__version__, "config": ds_cfg}
     if args.qlora:
-        model = build_qlora_base(cfg, args, device, notes)
+        model = build_frozen_base(cfg, args, device, notes)
     else:
         with deepspeed.zero.Init(config_dict_or_path=ds_cfg, dtype=torch.bfloat16):
             model = LlamaForCausalLM(cfg)
     if args.checkpoint_activations:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if args.lora:
-        from peft import LoraConfig, get_peft_model
-        lc = LoraConfig(r=args.lora, lora_alpha=2 * args.lora, lora_dropout=0.0, target_modules=LORA_TARGETS,
-                        task_type="CAUSAL_LM")
-        model = get_peft_model(model, lc)
-        notes["peft"] = {"r": args.lora, "alpha": 2 * args.lora, "targets": LORA_TARGETS}
+        model = add_lora(model, args, notes)
     params = [p for p in model.parameters() if p.requires_grad]
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=ds_cfg)
     notes["optimizer"] = type(engine.optimizer).__name__
@@ -158,34 +169,114 @@ def build_deepspeed(cfg, args, device):
     return engine, model, step, notes
 
 
-def build_qlora_base(cfg, args, device, notes):
-    """The base with its decoder linears as bitsandbytes NF4 (Linear4bit, quant_storage bf16)."""
+def init_like_transformers_(module, std):
+    """transformers' LlamaPreTrainedModel._init_weights on a materialized module: matrices
+    (Linear, Embedding) N(0, std), biases 0, RMSNorm weights 1 (no padding_idx in these configs)."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, std)
+
+
+def to_linear4bit(lin, device):
+    """lin (bf16 on `device`) as a bitsandbytes Linear4bit: NF4, blocksize 64, double quantization,
+    bf16 compute and quant_storage (so ZeRO-3 can partition it); quantized on the move to device."""
     import bitsandbytes as bnb
+    with torch.device("meta"):  # no host weight to allocate and draw
+        q = bnb.nn.Linear4bit(lin.in_features, lin.out_features, bias=lin.bias is not None,
+                              compute_dtype=torch.bfloat16, compress_statistics=True, quant_type="nf4",
+                              quant_storage=torch.bfloat16)
+    q.weight = bnb.nn.Params4bit(lin.weight.data, requires_grad=False, compress_statistics=True, quant_type="nf4",
+                                 quant_storage=torch.bfloat16)
+    if lin.bias is not None:
+        q.bias = torch.nn.Parameter(lin.bias.data, requires_grad=False)
+    return q.to(device)  # Params4bit quantizes here (quantize_4bit on the device)
+
+
+def build_frozen_base(cfg, args, device, notes):
+    """The frozen base for --lora: on the meta device, then each module materialized on `device` in
+    bf16 and drawn there; with --qlora each decoder layer's LORA_TARGETS linears replaced by NF4
+    Linear4bit as soon as the layer is drawn. Peak: the NF4 (or bf16) base plus one layer in bf16."""
     from transformers import LlamaForCausalLM
-    notes["bitsandbytes"] = bnb.__version__
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    if args.qlora:
+        try:
+            import bitsandbytes as bnb
+        except ImportError as e:
+            raise SystemExit(f"--qlora needs bitsandbytes (carry .whl-bnb): {e}")
+        notes["bitsandbytes"] = bnb.__version__
+    t0 = time.perf_counter()
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    model.to(torch.bfloat16)  # on meta: the dtype only
+    torch.manual_seed(args.seed)
+    std = cfg.initializer_range
+    tops = [model.model.embed_tokens, model.model.norm] + ([] if cfg.tie_word_embeddings else [model.lm_head])
+    for m in tops:
+        m.to_empty(device=device)
+        init_like_transformers_(m, std)
     for layer in model.model.layers:
-        for parent in (layer.self_attn, layer.mlp):
-            for name, lin in list(parent.named_children()):
-                if name not in LORA_TARGETS:
-                    continue
-                q = bnb.nn.Linear4bit(lin.in_features, lin.out_features, bias=lin.bias is not None,
-                                      compute_dtype=torch.bfloat16, compress_statistics=True, quant_type="nf4",
-                                      quant_storage=torch.bfloat16)
-                q.weight = bnb.nn.Params4bit(lin.weight.data, requires_grad=False, compress_statistics=True,
-                                             quant_type="nf4", quant_storage=torch.bfloat16)
-                setattr(parent, name, q)
-    model = model.to(device)  # Params4bit quantize on the move to the GPU
+        layer.to_empty(device=device)
+        init_like_transformers_(layer, std)
+        if args.qlora:
+            for parent in (layer.self_attn, layer.mlp):
+                for name, lin in list(parent.named_children()):
+                    if name in LORA_TARGETS:
+                        setattr(parent, name, to_linear4bit(lin, device))
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.model.rotary_emb = LlamaRotaryEmbedding(cfg, device=device)  # its buffers were on meta
     for p in model.parameters():
         p.requires_grad_(False)
-    notes["qlora"] = "bnb Linear4bit nf4, blocksize 64, double quant, quant_storage bf16"
+    if args.qlora:
+        n4 = sum(type(m).__name__ == "Linear4bit" for m in model.modules())
+        assert n4 == len(LORA_TARGETS) * cfg.num_hidden_layers, f"{n4} Linear4bit modules"
+        notes["nf4_linears"] = n4
+    notes["base_build_s"] = time.perf_counter() - t0
+    notes["base"] = ("meta, then per layer on the device in bf16" +
+                     (", decoder linears to bnb Linear4bit nf4 (blocksize 64, double quant, quant_storage bf16) "
+                      "as each layer is drawn" if args.qlora else ""))
     return model
+
+
+def add_lora(model, args, notes):
+    from peft import LoraConfig, get_peft_model
+    lc = LoraConfig(r=args.lora, lora_alpha=2 * args.lora, lora_dropout=0.0, target_modules=LORA_TARGETS,
+                    task_type="CAUSAL_LM")
+    notes["peft"] = {"r": args.lora, "alpha": 2 * args.lora, "targets": LORA_TARGETS}
+    return get_peft_model(model, lc)  # adapters in fp32 (autocast_adapter_dtype)
+
+
+def build_single(cfg, args, device):
+    """One GPU: transformers + peft on the bf16 or NF4 base, torch AdamW on the adapters."""
+    torch.manual_seed(args.seed)
+    notes = {}
+    model = build_frozen_base(cfg, args, device, notes)
+    if args.checkpoint_activations:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = add_lora(model, args, notes)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                            fused=device.type == "cuda")
+    notes["optimizer"] = "torch AdamW" + ("(fused=True)" if device.type == "cuda" else "") + " on the adapters"
+    notes["precision"] = "bf16 base" + (" (NF4 storage)" if args.qlora else "") + ", fp32 adapters"
+
+    def step():
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return model, model, step, notes
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=("fsdp2", "deepspeed"), required=True)
-    p.add_argument("--model", default="llama3-8b", choices=("llama3-8b", "llama3.2-1b"))
+    p.add_argument("--mode", choices=("fsdp2", "deepspeed", "single"), required=True)
+    p.add_argument("--model", default="llama3-8b", choices=("llama3-8b", "llama3.2-1b", "llama-tiny"))
     p.add_argument("--layers", type=int, default=0, help="override the layer count (0: the shape's)")
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--micro-batch", type=int, default=1)
@@ -198,29 +289,44 @@ def main():
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: a smoke test (gloo)")
     a = p.parse_args()
-    if a.lora and a.mode != "deepspeed":
-        raise SystemExit("--lora is the peft + DeepSpeed ZeRO-3 anchor: use it with --mode deepspeed")
+    if a.lora and a.mode == "fsdp2":
+        raise SystemExit("--lora is the peft anchor: use it with --mode deepspeed (ZeRO-3) or --mode single (one GPU)")
+    if a.mode == "single" and not a.lora:
+        raise SystemExit("--mode single is the one-GPU peft anchor: give --lora R (and --qlora for NF4)")
     if a.qlora and not a.lora:
         raise SystemExit("--qlora needs --lora R")
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    # single without torchrun: no process group (one process, nothing to reduce).
+    use_dist = a.mode != "single" or "WORLD_SIZE" in os.environ
     if a.device == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
-    else:  # a smoke test of the script on CPU ranks (gloo; FSDP2 only)
+        if use_dist:
+            dist.init_process_group("nccl", device_id=device)
+    else:  # a smoke test of the script on CPU ranks (gloo; FSDP2, or single)
         device = torch.device("cpu")
-        dist.init_process_group("gloo")
-    world, rank = dist.get_world_size(), dist.get_rank()
+        if use_dist:
+            dist.init_process_group("gloo")
+    world, rank = (dist.get_world_size(), dist.get_rank()) if use_dist else (1, 0)
+    if a.mode == "single" and world != 1:
+        raise SystemExit(f"--mode single runs on one GPU; this job has {world} processes")
     cfg = llama_config(a.model, a.layers)
+    cfg.use_cache = False  # training: no KV cache
+
+    def barrier():
+        if use_dist:
+            dist.barrier()
 
     t_build = time.perf_counter()
     if a.mode == "fsdp2":
         fwd_model, model, step, notes = build_fsdp2(cfg, a, device)
+    elif a.mode == "single":
+        fwd_model, model, step, notes = build_single(cfg, a, device)
     else:
         fwd_model, model, step, notes = build_deepspeed(cfg, a, device)
     model.train()
-    dist.barrier()
+    barrier()
     build_s = time.perf_counter() - t_build
 
     cuda = device.type == "cuda"
@@ -238,7 +344,7 @@ def main():
     loss = None
     for s in range(a.warmup + a.steps):
         x = torch.randint(0, cfg.vocab_size, (a.micro_batch, a.seq), device=device, generator=g)
-        dist.barrier()
+        barrier()
         marks = [mark()]
         loss = fwd_model(input_ids=x, labels=x).loss
         marks.append(mark())
@@ -257,14 +363,16 @@ def main():
     # The job's figures: the slowest rank's median, the largest peak.
     med = torch.tensor([statistics.median(times)] + [statistics.median(phase_ms[k]) for k in PHASES] +
                        [phase_peak[k] for k in PHASES], dtype=torch.float64, device=device)
-    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+    if use_dist:
+        dist.all_reduce(med, op=dist.ReduceOp.MAX)
     med = med.tolist()
     ms = med[0]
     n_params = n_params_of(cfg)
     fpt = flops_per_token(cfg, n_params, a.seq)
     tokens_per_s = world * a.micro_batch * a.seq / (ms / 1000)
     out = {
-        "anchor": {"fsdp2": "torch FSDP2", "deepspeed": f"DeepSpeed {notes.get('deepspeed', '')} ZeRO-3"}[a.mode]
+        "anchor": {"fsdp2": "torch FSDP2", "deepspeed": f"DeepSpeed {notes.get('deepspeed', '')} ZeRO-3",
+                   "single": "transformers (1 GPU)"}[a.mode]
                   + (" + peft LoRA" if a.lora and not a.qlora else "") + (" + peft QLoRA (bnb nf4)" if a.qlora else ""),
         "mode": a.mode, "model": a.model, "layers": cfg.num_hidden_layers, "n_params": n_params,
         "world": world, "micro_batch": a.micro_batch, "seq": a.seq,
@@ -277,8 +385,9 @@ def main():
     }
     if rank == 0:
         print(json.dumps(out), flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
+    if use_dist:
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

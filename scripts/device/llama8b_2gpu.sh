@@ -7,25 +7,31 @@
 #            `zerotrain train --lora` against peft + DeepSpeed ZeRO-3
 #   PHASE=3  the same with QLoRA (NF4 base): `zerotrain train --lora --qlora` against peft +
 #            bitsandbytes + DeepSpeed ZeRO-3 (carry .whl-bnb: the bitsandbytes wheel)
+#   PHASE=4  issue 21 on ONE GPU: QLoRA at ZeRO stage 0, `zerotrain train --lora --qlora`
+#            against transformers + peft + bitsandbytes, torch AdamW (anchor --mode single;
+#            carry .whl-bnb)
+#   PHASE=5  issue 21 on one GPU: bf16 LoRA, `zerotrain train --lora` against transformers +
+#            peft on a bf16 base, torch AdamW (--mode single)
 # Knobs: PHASE (default 1), STEPS (timed, default 8), LAYERS (0: the shape's 32), SKIP_ZT,
 # SKIP_ANCHORS, SKIP_FSDP, SKIP_DS (phase 1). Prints the table last; files under $OUT/llama8b_p$PHASE/.
 set -uo pipefail
 PHASE=${PHASE:-1}; S=${STEPS:-8}; W=3; L=${LAYERS:-0}
+N=2; STAGE=3; [ "$PHASE" -ge 4 ] && { N=1; STAGE=0; }  # phases 4-5: one GPU, no partitioning
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   $(ls .whl-bnb/*.whl 2>/dev/null) && export PYTHONPATH=/tmp/site || exit 1
 source scripts/device/common.sh llama8b_p$PHASE ${SKIP_ZT:+--no-build} zerotrain_cli
 LAYER_FLAG=""; [ "$L" != 0 ] && LAYER_FLAG="--layers $L"
 LORA="r=16,alpha=32,targets=q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj"
-ZFLAGS="--config bench/configs/llama_bf16_z0.json --set zero_optimization.stage=3 --set zero_optimization.overlap_comm=true
+ZFLAGS="--config bench/configs/llama_bf16_z0.json --set zero_optimization.stage=$STAGE --set zero_optimization.overlap_comm=true
   --model llama3-8b $LAYER_FLAG --seq 2048 --micro-batch 1 --checkpoint-activations --steps $((S + W)) --warmup $W
   --device cuda --print-every 1"
 AFLAGS="--model llama3-8b --layers $L --seq 2048 --micro-batch 1 --checkpoint-activations --steps $S --warmup $W"
 zt() {  # name, extra flags
-  timeout ${ZT_TIMEOUT:-300} $Z launch -n 2 -- $Z train $ZFLAGS $2 --summary $R/$1.json > $R/$1.log 2>&1
+  timeout ${ZT_TIMEOUT:-300} $Z launch -n $N -- $Z train $ZFLAGS $2 --summary $R/$1.json > $R/$1.log 2>&1
   echo "$1 rc=$?"; grep -iE "error|what\(\)|out of memory" $R/$1.log | head -4
 }
 anchor() {  # name, flags
-  timeout ${ANCHOR_TIMEOUT:-300} torchrun --nproc_per_node 2 bench/anchors/llama_dist_anchor.py $AFLAGS $2 \
+  timeout ${ANCHOR_TIMEOUT:-300} torchrun --standalone --nproc_per_node $N bench/anchors/llama_dist_anchor.py $AFLAGS $2 \
     > $R/$1.json 2> $R/$1.log
   echo "$1 rc=$?"; [ -s $R/$1.json ] || grep -E "Error|error|memory" $R/$1.log | grep -v Warning | tail -4
 }
@@ -37,6 +43,10 @@ case $PHASE in
      [ -n "${SKIP_ANCHORS:-}" ] || anchor peft_deepspeed_z3 "--mode deepspeed --lora 16" ;;
   3) [ -n "${SKIP_ZT:-}" ] || zt zerotrain_qlora "--lora $LORA --qlora --lora-out $R/adapter"
      [ -n "${SKIP_ANCHORS:-}" ] || anchor peft_bnb_deepspeed_z3 "--mode deepspeed --lora 16 --qlora" ;;
+  4) [ -n "${SKIP_ZT:-}" ] || zt zerotrain_qlora_1gpu "--lora $LORA --qlora --lora-out $R/adapter"
+     [ -n "${SKIP_ANCHORS:-}" ] || anchor peft_bnb_1gpu "--mode single --lora 16 --qlora" ;;
+  5) [ -n "${SKIP_ZT:-}" ] || zt zerotrain_lora_1gpu "--lora $LORA --lora-out $R/adapter"
+     [ -n "${SKIP_ANCHORS:-}" ] || anchor peft_bf16_1gpu "--mode single --lora 16" ;;
 esac
 rm -rf $R/adapter
 python3 scripts/device/llama8b_table.py $R

@@ -4,6 +4,7 @@
 # then each phase of llama8b_2gpu.sh named in PHASES with the knobs given, and packs each
 # phase's folder into $OUT/llama8b_p<N>.tar.gz (the device returns a few files only).
 # Example: PHASES="1 2 3" P1="SKIP_ANCHORS=1" P2="SKIP_ANCHORS=1" bash scripts/device/llama8b_call.sh
+# Phases 4 and 5 (issue 21: QLoRA and bf16 LoRA on one GPU) use GPU 0 only.
 set -uo pipefail
 source scripts/device/common.sh llama8b_build zerotrain_cli ${GPU_FILTER:+zt_gpu}
 if [ -n "${GPU_FILTER:-}" ]; then

@@ -17,7 +17,7 @@ for f in sorted(os.listdir(R)):
         continue
     if j.get("framework") == "zerotrain":
         pm, pk = j["last_step"]["phase_ms"], j["phase_mem_gib"]
-        rows.append({"run": f[:-5], "what": "zerotrain ZeRO-3", "ms": j["ms_per_iter"], "tps": j["tokens_per_s"],
+        rows.append({"run": f[:-5], "what": f"zerotrain ZeRO-{j.get('stage', 3)} ({j.get('world', 2)} GPU)", "ms": j["ms_per_iter"], "tps": j["tokens_per_s"],
                      "mfu": j.get("mfu", 0.0), "phase_ms": [pm["forward"], pm["backward"], pm["step"]],
                      "phase_peak": [pk[k]["peak"] for k in ("forward", "backward", "step")], "peak": j["peak_gib"],
                      "loss": j.get("loss_last")})
