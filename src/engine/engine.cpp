@@ -211,11 +211,10 @@ class EngineImpl : public Engine {
     }
     if (!split_experts(params, names, zo)) zero_ = std::make_unique<zero::ZeroOptimizer>(params, group_, zo);
     if (hooked_) {
-      zero::ZeroOptimizer* z = zero_.get();
       UnitHooks hooks;
-      hooks.pre_forward = [z](int64_t i, bool recompute) { z->unit_pre_forward(static_cast<int>(i), recompute); };
-      hooks.post_forward = [z](int64_t i, bool recompute) { z->unit_post_forward(static_cast<int>(i), recompute); };
-      hooks.wrap_output = [z](int64_t i, const torch::Tensor& y) { return z->unit_output(static_cast<int>(i), y); };
+      hooks.pre_forward = [this](int64_t i, bool recompute) { unit_pre_forward(static_cast<int>(i), recompute); };
+      hooks.post_forward = [this](int64_t i, bool recompute) { unit_post_forward(static_cast<int>(i), recompute); };
+      hooks.wrap_output = [this](int64_t i, const torch::Tensor& y) { return unit_output(static_cast<int>(i), y); };
       hooked_->set_unit_hooks(hooks);
     }
 
@@ -269,8 +268,10 @@ class EngineImpl : public Engine {
     timer_->begin();
     torch::Tensor loss = in_phase("forward", [&] {
       zero_->begin_forward();
+      if (expert_) expert_->begin_forward();
       torch::Tensor l = fn();
       zero_->end_forward();
+      if (expert_) expert_->end_forward();
       return l;
     });
     fwd_phases_.push_back(timer_->end());
@@ -282,14 +283,34 @@ class EngineImpl : public Engine {
     if (cfg_.zero_optimization.stage != 3) return fn(x);
     ZT_CHECK_T(unit >= 0 && unit < zero_->num_units(), ConfigError, "run_unit(", unit, "): the engine has ",
                zero_->num_units(), " units (EngineOptions.units)");
-    zero_->unit_pre_forward(unit, false);
+    unit_pre_forward(unit, false);
     auto y = fn(x);
-    zero_->unit_post_forward(unit, false);
-    return zero_->unit_output(unit, y);
+    unit_post_forward(unit, false);
+    return unit_output(unit, y);
+  }
+  // Stage 3: one unit index drives every shard group's gatherer ([Expert Groups]): the dense
+  // group's, then the experts' (a unit without experts is a no-op there).
+  void unit_pre_forward(int unit, bool recompute) {
+    zero_->unit_pre_forward(unit, recompute);
+    if (expert_) expert_->unit_pre_forward(unit, recompute);
+  }
+  void unit_post_forward(int unit, bool recompute) {
+    zero_->unit_post_forward(unit, recompute);
+    if (expert_) expert_->unit_post_forward(unit, recompute);
+  }
+  torch::Tensor unit_output(int unit, const torch::Tensor& y) {
+    torch::Tensor out = zero_->unit_output(unit, y);
+    return expert_ ? expert_->unit_output(unit, out) : out;
   }
   std::vector<std::string> unit_names() const override { return unit_names_; }
-  void gather_params() override { zero_->gather_all(); }
-  void release_params() override { zero_->release_all(/*persistent_too=*/false); }
+  void gather_params() override {
+    zero_->gather_all();
+    if (expert_) expert_->gather_all();
+  }
+  void release_params() override {
+    zero_->release_all(/*persistent_too=*/false);
+    if (expert_) expert_->release_all(/*persistent_too=*/false);
+  }
 
   void backward(const torch::Tensor& loss) override {
     ZT_CHECK_T(loss.defined() && loss.numel() == 1, TrainingError, "backward() needs a scalar loss");
@@ -393,6 +414,14 @@ class EngineImpl : public Engine {
     r.gathers = z3.gathers;
     r.gathers_prefetched = z3.prefetched;
     r.gathered_peak_bytes = z3.peak_live_numel * esize;
+    if (expert_) {
+      // Stage 3 with experts ([Expert Groups]): both gatherers' gathers; the peaks summed
+      // (an upper bound: the two peaks need not coincide).
+      const auto& e3 = expert_->zero3_stats();
+      r.gathers += e3.gathers;
+      r.gathers_prefetched += e3.prefetched;
+      r.gathered_peak_bytes += e3.peak_live_numel * esize;
+    }
     r.frozen_gathered_peak_bytes = zero_->frozen_stats().peak_live_numel * esize;
     if (!out.overflow) r.nvme = zero_->nvme_step_stats();
     p.fwd = std::move(fwd_phases_);
@@ -460,6 +489,7 @@ class EngineImpl : public Engine {
       m.expert_optimizer = e.optimizer;
     }
     m.gathered = zero_->zero3_stats().live_numel * static_cast<int64_t>(c10::elementSize(dtype_));
+    if (expert_) m.gathered += expert_->zero3_stats().live_numel * static_cast<int64_t>(c10::elementSize(dtype_));
     return m;
   }
   const StepReport& last_report() override {
@@ -675,30 +705,44 @@ class EngineImpl : public Engine {
                " ranks) x EngineOptions.expert_dp (", opts_.expert_dp->size(), " ranks) != the data-parallel group (",
                group_->size(), " ranks): pass the ep() and expert_dp() groups of one parallel::Topology whose dp is "
                "the engine's group");
-    ZT_CHECK_T(zo.stage <= 2, ConfigError, "zero_optimization.stage 3 with expert parallelism (ep ", ep,
-               ") is not supported yet: use zero_optimization.stage 1 or 2 (the experts' optimizer state is "
-               "partitioned over expert-dp there too; docs/moe.md)");
     // Two shard groups of one rank would share the rank's swap file name.
     ZT_CHECK_T(!zo.nvme, ConfigError, "zero_optimization.offload_optimizer.device nvme with expert parallelism (ep ",
                ep, ") is not supported yet: use offload_optimizer.device cpu, or train at ep 1 (docs/moe.md)");
     ZT_CHECK_T(!dense.empty(), ConfigError, "EngineOptions.is_expert marks every trainable parameter as an expert: "
                "an MoE model has a dense part (at least the gate); check the predicate");
+    // Stage 3: each shard group keeps every unit (the same unit index drives both gatherers),
+    // with its own members in it; the experts' units hold no frozen parameters.
     auto subset = [&](const std::vector<int>& idx, zero::ZeroOptions o, std::vector<torch::Tensor>& out) {
       out.clear();
       o.param_group.clear();
       o.norm_weight.clear();
       o.param_names.clear();
+      o.deferred_shapes.clear();
+      std::vector<int> local(params.size(), -1);
       for (int i : idx) {
+        local[static_cast<size_t>(i)] = static_cast<int>(out.size());
         out.push_back(params[static_cast<size_t>(i)]);
         if (!zo.param_group.empty()) o.param_group.push_back(zo.param_group[static_cast<size_t>(i)]);
         if (!zo.norm_weight.empty()) o.norm_weight.push_back(zo.norm_weight[static_cast<size_t>(i)]);
         if (!zo.param_names.empty()) o.param_names.push_back(zo.param_names[static_cast<size_t>(i)]);
+        if (!zo.deferred_shapes.empty()) o.deferred_shapes.push_back(zo.deferred_shapes[static_cast<size_t>(i)]);
       }
+      for (auto& u : o.units) {
+        std::vector<int> mine;
+        for (int i : u.params) {
+          if (local[static_cast<size_t>(i)] >= 0) mine.push_back(local[static_cast<size_t>(i)]);
+        }
+        u.params = std::move(mine);
+      }
+      if (zo.deferred_init) o.deferred_init = [init = zo.deferred_init, idx](int i, torch::Tensor& t) { init(idx[static_cast<size_t>(i)], t); };
       return o;
     };
     std::vector<torch::Tensor> dp_params, ex_params;
     zero::ZeroOptions dzo = subset(dense, zo, dp_params);
     zero::ZeroOptions ezo = subset(expert, zo, ex_params);
+    ezo.frozen.clear();  // the frozen shard group (stage 3) stays with the dense one
+    ezo.frozen_names.clear();
+    for (auto& u : ezo.units) u.frozen.clear();
     // The engine sums the expert partial over ep and combines over model_parallel itself.
     ezo.model_parallel = nullptr;
     ezo.grad_scale = 1.0 / ep;

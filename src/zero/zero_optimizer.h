@@ -153,6 +153,11 @@ struct StepOutcome {
 //    summed over the ep group (every expert counted once), then summed over model_parallel.
 //    Both optimizers take apply_step() with that one number: the same overflow skip and
 //    clipping coefficient everywhere.
+//  * Stage 3: both shard groups are stage 3, each with its own ParamGatherer over its own
+//    group (dense over dp, experts over expert-dp), planned from the same unit list (each
+//    unit with the group's own members; a unit without experts is a no-op in the expert
+//    group). The engine drives both with the same calls (begin/end_forward, the unit hooks,
+//    unit_output, gather/release_all): the dense unit is gathered first, then its experts.
 class ZeroOptimizer {
  public:
   // params: managed tensors in the user's order; they become views into flat buffers.

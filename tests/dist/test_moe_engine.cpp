@@ -4,7 +4,8 @@
 // A small MoE network (Linear -> MoE of TwoLayer experts -> Linear, MSE + 0.01 aux loss) is
 // trained 5 steps by the engine at ep 1 (world W, every expert on every rank, all dense)
 // and at every ep P > 1 dividing W (expert-dp W/P; world 4: ep 2 and ep 4), from the same
-// weights, on the same per-rank micro-batches, top-1 and top-2, ZeRO stages 0, 1, 2,
+// weights, on the same per-rank micro-batches, top-1 and top-2, ZeRO stages 0 to 3 (stage 3
+// against ep 1 at stage 0, with and without declared gather units),
 // gradient accumulation 1 and 2, with global-norm clipping active (clip below the norm).
 // The optimizer is SGD with momentum: an update is proportional to the gradient, so an
 // expert gradient averaged over the wrong group or scaled by ep (DeepSpeed #5618) moves
@@ -25,6 +26,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -66,10 +68,13 @@ struct Case {
   std::string optimizer = "SGD";
   bool overlap = false;  // zero_optimization.overlap_comm (stage 1: reduce in backward hooks)
   bool offload = false;  // offload_optimizer.device cpu (the CPU Adam step)
+  // Stage 3: three gather units (fc_in, moe, fc_out) run through Engine::run_unit, each
+  // released after its forward; without, everything is in the root and persistent units.
+  bool units = false;
   std::string tag() const {
     return "top-" + std::to_string(k) + " stage " + std::to_string(stage) + " gas " + std::to_string(gas) +
            (drop ? " drop" : " dropless") + " " + optimizer + (overlap ? " overlap_comm" : "") +
-           (offload ? " offload cpu" : "");
+           (offload ? " offload cpu" : "") + (units ? " units" : "");
   }
 };
 
@@ -91,12 +96,25 @@ struct NetImpl : torch::nn::Module {
     fc_out = register_module("fc_out", torch::nn::Linear(kHidden, kOut));
   }
   torch::Tensor loss(const torch::Tensor& x, const torch::Tensor& y) {
-    auto h = torch::tanh(fc_in(x));
-    auto m = moe->forward(h);
-    return torch::mse_loss(fc_out(m.output), y) + 0.01 * m.aux_loss;
+    // Stage-3 units (Case::units): the engine gathers each around its forward.
+    auto unit = [&](int u, const std::function<torch::Tensor(const torch::Tensor&)>& fn, const torch::Tensor& t) {
+      return engine ? engine->run_unit(u, fn, t) : fn(t);
+    };
+    torch::Tensor aux;
+    auto h = unit(0, [&](const torch::Tensor& t) { return torch::tanh(fc_in(t)); }, x);
+    auto m = unit(1, [&](const torch::Tensor& t) {
+      auto o = moe->forward(t);
+      aux = o.aux_loss;
+      return o.output;
+    }, h);
+    auto out = unit(2, [&](const torch::Tensor& t) { return fc_out(t); }, m);
+    return torch::mse_loss(out, y) + 0.01 * aux;
   }
+  // The three units, in forward order (Case::units).
+  std::vector<std::vector<torch::Tensor>> units() { return {fc_in->parameters(), moe->parameters(), fc_out->parameters()}; }
   torch::nn::Linear fc_in{nullptr}, fc_out{nullptr};
   MoE moe{nullptr};
+  Engine* engine = nullptr;  // set with Case::units
 };
 TORCH_MODULE(Net);
 
@@ -139,6 +157,13 @@ nlohmann::json config(const Case& c, double clip) {
           {"zero_optimization",
            {{"stage", c.stage}, {"reduce_bucket_size", 300}, {"allgather_bucket_size", 400}, {"overlap_comm", c.overlap}}}};
   if (c.offload) j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+  if (c.stage == 3) {
+    // Stage 3: biases under 10 elements persist, the rest is gathered per unit (root or
+    // declared); a unit is released after its forward and prefetched one ahead.
+    j["zero_optimization"]["stage3_param_persistence_threshold"] = 10;
+    j["zero_optimization"]["stage3_max_reuse_distance"] = 0;
+    j["zero_optimization"]["stage3_prefetch_bucket_size"] = 100;
+  }
   return j;
 }
 
@@ -146,6 +171,7 @@ struct TrainRun {
   std::vector<double> loss, norm;                // per step: this rank's loss, the global norm
   std::map<std::string, torch::Tensor> params;   // after the last step, by GLOBAL name
   ModelStateBytes bytes;
+  int64_t gathers = 0;                           // the last step's ZeRO-3 unit gathers (both groups)
 };
 
 // Trains 5 steps at expert-parallel size `ep` (1: every expert everywhere). mark_experts
@@ -165,7 +191,12 @@ TrainRun train(const Case& c, int ep, int64_t experts, double clip, bool mark_ex
     o.ep = topo.ep();
     o.expert_dp = topo.expert_dp();
   }
+  if (c.units) {
+    o.units = net->units();
+    o.unit_names = {"fc_in", "moe", "fc_out"};
+  }
   auto engine = initialize(net.ptr(), Config::from_json(config(c, clip), W), o);
+  if (c.units) net->engine = engine.get();
   TrainRun run;
   for (int s = 0; s < kSteps; ++s) {
     for (int m = 0; m < c.gas; ++m) {
@@ -187,6 +218,7 @@ TrainRun train(const Case& c, int ep, int64_t experts, double clip, bool mark_ex
     run.params[global_name(kv.key(), net->moe->first_expert())] = master.at(i++);
   }
   run.bytes = engine->model_state_bytes();
+  run.gathers = engine->last_report().gathers;
   return run;
 }
 
@@ -209,20 +241,17 @@ double clip_for(const Case& c, int64_t experts) {
   return 0.5 * probe.norm.at(0);
 }
 
-TEST(MoEEngine, ExpertParallelTrainsLikeEpOne) {
+// Every case at ep 1 (world W) against every ep > 1 dividing W; `ref_of` picks the ep-1
+// run's case. Returns the largest parameter difference on this rank.
+double check_against_ep_one(const std::vector<Case>& cases, const std::function<Case(const Case&)>& ref_of) {
   auto w = world();
   const int W = w->size();
-  if (W < 2) GTEST_SKIP() << "needs 2 ranks (an ep size > 1); MoEEngine.EpOneIsTheDensePath runs at world 1";
   const int64_t E = 4;  // 4 experts: 2 per rank at ep 2, 1 at ep 4
-  std::vector<Case> cases = {
-      {1, 0, 1, true}, {1, 1, 1, true}, {1, 2, 2, true}, {2, 0, 2, false}, {2, 1, 1, true}, {2, 2, 1, true},
-      {2, 2, 1, true, "AdamW"}, {1, 1, 2, true, "SGD", true},
-      {1, 1, 1, true, "AdamW", false, true}, {2, 2, 2, true, "AdamW", false, true},
-  };
   double worst = 0;
   for (const Case& c : cases) {
-    const double clip = clip_for(c, E);
-    TrainRun ref = train(c, 1, E, clip);
+    const Case rc = ref_of(c);
+    const double clip = clip_for(rc, E);
+    TrainRun ref = train(rc, 1, E, clip);
     int clipped = 0;
     for (double n : ref.norm) clipped += n > clip;
     EXPECT_GT(clipped, 0) << c.tag() << ": clipping never acted (clip " << clip << ")";
@@ -238,9 +267,48 @@ TEST(MoEEngine, ExpertParallelTrainsLikeEpOne) {
       EXPECT_LE(d, kTol) << tag << ": parameters after " << kSteps << " steps";
       worst = std::max(worst, d);
       EXPECT_GT(got.bytes.expert_master, 0) << tag;
+      // Stage 3 gathers per micro-step: without units the root and persistent units of both
+      // groups; with units 7: the dense persistent unit, fc_in and moe in forward and again
+      // in backward, fc_out once and the experts' unit once (the last unit of each trace
+      // is kept for its backward, which follows at once).
+      if (c.stage == 3) EXPECT_GE(got.gathers, (c.units ? 7 : 3) * c.gas) << tag;
     }
   }
+  return worst;
+}
+
+TEST(MoEEngine, ExpertParallelTrainsLikeEpOne) {
+  auto w = world();
+  const int W = w->size();
+  if (W < 2) GTEST_SKIP() << "needs 2 ranks (an ep size > 1); MoEEngine.EpOneIsTheDensePath runs at world 1";
+  std::vector<Case> cases = {
+      {1, 0, 1, true}, {1, 1, 1, true}, {1, 2, 2, true}, {2, 0, 2, false}, {2, 1, 1, true}, {2, 2, 1, true},
+      {2, 2, 1, true, "AdamW"}, {1, 1, 2, true, "SGD", true},
+      {1, 1, 1, true, "AdamW", false, true}, {2, 2, 2, true, "AdamW", false, true},
+  };
+  const double worst = check_against_ep_one(cases, [](const Case& c) { return c; });
   if (w->rank() == 0) std::printf("[moe-engine] world %d: largest parameter difference vs ep 1: %.3g\n", W, worst);
+}
+
+TEST(MoEEngine, Stage3TrainsLikeEpOneStage0) {
+  // ZeRO-3 with experts: dense parameters partitioned over dp, experts over expert-dp, both
+  // gathered per unit ([Expert Groups]). Against ep 1 at stage 0 (plain data parallel, no
+  // units); the offload row against ep 1 at stage 1 with offload (offload needs stage >= 1).
+  auto w = world();
+  const int W = w->size();
+  if (W < 2) GTEST_SKIP() << "needs 2 ranks (an ep size > 1)";
+  std::vector<Case> cases = {
+      {1, 3, 1, true}, {2, 3, 2, false}, {1, 3, 2, true, "SGD", false, false, true},
+      {2, 3, 1, true, "SGD", false, false, true}, {1, 3, 1, false, "AdamW", false, false, true},
+      {2, 3, 2, true, "AdamW"}, {2, 3, 1, true, "AdamW", false, true, true},
+  };
+  const double worst = check_against_ep_one(cases, [](const Case& c) {
+    Case r = c;
+    r.stage = c.offload ? 1 : 0;
+    r.units = false;
+    return r;
+  });
+  if (w->rank() == 0) std::printf("[moe-engine] stage 3, world %d: largest parameter difference vs ep 1 stage 0: %.3g\n", W, worst);
 }
 
 TEST(MoEEngine, ExpertsAsDenseParametersDiffer) {
@@ -294,6 +362,21 @@ TEST(MoEEngine, ExpertStateIsPartitionedOverExpertDp) {
       EXPECT_EQ(b.expert_optimizer * edp, full.expert_optimizer) << tag;
       // Dense: 1/W of stage 0's dense state.
       EXPECT_EQ((b.master - b.expert_master) * W, full.master - full.expert_master) << tag;
+    }
+    // Stage 3: the unit layout pads each unit (root, persistent, declared) to a multiple of
+    // 64 x the group's ranks, so the shard is 1/(expert-dp) of the experts' elements plus
+    // at most 64 per unit; no standing copy of the parameters between gathers.
+    for (bool units : {false, true}) {
+      Case c{1, 3, 1, true, "AdamW", false, false, units};
+      const ModelStateBytes b = train(c, ep, E, 1.0).bytes;
+      const std::string tag = std::string("stage 3") + (units ? " units" : "") + " ep " + std::to_string(ep);
+      const int64_t dense = kIn * kHidden + kHidden + E * kHidden + kHidden * kOut + kOut;
+      EXPECT_GE(b.expert_master, 4 * local / edp) << tag;
+      EXPECT_LE(b.expert_master, 4 * (local / edp + 3 * 64)) << tag << ": padding";
+      EXPECT_EQ(b.expert_optimizer, 2 * b.expert_master) << tag;
+      EXPECT_GE(b.master - b.expert_master, 4 * dense / W) << tag;
+      EXPECT_LE(b.master - b.expert_master, 4 * (dense / W + 4 * 64)) << tag << ": padding";
+      EXPECT_EQ(b.params, 0) << tag << ": stage 3 keeps no parameter copy between gathers";
     }
   }
 }
@@ -357,7 +440,6 @@ TEST(MoEEngine, UnsupportedSetupsAreNamed) {
   EngineOptions o;
   o.ep = topo.ep();
   o.expert_dp = topo.expert_dp();
-  expect_error({1, 3, 1, true}, o, "stage 3 with expert parallelism", "ZeRO-3");
   EngineOptions no_edp;
   no_edp.ep = topo.ep();
   expect_error({1, 1, 1, true}, no_edp, "EngineOptions.expert_dp is not set", "no expert_dp");
