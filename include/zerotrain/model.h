@@ -55,12 +55,20 @@ struct ModelUnit {
   std::vector<torch::Tensor> params;
 };
 
-// How tensor parallelism splits a parameter (not yet acted on: every parameter is
-// replicated today). dim < 0: not split. Otherwise the parameter is cut into equal
-// slices along `dim`, one per rank of the named group of the topology ("tp").
+// How tensor parallelism splits a parameter. dim < 0: not split (replicated over the tp
+// ranks). Otherwise the parameter is cut into equal slices along `dim`, one per rank of the
+// named group of the topology ("tp"), as [TP Slices] (src/tp/shard.h) cuts it: `blocks`
+// stacked blocks along dim each cut on its own, dim zero-padded to `padded` first (0: no
+// padding). The engine's checkpoints store each slice with these coordinates and re-shard
+// them on load at another tp ([TP Reshard] in src/ckpt/tp_reshard.h).
 struct TensorParallelSpec {
   int64_t dim = -1;
   std::string group;
+  int64_t blocks = 1;     // q, k, v stacked: 3
+  int64_t padded = 0;     // size of dim after padding (a vocabulary that does not divide); 0 = none
+  int64_t full_size = 0;  // size of dim in the full, unpadded parameter
+  int rank = 0;           // this rank's slice ...
+  int size = 1;           // ... of `size` (the tp degree)
   bool split() const { return dim >= 0; }
 };
 

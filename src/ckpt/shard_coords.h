@@ -18,6 +18,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace zt::ckpt {
 
@@ -46,6 +47,16 @@ nlohmann::json to_json(const ShardCoord& c);
 // `what` names the entry for errors (a malformed object is a CheckpointError).
 ShardCoord coord_of_entry(const nlohmann::json& param_entry, const std::string& what);
 
+// How a tensor-parallel shard was cut from the full parameter, besides its coordinates
+// ([TP Slices] in tp/shard.h): what a loader at another tp degree needs to re-shard it
+// ([TP Reshard] in ckpt/tp_reshard.h). Stored as the params entry's "tp_split".
+struct TpSplit {
+  int64_t blocks = 1;                // equal blocks along tp_dim, each cut on its own
+  int64_t padded = 0;                // tp_dim zero-padded to this size before cutting; 0 = none
+  std::vector<int64_t> full_shape;   // the full, unpadded parameter's shape
+  bool operator==(const TpSplit&) const = default;
+};
+
 // This rank's coordinates per trained parameter name; names not listed are at the
 // default. Filled by the model-parallel features; empty today.
 struct ShardLayout {
@@ -53,6 +64,17 @@ struct ShardLayout {
   ShardCoord of(const std::string& name) const {
     auto it = params.find(name);
     return it == params.end() ? ShardCoord{} : it->second;
+  }
+  // Tensor parallelism over the checkpoint's ranks ([TP Reshard]): tp_size > 1 when the
+  // saving group is dp x tp ranks and this rank is tp rank tp_rank; `splits` holds every
+  // split parameter's cut. Such a save lists every tp rank's shard of a split parameter
+  // and writes a replicated one from the tp rank 0 ranks only.
+  int tp_rank = 0;
+  int tp_size = 1;
+  std::map<std::string, TpSplit> splits;
+  const TpSplit* split_of(const std::string& name) const {
+    auto it = splits.find(name);
+    return it == splits.end() ? nullptr : &it->second;
   }
 };
 

@@ -166,7 +166,7 @@ std::map<std::string, torch::Tensor> GPT2TPImpl::full_state() {
 zt::TensorParallelSpec GPT2TPImpl::tensor_parallel_spec(const std::string& name) const {
   const auto s = split_spec(name);
   if (!s.split()) return {};
-  return {s.dim, "tp"};
+  return {s.dim, "tp", s.blocks, s.padded, gpt2_param_shape(cfg_, name)[static_cast<size_t>(s.dim)], tp_rank(), tp_size()};
 }
 
 double GPT2TPImpl::norm_weight(const std::string& name) const {

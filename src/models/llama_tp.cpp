@@ -192,7 +192,7 @@ std::map<std::string, torch::Tensor> LlamaTPImpl::full_state() {
 zt::TensorParallelSpec LlamaTPImpl::tensor_parallel_spec(const std::string& name) const {
   const auto s = split_spec(name);
   if (!s.split()) return {};
-  return {s.dim, "tp"};
+  return {s.dim, "tp", s.blocks, s.padded, full_shape(name)[static_cast<size_t>(s.dim)], tp_rank(), tp_size()};
 }
 
 double LlamaTPImpl::norm_weight(const std::string& name) const {
