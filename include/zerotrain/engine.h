@@ -84,12 +84,20 @@ struct EngineOptions {
   // are reduced over `group` as without experts. Requirements (ConfigError otherwise): ep
   // and expert_dp both set, ep size x expert_dp size = group size (parallel::Topology::
   // ep() / expert_dp() of the same layout), ZeRO stage 0-2 (not 3), optimizer offload to cpu (not nvme).
-  // Checkpoints and save_16bit_model refuse a model with experts (docs/moe.md, what is
-  // left); gather_master_params returns this rank's experts. Unset is_expert, ep null or of
-  // size 1: every parameter is dense (experts at ep 1 are ordinary parameters), no cost.
+  // Checkpoints store each expert under expert_global_name(name) (below); save_16bit_model
+  // refuses a model with experts (docs/moe.md, what is left); gather_master_params returns
+  // this rank's experts. Unset is_expert, ep null or of size 1: every parameter is dense
+  // (experts at ep 1 are ordinary parameters), no cost.
   std::function<bool(const std::string& name)> is_expert;
   comm::GroupPtr ep;
   comm::GroupPtr expert_dp;
+  // The name of this rank's expert `name` at ep 1: its global expert index in place of the
+  // local one ("moe.experts.1.fc1.weight" -> "moe.experts.3.fc1.weight" on the second of two
+  // ep ranks of 4 experts; GPT2Impl::global_param_name for the MoE GPT-2). Checkpoints store
+  // experts under it ([Expert Checkpoints] in src/ckpt/engine_checkpoint.cpp), so one saved
+  // at any ep loads at any other. Needed for save/load_checkpoint with experts at ep > 1
+  // (ConfigError otherwise); unused without.
+  std::function<std::string(const std::string& name)> expert_global_name;
   // Device; unset = cuda:LOCAL_RANK when CUDA is available, else CPU.
   std::optional<torch::Device> device;
   // Where JSON-lines metrics go (one object per step); empty = none.

@@ -21,6 +21,7 @@
 #include <functional>
 #include <cstdio>
 #include <cstdlib>
+#include <list>
 #include <map>
 #include <set>
 
@@ -152,6 +153,115 @@ Names model_names(torch::nn::Module& model, const std::vector<torch::Tensor>& ma
 
 nlohmann::json tensor_meta(const torch::Tensor& t) {
   return {{"dtype", io::safetensors_dtype_name(t.scalar_type())}, {"shape", t.sizes().vec()}};
+}
+
+// [Expert Checkpoints] (EngineParts::expert; docs/moe.md)
+//  * An engine with experts split over ep has two shard groups: the dense parameters over dp
+//    (EngineParts::zero) and this rank's experts over expert-dp (EngineParts::expert). The
+//    checkpoint stores every expert under its ep-1 name (EngineParts::expert_name: the global
+//    expert index, "h.1.moe.experts.3.c_fc.weight" for local expert 1 of ep rank 1 of 2) at
+//    the default shard coordinates: the files are an ep-1 run's, so any ep, world size and
+//    expert-dp loads them, and `zerotrain convert` reads them as any other.
+//  * Save: the experts' fragments are those of their shard group (rank r of expert-dp writes
+//    shard r of every expert bucket, as the dense group over dp), so the ranks holding one
+//    expert tile it exactly once. Rank 0 holds only its own experts: the manifest's params are
+//    the union of every rank's list (one all-gather; only with experts), each new entry placed
+//    before the next entry of its rank's list already there, so an ep-N save lists the
+//    parameters in the ep-1 model's order. Each fragment names its entry in that union.
+//  * Load: each rank asks for its experts by their global names; the union of the names the
+//    ranks read must be the checkpoint's names (no expert left unread, none read twice).
+
+// The trained parameters of an engine by shard group: [0] dense (EngineParts::zero), [1] the
+// experts (EngineParts::expert, when set), with the names the checkpoint stores them under.
+struct Trained {
+  std::vector<zero::ZeroOptimizer*> groups;
+  std::vector<std::vector<torch::Tensor>> params;         // per group, its user order
+  std::vector<std::vector<std::vector<int64_t>>> shapes;  // full shapes, same order
+  std::vector<std::vector<std::string>> stored;           // names in the checkpoint
+  Names names;  // model names of every group's parameters (dense first), unmanaged tensors
+  std::vector<std::pair<size_t, size_t>> in_model_order;  // (group, index), as named_parameters() lists them
+  size_t count() const {
+    size_t n = 0;
+    for (const auto& p : params) n += p.size();
+    return n;
+  }
+};
+
+Trained trained_params(EngineParts& e) {
+  Trained t;
+  t.groups.push_back(&e.zero);
+  if (e.expert != nullptr) t.groups.push_back(e.expert);
+  std::vector<torch::Tensor> all;
+  for (auto* z : t.groups) {
+    t.params.push_back(z->user_params());
+    t.shapes.push_back(z->user_param_shapes());
+    all.insert(all.end(), t.params.back().begin(), t.params.back().end());
+  }
+  t.names = model_names(e.model, all);
+  size_t at = 0;
+  for (size_t g = 0; g < t.groups.size(); ++g) {
+    std::vector<std::string> stored;
+    for (size_t i = 0; i < t.params[g].size(); ++i) {
+      const std::string& name = t.names.managed[at++];
+      if (g == 0) {
+        stored.push_back(name);
+        continue;
+      }
+      ZT_CHECK_T(static_cast<bool>(e.expert_name), CheckpointError, "checkpoint of expert '", name,
+                 "' split over ep: the engine has no name to store it under (set EngineOptions.expert_global_name: ",
+                 "the expert's name at ep 1, by its global index)");
+      std::string global = e.expert_name(name);
+      ZT_CHECK_T(!global.empty(), CheckpointError, "EngineOptions.expert_global_name('", name, "') is empty");
+      stored.push_back(std::move(global));
+    }
+    t.stored.push_back(std::move(stored));
+  }
+  std::map<std::string, size_t> pos;
+  for (const auto& item : e.model.named_parameters(/*recurse=*/true)) pos.emplace(item.key(), pos.size());
+  std::vector<std::pair<size_t, std::pair<size_t, size_t>>> order;
+  at = 0;
+  for (size_t g = 0; g < t.groups.size(); ++g) {
+    for (size_t i = 0; i < t.params[g].size(); ++i) order.push_back({pos.at(t.names.managed[at++]), {g, i}});
+  }
+  std::sort(order.begin(), order.end());
+  for (const auto& o : order) t.in_model_order.push_back(o.second);
+  return t;
+}
+
+// The id ([Shard Keys]) of a params entry {name, shard, ...}.
+std::string params_entry_id(const nlohmann::json& p) {
+  return param_id(p.at("name").get<std::string>(), coord_of_entry(p, "parameter '" + p.at("name").get<std::string>() + "'"));
+}
+
+// [Expert Checkpoints]: every rank's params entries (JSON arrays, rank order) merged into one
+// list: each entry once (by id), in each rank's order. An id listed by two ranks with another
+// shape or dtype is a CheckpointError.
+nlohmann::json merge_rank_entries(const std::vector<std::string>& per_rank) {
+  std::list<nlohmann::json> merged;
+  std::map<std::string, std::list<nlohmann::json>::iterator> where;
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    const auto list = nlohmann::json::parse(per_rank[r]);
+    // Backwards: a new entry goes right before its successor in this rank's list.
+    auto next = merged.end();
+    for (size_t j = list.size(); j-- > 0;) {
+      const std::string id = params_entry_id(list[j]);
+      auto it = where.find(id);
+      if (it != where.end()) {
+        const auto& had = *it->second;
+        ZT_CHECK_T(had.at("shape") == list[j].at("shape") && had.at("dtype") == list[j].at("dtype"), CheckpointError,
+                   "parameter '", id, "' is ", had.at("dtype").dump(), " ", had.at("shape").dump(), " on one rank and ",
+                   list[j].at("dtype").dump(), " ", list[j].at("shape").dump(), " on rank ", r,
+                   ": ranks store one tensor under one name (check EngineOptions.expert_global_name)");
+        next = it->second;
+        continue;
+      }
+      next = merged.insert(next, list[j]);
+      where.emplace(id, next);
+    }
+  }
+  nlohmann::json out = nlohmann::json::array();
+  for (auto& p : merged) out.push_back(std::move(p));
+  return out;
 }
 
 }  // namespace
@@ -381,24 +491,50 @@ std::unique_ptr<Snapshot> take_snapshot(EngineParts& e, const std::string& dir, 
   // This rank's shard: its fragments of every managed parameter, its RNG states, and on
   // rank 0 the unmanaged tensors.
   const auto kinds = e.zero.state_kinds();
-  const auto managed = e.zero.user_params();
-  const auto shapes = e.zero.user_param_shapes();
   const ShardLayout& layout = layout_of(e);
-  Names names;
-  std::vector<std::string> ids;  // per managed parameter: name and coordinates
+  Trained tr;
+  nlohmann::json entries = nlohmann::json::array();  // this rank's params entries, without fragments
   collective(g, [&] {
-    names = model_names(e.model, managed);
-    for (const auto& name : names.managed) {
+    tr = trained_params(e);
+    ZT_CHECK_T(e.expert == nullptr || e.expert->state_kinds() == kinds, CheckpointError,
+               "the experts' optimizer state kinds differ from the dense parameters'");
+    for (const auto& [gi, i] : tr.in_model_order) {
+      const std::string& name = tr.stored[gi][i];
       validate(layout.of(name), "shard coordinates of parameter '" + name + "'");
-      ids.push_back(param_id(name, layout.of(name)));
+      entries.push_back({{"name", name},
+                         {"shard", to_json(layout.of(name))},
+                         {"shape", tr.shapes[gi][i]},
+                         {"dtype", io::safetensors_dtype_name(tr.params[gi][i].scalar_type())}});
     }
-    const auto frags = e.zero.state_fragments();
+  });
+  // [Expert Checkpoints]: the params of every rank (rank 0 holds only its own experts).
+  nlohmann::json params = entries;
+  if (e.expert != nullptr) {
+    const auto all = all_gather_strings(g, entries.dump());
+    collective(g, [&] { params = merge_rank_entries(all); });
+  }
+  collective(g, [&] {
+    std::map<std::string, int64_t> index;  // param id -> entry in params
+    for (size_t i = 0; i < params.size(); ++i) index.emplace(params_entry_id(params[i]), static_cast<int64_t>(i));
+    struct Frag {
+      int64_t entry;  // index in params
+      std::string id;
+      zero::ZeroOptimizer::StateFragment f;
+    };
+    std::vector<Frag> frags;
+    for (size_t gi = 0; gi < tr.groups.size(); ++gi) {
+      for (auto& f : tr.groups[gi]->state_fragments()) {
+        const std::string& name = tr.stored[gi][static_cast<size_t>(f.param)];
+        std::string id = param_id(name, layout.of(name));
+        frags.push_back({index.at(id), std::move(id), std::move(f)});
+      }
+    }
     torch::Tensor flat;
     if (copy_into != nullptr) {
       int64_t n = 0;
       bool cuda = false;
-      for (const auto& f : frags) {
-        for (const auto& t : f.state) {
+      for (const auto& fr : frags) {
+        for (const auto& t : fr.f.state) {
           if (t.scalar_type() == torch::kFloat) n += t.numel();
           cuda = cuda || t.is_cuda();
         }
@@ -421,17 +557,16 @@ std::unique_ptr<Snapshot> take_snapshot(EngineParts& e, const std::string& dir, 
       dst.copy_(t.detach(), /*non_blocking=*/t.is_cuda());
       return dst;
     };
-    for (const auto& f : frags) {
-      const std::string& id = ids[f.param];
-      for (size_t k = 0; k < kinds.size(); ++k) s->tensors[state_key(kinds[k], id, f.begin)] = keep(f.state[k]);
-      s->frags.push_back({f.param, f.begin, f.end});
+    for (const auto& fr : frags) {
+      for (size_t k = 0; k < kinds.size(); ++k) s->tensors[state_key(kinds[k], fr.id, fr.f.begin)] = keep(fr.f.state[k]);
+      s->frags.push_back({fr.entry, fr.f.begin, fr.f.end});
     }
     s->tensors["rng/cpu"] = at::detail::getDefaultCPUGenerator().get_state();
 #ifdef ZT_WITH_CUDA
     if (e.device.is_cuda()) s->tensors["rng/cuda"] = at::cuda::detail::getDefaultCUDAGenerator(e.device.index()).get_state();
 #endif
     if (rank == 0) {
-      for (const auto& [name, t] : names.extra) {
+      for (const auto& [name, t] : tr.names.extra) {
         s->tensors["model/" + name] = copy_into != nullptr ? host_copy(t) : t.detach().cpu();
         any_cuda = any_cuda || t.is_cuda();
       }
@@ -465,16 +600,9 @@ std::unique_ptr<Snapshot> take_snapshot(EngineParts& e, const std::string& dir, 
     m["state_kinds"] = kinds;
     m["config"] = e.config.to_json();
     m["rng"] = {{"cpu", true}, {"cuda", e.device.is_cuda()}};
-    nlohmann::json params = nlohmann::json::array();
-    for (size_t i = 0; i < managed.size(); ++i) {
-      params.push_back({{"name", names.managed[i]},
-                        {"shard", to_json(layout.of(names.managed[i]))},
-                        {"shape", shapes[i]},
-                        {"dtype", io::safetensors_dtype_name(managed[i].scalar_type())},
-                        {"fragments", nlohmann::json::array()}});
-    }
+    for (auto& p : params) p["fragments"] = nlohmann::json::array();
     nlohmann::json extra = nlohmann::json::array();
-    for (const auto& [name, t] : names.extra) {
+    for (const auto& [name, t] : tr.names.extra) {
       auto meta = tensor_meta(t);
       meta["name"] = name;
       extra.push_back(meta);
@@ -560,6 +688,23 @@ void publish(const comm::GroupPtr& g, Snapshot& s, const nlohmann::json& info, c
       files.push_back(fi);
     }
     m["files"] = files;
+    // The ranks' fragments tile every parameter exactly once (two ranks storing different
+    // tensors under one name, [Expert Checkpoints], would overlap here).
+    for (const auto& p : params) {
+      std::vector<std::pair<int64_t, int64_t>> f;
+      for (const auto& x : p.at("fragments")) f.emplace_back(x[1].get<int64_t>(), x[2].get<int64_t>());
+      std::sort(f.begin(), f.end());
+      int64_t end = 0, numel = 1;
+      for (const auto& d : p.at("shape")) numel *= d.get<int64_t>();
+      for (const auto& [b, e] : f) {
+        ZT_CHECK_T(b == end, CheckpointError, "checkpoint '", s.tag, "' not saved: the ranks' pieces of parameter '",
+                   params_entry_id(p), "' ", b < end ? "overlap" : "leave a gap", " at element ", std::min(b, end),
+                   " (does EngineOptions.expert_global_name give each expert its own name?)");
+        end = e;
+      }
+      ZT_CHECK_T(end == numel, CheckpointError, "checkpoint '", s.tag, "' not saved: the ranks' pieces of parameter '",
+                 params_entry_id(p), "' cover ", end, " of its ", numel, " elements");
+    }
     write_file_atomic(join_path(s.partial, "manifest.json"), m.dump(1));
     fsync_path(s.partial);
     crash_point("before_publish", rank);
@@ -723,39 +868,65 @@ nlohmann::json load_checkpoint(EngineParts& e, const std::string& dir, const std
   nlohmann::json m;
   std::unique_ptr<ConsolidatedReader::Impl> rd;
   const auto kinds = e.zero.state_kinds();
-  const auto managed = e.zero.user_params();
-  const auto shapes = e.zero.user_param_shapes();
   const ShardLayout& layout = layout_of(e);
-  Names names;
-  std::vector<std::string> ids;  // per managed parameter: its id in the checkpoint
+  Trained tr;
+  std::vector<std::vector<std::string>> ids;  // per shard group and parameter: its id in the checkpoint
+  collective(g, [&] { tr = trained_params(e); });
+  // The names the ranks of this run read ([Expert Checkpoints]: with experts, the union of
+  // every rank's; without, this rank's, which every rank shares).
+  std::set<std::string> run_names;
+  {
+    std::string mine;
+    for (const auto& st : tr.stored) {
+      for (const auto& n : st) mine += n + "\n";
+    }
+    const auto all = e.expert != nullptr ? all_gather_strings(g, mine) : std::vector<std::string>{mine};
+    for (const auto& list : all) {
+      for (size_t b = 0, nl; (nl = list.find('\n', b)) != std::string::npos; b = nl + 1) run_names.insert(list.substr(b, nl - b));
+    }
+  }
   // Phase 1 (no state changes): manifest, names, shapes, optimizer kinds, this rank's files.
   collective(g, [&] {
     m = read_manifest(dir, tag_in);
     const std::string cdir = m.at("_dir").get<std::string>();
     rd = std::make_unique<ConsolidatedReader::Impl>(cdir, m);
-    names = model_names(e.model, managed);
     const auto& params = m.at("params");
-    for (size_t i = 0; i < managed.size(); ++i) {
-      // Exactly this rank's shard of the parameter ([Shard Keys]): other coordinates are a
-      // CheckpointError naming the tensor, never a silent load of another shard.
-      const ShardCoord want = layout.of(names.managed[i]);
-      const auto& p = params[find_param_entry(params, names.managed[i], want, cdir)];
-      auto shape = p.at("shape").get<std::vector<int64_t>>();
-      ZT_CHECK_T(shape == shapes[i], CheckpointError, "checkpoint '", cdir, "': parameter '", names.managed[i],
-                 "' has shape ", c10::IntArrayRef(shape), " but the model's is ", c10::IntArrayRef(shapes[i]));
-      ids.push_back(param_id(names.managed[i], want));
+    for (size_t gi = 0; gi < tr.groups.size(); ++gi) {
+      ids.emplace_back();
+      for (size_t i = 0; i < tr.params[gi].size(); ++i) {
+        // Exactly this rank's shard of the parameter ([Shard Keys]): other coordinates are a
+        // CheckpointError naming the tensor, never a silent load of another shard.
+        const std::string& name = tr.stored[gi][i];
+        const ShardCoord want = layout.of(name);
+        const auto& p = params[find_param_entry(params, name, want, cdir)];
+        auto shape = p.at("shape").get<std::vector<int64_t>>();
+        ZT_CHECK_T(shape == tr.shapes[gi][i], CheckpointError, "checkpoint '", cdir, "': parameter '", name,
+                   "' has shape ", c10::IntArrayRef(shape), " but the model's is ", c10::IntArrayRef(tr.shapes[gi][i]));
+        ids.back().push_back(param_id(name, want));
+      }
     }
     std::set<std::string> saved_names;  // a name held at several coordinates counts once
     for (const auto& p : params) saved_names.insert(p.at("name").get<std::string>());
-    ZT_CHECK_T(saved_names.size() == managed.size(), CheckpointError, "checkpoint '", cdir, "' holds ",
-               saved_names.size(), " trained parameters but this model trains ", managed.size());
+    if (e.expert == nullptr) {
+      ZT_CHECK_T(saved_names.size() == tr.count(), CheckpointError, "checkpoint '", cdir, "' holds ",
+                 saved_names.size(), " trained parameters but this model trains ", tr.count());
+    } else {
+      for (const auto& n : saved_names) {
+        ZT_CHECK_T(run_names.count(n), CheckpointError, "checkpoint '", cdir, "' holds parameter '", n,
+                   "' but no rank of this run trains it (experts split over ep are read by their global names: ",
+                   "check the number of experts and EngineOptions.expert_global_name)");
+      }
+      ZT_CHECK_T(saved_names.size() == run_names.size(), CheckpointError, "checkpoint '", cdir, "' holds ",
+                 saved_names.size(), " trained parameters but the ranks of this run train ", run_names.size(),
+                 " (experts by global name)");
+    }
     const auto saved_kinds = m.at("state_kinds").get<std::vector<std::string>>();
     for (const auto& k : kinds) {
       ZT_CHECK_T(std::find(saved_kinds.begin(), saved_kinds.end(), k) != saved_kinds.end(), CheckpointError,
                  "checkpoint '", cdir, "' holds optimizer state ", m.at("state_kinds").dump(),
                  " but this engine's optimizer needs '", k, "': the optimizer type differs");
     }
-    for (const auto& [name, t] : names.extra) {
+    for (const auto& [name, t] : tr.names.extra) {
       bool found = false;
       for (const auto& x : m.at("extra")) found = found || x.at("name") == name;
       ZT_CHECK_T(found, CheckpointError, "checkpoint '", cdir, "' lacks the model tensor '", name, "'");
@@ -771,15 +942,18 @@ nlohmann::json load_checkpoint(EngineParts& e, const std::string& dir, const std
   collective(g, [&] {
     // Rank 0 shows the load's progress by parameter ([Log Lines]; a bar on a terminal).
     log::Progress progress("checkpoint load '" + m.value("tag", std::string()) + "'",
-                           static_cast<double>(managed.size()), "parameters");
-    int done = 0;
-    e.zero.import_state([&](int param, int64_t begin, int64_t end, const std::string& kind) {
-      if (param + 1 > done) progress.update(done = param + 1);
-      return rd->fetch(ids[param], begin, end, kind);
-    });
+                           static_cast<double>(tr.count()), "parameters");
+    int base = 0, done = 0;
+    for (size_t gi = 0; gi < tr.groups.size(); ++gi) {
+      tr.groups[gi]->import_state([&](int param, int64_t begin, int64_t end, const std::string& kind) {
+        if (base + param + 1 > done) progress.update(done = base + param + 1);
+        return rd->fetch(ids[gi][static_cast<size_t>(param)], begin, end, kind);
+      });
+      base += static_cast<int>(tr.params[gi].size());
+    }
     progress.finish();
     const auto& f0 = rd->file(0);
-    for (const auto& [name, t] : names.extra) {
+    for (const auto& [name, t] : tr.names.extra) {
       auto v = f0.read("model/" + name);
       ZT_CHECK_T(v.sizes() == t.sizes(), CheckpointError, "checkpoint file '", f0.path(), "': model tensor '", name,
                  "' has shape ", v.sizes(), " but the model's is ", t.sizes());
@@ -801,7 +975,7 @@ nlohmann::json load_checkpoint(EngineParts& e, const std::string& dir, const std
                    m.at("world_size").get<int>(), m.at("world_size").get<int>());
     }
   });
-  e.zero.finish_state_import();
+  for (auto* z : tr.groups) z->finish_state_import();  // dense over dp, then the experts over expert-dp
 
   const auto& c = m.at("counters");
   e.counters.micro_steps = c.at("micro_steps").get<int64_t>();

@@ -51,6 +51,11 @@ struct EngineParts {
   // This rank's shard coordinates per trained parameter ([Shard Keys]); null: every
   // parameter at the default (tp 1, pipeline stage 0, dense), as today's engine runs.
   const ShardLayout* layout = nullptr;
+  // [Expert Checkpoints] (engine_checkpoint.cpp) An engine whose experts are split over ep:
+  // the experts' shard group (over expert-dp) and the name each expert is stored under, its
+  // ep-1 name (global expert index); null: every trained parameter is in `zero`.
+  zero::ZeroOptimizer* expert = nullptr;
+  std::function<std::string(const std::string& model_name)> expert_name = nullptr;
 };
 
 // Collective. Writes DIR/TAG/ and then DIR/latest (see [Checkpoint Protocol] in the .cpp).

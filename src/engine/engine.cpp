@@ -507,11 +507,21 @@ class EngineImpl : public Engine {
     return all;
   }
 
-  // Checkpoints and the 16-bit export hold one shard group (docs/moe.md: what is left).
+  // The 16-bit export holds one shard group (docs/moe.md: what is left).
   void refuse_experts(const char* what) const {
     ZT_CHECK_T(!expert_, ConfigError, what, " with expert parallelism (ep ", opts_.ep ? opts_.ep->size() : 1,
-               ") is not supported yet: experts would need storing by global index (docs/moe.md, what is left); "
-               "train at ep 1 to save, or use gather_master_params()");
+               ") is not supported yet: experts would need gathering by global index (docs/moe.md, what is left); "
+               "save a checkpoint and consolidate it with `zerotrain convert`, or use gather_master_params()");
+  }
+  // [Expert Checkpoints] (src/ckpt/engine_checkpoint.cpp): the experts' shard group and the
+  // global name each expert is stored under.
+  void add_experts(ckpt::EngineParts& parts, const char* what) const {
+    if (!expert_) return;
+    ZT_CHECK_T(static_cast<bool>(opts_.expert_global_name), ConfigError, what, " with expert parallelism (ep ",
+               opts_.ep->size(), ") stores each expert by its global index: set EngineOptions.expert_global_name "
+               "(an expert's name at ep 1; GPT2Impl::global_param_name for the MoE GPT-2)");
+    parts.expert = expert_.get();
+    parts.expert_name = opts_.expert_global_name;
   }
 
   void save_16bit_model(const std::string& path) override {
@@ -534,10 +544,10 @@ class EngineImpl : public Engine {
                        bool async) override {
     ZT_CHECK_T(window_micro_ == 0, CheckpointError, "save_checkpoint() between micro-steps of an accumulation window (",
                window_micro_, " of ", cfg_.gradient_accumulation_steps, " done): save after step() returned true");
-    refuse_experts("save_checkpoint");
     resolve_pending();  // the counters and the loss scaler must include the last step
     ckpt::Counters c{micro_, global_steps_, applied_steps_, skipped_};
     ckpt::EngineParts parts{*model_, *zero_, *scaler_, cfg_, group_, device_, dtype_, c};
+    add_experts(parts, "save_checkpoint");
     saver_.save(parts, dir, tag, client_state, async);
   }
   void wait_checkpoint() override { saver_.wait(group_, global_steps_); }
@@ -545,11 +555,11 @@ class EngineImpl : public Engine {
   const CheckpointSaveReport& last_checkpoint_save() const override { return saver_.last(); }
   nlohmann::json load_checkpoint(const std::string& dir, const std::string& tag) override {
     ZT_CHECK_T(window_micro_ == 0, CheckpointError, "load_checkpoint() inside an accumulation window");
-    refuse_experts("load_checkpoint");
     resolve_pending();
     saver_.wait(group_, global_steps_);  // the checkpoint being loaded may be the one in flight
     ckpt::Counters c{micro_, global_steps_, applied_steps_, skipped_};
     ckpt::EngineParts parts{*model_, *zero_, *scaler_, cfg_, group_, device_, dtype_, c};
+    add_experts(parts, "load_checkpoint");
     nlohmann::json client = ckpt::load_checkpoint(parts, dir, tag);
     micro_ = c.micro_steps;
     global_steps_ = c.global_steps;

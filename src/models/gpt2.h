@@ -184,6 +184,11 @@ struct GPT2Impl : torch::nn::Module, zt::ZeroModel {
   std::vector<std::shared_ptr<torch::nn::Module>> blocks() const;
   const Block& blocks_at(int64_t i) const { return blocks_.at(static_cast<size_t>(i)); }
   const GPT2Config& config() const { return cfg_; }
+  // [GPT-2 MoE] The name parameter `name` has at ep 1: "h.<b>.moe.experts.<i>.<rest>" (local
+  // expert i of this rank) becomes "h.<b>.moe.experts.<first_expert() + i>.<rest>"; any other
+  // name is returned as it is. EngineOptions::expert_global_name (checkpoints store experts by
+  // global index, so a checkpoint of any ep loads at any other).
+  std::string global_param_name(const std::string& name) const;
   // The MoE blocks' aux loss of the last loss() (unscaled sum; 0 without MoE), and their
   // dropped fraction (mean over the MoE blocks), for the log.
   double last_moe_aux_loss() const { return last_aux_.defined() ? last_aux_.item<double>() : 0.0; }
