@@ -34,6 +34,7 @@
 #include "ckpt/crc32c.h"
 #include "ckpt/dir_lock.h"
 #include "ckpt/fs.h"
+#include "ckpt/tp_reshard.h"
 #include "io/safetensors.h"
 #include "zerotrain/error.h"
 #include "log/log.h"
@@ -396,7 +397,10 @@ ConsolidatedReader::ConsolidatedReader(const std::string& dir, const std::string
 }
 std::vector<std::string> ConsolidatedReader::param_names() const {
   std::vector<std::string> n;
-  for (const auto& p : manifest_.at("params")) n.push_back(p.at("name").get<std::string>());
+  std::set<std::string> seen;  // a name stored as several tp shards is one parameter
+  for (const auto& p : manifest_.at("params")) {
+    if (seen.insert(p.at("name").get<std::string>()).second) n.push_back(p.at("name").get<std::string>());
+  }
   return n;
 }
 std::vector<std::string> ConsolidatedReader::extra_names() const {
@@ -405,10 +409,17 @@ std::vector<std::string> ConsolidatedReader::extra_names() const {
   return n;
 }
 torch::Tensor ConsolidatedReader::param(const std::string& name) {
-  // The whole parameter (default coordinates); shards of a model-parallel layout would
-  // need assembling, which is not supported yet (find_param_entry says so).
-  const auto& p = manifest_.at("params")[find_param_entry(manifest_.at("params"), name, ShardCoord{}, impl_->dir)];
-  auto shape = p.at("shape").get<std::vector<int64_t>>();
+  // The whole parameter: stored whole (default coordinates), or joined from a complete set
+  // of tensor-parallel shards ([TP Reshard]); pipeline and expert shards would need
+  // assembling, which is not supported yet (find_param_entry says so).
+  const ParamRead r = plan_param_read(manifest_.at("params"), name, ShardCoord{}, nullptr, {}, impl_->dir);
+  if (!r.direct()) {
+    TpResharder rs([this](const std::string& id, int64_t b, int64_t e, const std::string& kind) {
+      return impl_->fetch(id, b, e, kind);
+    });
+    return rs.read(0, r, 0, r.full_numel, "master").view(r.full_shape);
+  }
+  auto shape = manifest_.at("params")[r.entry].at("shape").get<std::vector<int64_t>>();
   int64_t numel = 1;
   for (auto s : shape) numel *= s;
   return impl_->fetch(name, 0, numel, "master").view(shape);
@@ -505,11 +516,16 @@ std::unique_ptr<Snapshot> take_snapshot(EngineParts& e, const std::string& dir, 
                          {"shard", to_json(layout.of(name))},
                          {"shape", tr.shapes[gi][i]},
                          {"dtype", io::safetensors_dtype_name(tr.params[gi][i].scalar_type())}});
+      // [TP Reshard]: how a tp shard was cut, for a loader at another tp degree.
+      if (const TpSplit* sp = layout.tp_size > 1 ? layout.split_of(name) : nullptr) {
+        entries.back()["tp_split"] = {{"blocks", sp->blocks}, {"padded", sp->padded}, {"full_shape", sp->full_shape}};
+      }
     }
   });
   // [Expert Checkpoints]: the params of every rank (rank 0 holds only its own experts).
   nlohmann::json params = entries;
-  if (e.expert != nullptr) {
+  // [TP Reshard]: likewise every tp rank's shards of the split parameters.
+  if (e.expert != nullptr || layout.tp_size > 1) {
     const auto all = all_gather_strings(g, entries.dump());
     collective(g, [&] { params = merge_rank_entries(all); });
   }
@@ -525,6 +541,8 @@ std::unique_ptr<Snapshot> take_snapshot(EngineParts& e, const std::string& dir, 
     for (size_t gi = 0; gi < tr.groups.size(); ++gi) {
       for (auto& f : tr.groups[gi]->state_fragments()) {
         const std::string& name = tr.stored[gi][static_cast<size_t>(f.param)];
+        // [TP Reshard]: a replicated parameter is the same on every tp rank; tp rank 0 writes it.
+        if (layout.tp_size > 1 && layout.tp_rank != 0 && layout.split_of(name) == nullptr) continue;
         std::string id = param_id(name, layout.of(name));
         frags.push_back({index.at(id), std::move(id), std::move(f)});
       }
@@ -871,6 +889,7 @@ nlohmann::json load_checkpoint(EngineParts& e, const std::string& dir, const std
   const ShardLayout& layout = layout_of(e);
   Trained tr;
   std::vector<std::vector<std::string>> ids;  // per shard group and parameter: its id in the checkpoint
+  std::vector<std::vector<ParamRead>> reads;  // and how it is read ([TP Reshard])
   collective(g, [&] { tr = trained_params(e); });
   // The names the ranks of this run read ([Expert Checkpoints]: with experts, the union of
   // every rank's; without, this rank's, which every rank shares).
@@ -893,16 +912,22 @@ nlohmann::json load_checkpoint(EngineParts& e, const std::string& dir, const std
     const auto& params = m.at("params");
     for (size_t gi = 0; gi < tr.groups.size(); ++gi) {
       ids.emplace_back();
+      reads.emplace_back();
       for (size_t i = 0; i < tr.params[gi].size(); ++i) {
-        // Exactly this rank's shard of the parameter ([Shard Keys]): other coordinates are a
-        // CheckpointError naming the tensor, never a silent load of another shard.
+        // Exactly this rank's shard of the parameter ([Shard Keys]), or this rank's slice
+        // cut from the whole parameter or a complete set of tp shards ([TP Reshard]); other
+        // coordinates are a CheckpointError naming the tensor, never a silent load of
+        // another shard.
         const std::string& name = tr.stored[gi][i];
         const ShardCoord want = layout.of(name);
-        const auto& p = params[find_param_entry(params, name, want, cdir)];
-        auto shape = p.at("shape").get<std::vector<int64_t>>();
-        ZT_CHECK_T(shape == tr.shapes[gi][i], CheckpointError, "checkpoint '", cdir, "': parameter '", name,
-                   "' has shape ", c10::IntArrayRef(shape), " but the model's is ", c10::IntArrayRef(tr.shapes[gi][i]));
+        ParamRead r = plan_param_read(params, name, want, layout.split_of(name), tr.shapes[gi][i], cdir);
+        if (r.direct()) {
+          auto shape = params[r.entry].at("shape").get<std::vector<int64_t>>();
+          ZT_CHECK_T(shape == tr.shapes[gi][i], CheckpointError, "checkpoint '", cdir, "': parameter '", name,
+                     "' has shape ", c10::IntArrayRef(shape), " but the model's is ", c10::IntArrayRef(tr.shapes[gi][i]));
+        }
         ids.back().push_back(param_id(name, want));
+        reads.back().push_back(std::move(r));
       }
     }
     std::set<std::string> saved_names;  // a name held at several coordinates counts once
@@ -944,9 +969,13 @@ nlohmann::json load_checkpoint(EngineParts& e, const std::string& dir, const std
     log::Progress progress("checkpoint load '" + m.value("tag", std::string()) + "'",
                            static_cast<double>(tr.count()), "parameters");
     int base = 0, done = 0;
+    TpResharder resharder(
+        [&](const std::string& id, int64_t b, int64_t en, const std::string& kind) { return rd->fetch(id, b, en, kind); });
     for (size_t gi = 0; gi < tr.groups.size(); ++gi) {
       tr.groups[gi]->import_state([&](int param, int64_t begin, int64_t end, const std::string& kind) {
         if (base + param + 1 > done) progress.update(done = base + param + 1);
+        const ParamRead& r = reads[gi][static_cast<size_t>(param)];
+        if (!r.direct()) return resharder.read(base + param, r, begin, end, kind);
         return rd->fetch(ids[gi][static_cast<size_t>(param)], begin, end, kind);
       });
       base += static_cast<int>(tr.params[gi].size());

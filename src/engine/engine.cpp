@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "ckpt/engine_checkpoint.h"
+#include "ckpt/tp_reshard.h"
 #include "comm/consensus.h"
 #include "common/phase_timer.h"
 #ifdef ZT_WITH_CUDA
@@ -255,7 +256,7 @@ class EngineImpl : public Engine {
     // the others); otherwise the in-flight save is left unpublished (.TAG.partial).
     if (saver_.pending() && std::uncaught_exceptions() == 0) {
       try {
-        saver_.wait(group_, global_steps_);
+        saver_.wait(ckpt_group(), global_steps_);
       } catch (const std::exception& ex) {
         log::error("asynchronous checkpoint save failed: %s", ex.what());
       }
@@ -440,7 +441,7 @@ class EngineImpl : public Engine {
     // (one small all-reduce per step until then; throws the writer's error).
     if (saver_.pending()) {
       resolve_pending();
-      saver_.poll(group_, global_steps_);
+      saver_.poll(ckpt_group(), global_steps_);
     }
     return true;
   }
@@ -546,19 +547,21 @@ class EngineImpl : public Engine {
                window_micro_, " of ", cfg_.gradient_accumulation_steps, " done): save after step() returned true");
     resolve_pending();  // the counters and the loss scaler must include the last step
     ckpt::Counters c{micro_, global_steps_, applied_steps_, skipped_};
-    ckpt::EngineParts parts{*model_, *zero_, *scaler_, cfg_, group_, device_, dtype_, c};
+    ckpt::EngineParts parts{*model_, *zero_, *scaler_, cfg_, ckpt_group(), device_, dtype_, c};
+    parts.layout = ckpt_layout();
     add_experts(parts, "save_checkpoint");
     saver_.save(parts, dir, tag, client_state, async);
   }
-  void wait_checkpoint() override { saver_.wait(group_, global_steps_); }
+  void wait_checkpoint() override { saver_.wait(ckpt_group(), global_steps_); }
   bool checkpoint_pending() const override { return saver_.pending(); }
   const CheckpointSaveReport& last_checkpoint_save() const override { return saver_.last(); }
   nlohmann::json load_checkpoint(const std::string& dir, const std::string& tag) override {
     ZT_CHECK_T(window_micro_ == 0, CheckpointError, "load_checkpoint() inside an accumulation window");
     resolve_pending();
-    saver_.wait(group_, global_steps_);  // the checkpoint being loaded may be the one in flight
+    saver_.wait(ckpt_group(), global_steps_);  // the checkpoint being loaded may be the one in flight
     ckpt::Counters c{micro_, global_steps_, applied_steps_, skipped_};
-    ckpt::EngineParts parts{*model_, *zero_, *scaler_, cfg_, group_, device_, dtype_, c};
+    ckpt::EngineParts parts{*model_, *zero_, *scaler_, cfg_, ckpt_group(), device_, dtype_, c};
+    parts.layout = ckpt_layout();
     add_experts(parts, "load_checkpoint");
     nlohmann::json client = ckpt::load_checkpoint(parts, dir, tag);
     micro_ = c.micro_steps;
@@ -569,6 +572,38 @@ class EngineImpl : public Engine {
   }
 
  private:
+  // [TP Reshard] (ckpt/tp_reshard.h) A model split over tensor-parallel ranks (its
+  // tensor_parallel_spec) checkpoints over all dp x tp ranks, which must be the whole world
+  // (train --tp's layout), with each split parameter at its tp coordinates; any other model
+  // over the engine's group at the default layout (null). Built at the first use.
+  void init_ckpt_layout() {
+    if (ckpt_group_) return;
+    std::map<std::string, std::vector<int64_t>> shape_of;
+    for (const auto& kv : model_->named_parameters(true)) shape_of[kv.key()] = kv.value().sizes().vec();
+    std::vector<std::vector<int64_t>> shapes;
+    for (const auto& n : names_) shapes.push_back(shape_of[n]);
+    auto layout = ckpt::tensor_parallel_layout(zero_model_, names_, shapes);
+    ckpt_group_ = group_;
+    if (layout.tp_size > 1) {
+      auto world = comm::world_group();
+      const int mp = opts_.model_parallel ? opts_.model_parallel->size() : 1;
+      ZT_CHECK_T(mp == layout.tp_size && world->size() == group_->size() * mp, ConfigError,
+                 "checkpoints of a tensor-parallel model (tp ", layout.tp_size, ") save over all dp x tp ranks, which "
+                 "must be the whole world: dp ", group_->size(), " x model-parallel ", mp, " != ", world->size(),
+                 " ranks (pass the tp group as EngineOptions.model_parallel, without pipeline stages)");
+      ckpt_group_ = world;
+      ckpt_layout_ = std::make_unique<ckpt::ShardLayout>(std::move(layout));
+    }
+  }
+  const comm::GroupPtr& ckpt_group() {
+    init_ckpt_layout();
+    return ckpt_group_;
+  }
+  const ckpt::ShardLayout* ckpt_layout() {
+    init_ckpt_layout();
+    return ckpt_layout_.get();
+  }
+
   // Runs one phase; running out of device memory becomes an error naming the rank, the
   // phase and the step, with what to change (a CUDA OOM alone names none of them).
   template <class F>
@@ -917,6 +952,8 @@ class EngineImpl : public Engine {
   std::unique_ptr<PhaseTimer> timer_;
   std::ofstream metrics_;
   std::unique_ptr<monitor::Monitor> monitor_;  // rank 0, when the config enables a monitor
+  comm::GroupPtr ckpt_group_;                     // [TP Reshard]: the checkpoint's ranks (null: not built yet)
+  std::unique_ptr<ckpt::ShardLayout> ckpt_layout_;  // null: the default layout
   ckpt::AsyncSaver saver_;  // declared after the state it snapshots; joined in ~EngineImpl
   int64_t micro_ = 0, window_micro_ = 0, global_steps_ = 0, applied_steps_ = 0;
   bool skipped_ = false;
