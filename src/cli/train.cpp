@@ -83,8 +83,8 @@ const char* kTrainUsage =
     "                      or Llama over N ranks (Megatron-style; sequence parallelism with\n"
     "                      --set tensor_parallel.sequence_parallel=true; docs/tensor-parallel.md);\n"
     "                      --ep N > 1 splits the experts of an MoE model (--model gpt2-tiny-moe) over\n"
-    "                      N ranks, ZeRO 1/2 over dp for the dense part and over expert-dp = dp / N\n"
-    "                      for the experts (docs/moe.md); not with --tp/--pp, checkpoints, ZeRO-3\n"
+    "                      N ranks, ZeRO 1-3 over dp for the dense part and over expert-dp = dp / N\n"
+    "                      for the experts (docs/moe.md); not with --tp/--pp, checkpoints\n"
     "  --moe-experts N     GPT-2 with every --moe-every-th block's MLP (default 2: every other) an MoE of\n"
     "                      N copies of it (docs/moe.md); --moe-k 1|2 (default 2), --moe-capacity-factor F\n"
     "                      (drop tokens beyond capacity F; default dropless), --moe-aux-coef X (the\n"
@@ -452,12 +452,12 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
 // [Expert-Parallel Train] `train --ep N` (or a config whose expert_parallel.enabled is true
 // with autoep_size N > 1): an MoE model (gpt2-tiny-moe, [GPT-2 MoE] in models/gpt2.h) built
 // whole from --seed on every rank, each keeping the dense part and its own experts
-// (build_ep_train_model), trained by the engine with ZeRO 0-2: dense parameters over dp
+// (build_ep_train_model), trained by the engine with ZeRO 0-3: dense parameters over dp
 // (every rank), experts over expert-dp = dp / N (EngineOptions.is_expert / ep / expert_dp,
 // docs/moe.md). Each rank reads its own data as without --ep (dp = world), and the line
 // shows rank 0's own loss as the plain path does, so ep N prints what ep 1 prints. What it
 // does not do yet is named before the first step (here, build_ep_train_model and the
-// engine): checkpoints, --init-from, --lora, --val-data, ZeRO-3, NVMe offload, --tp/--pp.
+// engine): checkpoints, --init-from, --lora, --val-data, NVMe offload, --tp/--pp.
 
 // The expert-parallel degree the config (after the flags) asks for: autoep_size when
 // expert_parallel.enabled is true, else 1. Wrong types are left to Config::parse.

@@ -261,10 +261,6 @@ TEST(ParallelCli, TrainRefusesDegreesAboveOne) {
   r = run(kZt + " train --config " + cfg.string() + kTiny + " --model gpt2-tiny-moe --tp 2 --ep 2");
   EXPECT_NE(r.rc, 0) << r.out;
   EXPECT_TRUE(contains(r.out, "train: --ep 2 with --tp is not supported yet")) << r.out;
-  r = run(kZt + " train --config " + cfg.string() + kTiny + " --model gpt2-tiny-moe --set zero_optimization.stage=3");
-  EXPECT_NE(r.rc, 0) << r.out;
-  EXPECT_TRUE(contains(r.out, "gpt2-tiny-moe (an MoE GPT-2) with zero_optimization.stage = 3 is not supported yet")) << r.out;
-  EXPECT_TRUE(contains(r.out, "use stage 1 or 2")) << r.out;
   // Degrees that do not fit the world: named, with the product.
   r = run(kZt + " train --config " + cfg.string() + kTiny + " --tp 2");
   EXPECT_NE(r.rc, 0) << r.out;
@@ -419,7 +415,9 @@ TEST(ParallelCli, TrainTensorParallelCheckpointResumesAtAnotherTp) {
 // is rank 0's in both, to the 6 printed decimals (tolerance 1e-5: the experts' gradient is
 // summed over the ep group then scaled by 1/ep, a different order than ep 1's average;
 // measured: at most 1e-6). World 4: ep 2 (expert-dp 2) at stage 2 against ep 1 (ep 4 at
-// world 4 is MoEEngine.ExpertParallelTrainsLikeEpOne's). The model
+// world 4 is MoEEngine.ExpertParallelTrainsLikeEpOne's). ZeRO-3 at world 2 and 4 (ep 2):
+// the MoE GPT-2 built whole, then the dense part partitioned over dp and the experts over
+// expert-dp, gathered per block. The model
 // without --ep on one rank trains too (loss falls) and logs its aux loss.
 TEST(ParallelCli, TrainExpertParallelEqualsEpOne) {
   const fs::path cfg = write_config("ep", R"({"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0,
@@ -467,6 +465,9 @@ TEST(ParallelCli, TrainExpertParallelEqualsEpOne) {
   const Case cases[] = {
       {"world2_ep2_stage1", 2, "", 2},
       {"world4_ep2_expert_dp2_stage2", 4, " --set zero_optimization.stage=2", 2},
+      // ZeRO-3: dense part over dp, experts over expert-dp, both gathered per block.
+      {"world2_ep2_stage3", 2, " --set zero_optimization.stage=3", 2},
+      {"world4_ep2_expert_dp2_stage3", 4, " --set zero_optimization.stage=3", 2},
   };
   std::map<std::string, std::vector<double>> reference;  // ep 1, by ranks + flags
   for (const auto& c : cases) {
