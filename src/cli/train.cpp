@@ -84,7 +84,8 @@ const char* kTrainUsage =
     "                      --set tensor_parallel.sequence_parallel=true; docs/tensor-parallel.md);\n"
     "                      --ep N > 1 splits the experts of an MoE model (--model gpt2-tiny-moe) over\n"
     "                      N ranks, ZeRO 1-3 over dp for the dense part and over expert-dp = dp / N\n"
-    "                      for the experts (docs/moe.md); not with --tp/--pp, checkpoints\n"
+    "                      for the experts (docs/moe.md; checkpoints store experts by global index and\n"
+    "                      load at any --ep); not with --tp/--pp\n"
     "  --moe-experts N     GPT-2 with every --moe-every-th block's MLP (default 2: every other) an MoE of\n"
     "                      N copies of it (docs/moe.md); --moe-k 1|2 (default 2), --moe-capacity-factor F\n"
     "                      (drop tokens beyond capacity F; default dropless), --moe-aux-coef X (the\n"
@@ -457,7 +458,8 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
 // docs/moe.md). Each rank reads its own data as without --ep (dp = world), and the line
 // shows rank 0's own loss as the plain path does, so ep N prints what ep 1 prints. What it
 // does not do yet is named before the first step (here, build_ep_train_model and the
-// engine): checkpoints, --init-from, --lora, --val-data, NVMe offload, --tp/--pp.
+// engine): --init-from, --lora, --val-data, NVMe offload, --tp/--pp. Checkpoints store the
+// experts by global index and load at any --ep ([Expert Checkpoints] in ckpt/engine_checkpoint.cpp).
 
 // The expert-parallel degree the config (after the flags) asks for: autoep_size when
 // expert_parallel.enabled is true, else 1. Wrong types are left to Config::parse.
@@ -475,8 +477,6 @@ void check_expert_parallel_args(const TrainArgs& a, int64_t ep) {
     ZT_CHECK_T(!given, ConfigError, "train: ", what, " with --ep ", ep, " is not supported yet (", why,
                "); run without it, or without --ep (docs/moe.md)");
   };
-  refuse(!a.save.empty() || !a.load.empty() || a.save_every > 0, "--save/--load",
-         "a checkpoint would hold each rank's experts by their local index");
   refuse(!a.init_from.empty(), "--init-from", "Hugging Face weights of an MoE GPT-2");
   refuse(!a.lora.empty() || a.qlora, "--lora/--qlora", "adapters on the experts");
   refuse(!a.val_data.empty(), "--val-data", "validation of the expert-parallel model is not tested");

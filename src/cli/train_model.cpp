@@ -290,7 +290,12 @@ TrainModel build_ep_train_model(const TrainModelOptions& o, const Config& cfg, c
   t.loss = [p = m.ptr()](const torch::Tensor& x, const torch::Tensor& y) { return p->loss(x, y); };
   t.moe = [p = m.ptr()] { return std::make_pair(p->last_moe_aux_loss(), p->last_moe_dropped_fraction()); };
   t.model_json["expert_parallel"] = {{"size", n}};
-  t.engine_options = [](EngineOptions& eo) { eo.is_expert = models::gpt2_is_expert_param; };
+  // Checkpoints store each expert by its global index ([Expert Checkpoints]): an ep-N
+  // checkpoint is an ep-1 one, loadable at any ep.
+  t.engine_options = [p = m.ptr()](EngineOptions& eo) {
+    eo.is_expert = models::gpt2_is_expert_param;
+    eo.expert_global_name = [p](const std::string& name) { return p->global_param_name(name); };
+  };
   t.attach = [](Engine&) {};
   t.detach = [] {};
   return t;  // `full` goes here: each rank keeps its own experts
