@@ -57,8 +57,8 @@ void validate(const GPT2Config& c, const std::string& where) {
   ZT_CHECK_T(c.moe_aux_loss_coef >= 0, zt::ConfigError, where, ": moe_aux_loss_coef must be >= 0, got ",
              c.moe_aux_loss_coef);
   ZT_CHECK_T(!c.deferred_init, zt::ConfigError, where, ": the MoE GPT-2 (moe_num_experts = ", c.moe_num_experts,
-             ") is not supported with ZeRO stage 3 (partitioned construction) yet; use zero_optimization.stage 1 "
-             "or 2, which partition the experts' optimizer state over expert-dp (docs/moe.md)");
+             ") has no partitioned construction (deferred_init) yet: build it whole; ZeRO stage 3 then partitions "
+             "it in initialize(), the experts over expert-dp (docs/moe.md)");
 }
 
 // The dense GPT-2 name of an expert's parameter: "h.1.moe.experts.3.c_fc.weight" ->
