@@ -6,7 +6,8 @@
 // steps of one global batch of 8 sequences each (each of W ranks takes 8/W of them), AdamW
 // with a warm-up schedule and clipping. Each row trains 3 steps at ep 2 (world 2, expert-dp 1;
 // world 4, expert-dp 2), saves, loads into a fresh engine (other initial weights) at ep 1
-// (world 1 and 2), ep 2 (world 4, expert-dp 2) or ep 4 (world 4), and trains 3 more steps.
+// (world 1 and 2), ep 2 (world 2 at ZeRO-3; world 4, expert-dp 2) or ep 4 (world 4), and
+// trains 3 more steps.
 // The reference is the same at ep 1: 6 uninterrupted steps when the world size stays, else 3
 // steps at the saving world size, an ep-1 checkpoint (the dense path, bit-exact by
 // CheckpointUniversal) and 3 steps at the loading one (the aux loss is per rank's tokens, so
@@ -223,7 +224,8 @@ TEST(MoECheckpoint, SavedAtEp2LoadsAtEp1Ep2AndEp4) {
   const int W = w->size();
   if (W < 2) GTEST_SKIP() << "needs 2 ranks (a save at ep 2)";
   double worst = 0;
-  std::vector<Layout> saves = {{2, 2, 1}}, loads = {{1, 1, 1}, {2, 1, 2}};
+  // ZeRO-3 with experts ([Expert Groups]) keeps "rank r writes shard r": a load at stage 3.
+  std::vector<Layout> saves = {{2, 2, 1}}, loads = {{1, 1, 1}, {2, 1, 2}, {2, 2, 3}};
   if (W >= 4) {
     saves.push_back({4, 2, 2});
     loads.push_back({4, 2, 1});
