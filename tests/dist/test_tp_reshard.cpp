@@ -11,6 +11,8 @@
 //     parameter after them equal the uninterrupted run's: bitwise at (dp 2, tp 2) (the
 //     same layout resumes exactly), within kTol elsewhere (summation order: the partial
 //     GEMMs of tp, the dp mean; ~1e-7 measured);
+//   * the save is asynchronous (published over all dp x tp ranks while a step runs); a
+//     checkpoint of the dp 4, tp 1 run loads back into the tp 2 model bitwise;
 //   * a manifest that describes one parameter's cut wrongly (its blocks) loads other
 //     weights into it: the bitwise check above can fail.
 // GPT-2 tiny with a vocabulary of 255 (padded at tp 2 and 4: the padding rows are never
@@ -218,8 +220,12 @@ TEST_P(TpReshard, SavedAtDp2Tp2ContinuesAtEveryLayout) {
     LayoutRun first = make_run(c, world, 2, 2, c.save_stage);
     auto losses = train(first, c, 0, kFirst);
     for (int s = 0; s < kFirst; ++s) EXPECT_EQ(losses[s], want[s]) << "step " << s << " before the save";
-    first.engine->save_checkpoint(dir.path, "t");
+    // Asynchronous: the writer runs while the next step does; published in wait_checkpoint
+    // over all dp x tp ranks.
+    first.engine->save_checkpoint(dir.path, "t", {}, /*async=*/true);
     saved_state = first.full_state();
+    train(first, c, kFirst, kFirst + 1);
+    first.engine->wait_checkpoint();
   }
 
   // On disk: the split parameters as tp shards with their cut, the padding not in the
@@ -248,6 +254,7 @@ TEST_P(TpReshard, SavedAtDp2Tp2ContinuesAtEveryLayout) {
                             {"dp4_tp1", 4, 1, 2},
                             {"dp1_tp4", 1, 4, 1},
                             {"dp1_tp1_one_rank", 1, 1, 0, true}};
+  std::map<std::string, torch::Tensor> tp1_state;  // the dp 4, tp 1 run after its steps
   for (const auto& l : layouts) {
     SCOPED_TRACE(l.name);
     LayoutRun r = make_run(c, l.alone ? self : world, l.dp, l.tp, l.stage);
@@ -271,11 +278,24 @@ TEST_P(TpReshard, SavedAtDp2Tp2ContinuesAtEveryLayout) {
     } else {
       EXPECT_LE(d, kTol) << "parameters after the resumed steps, worst " << worst;
     }
+    if (l.dp == 4) {  // and back: a tp 1 checkpoint into the tp model (below)
+      r.engine->save_checkpoint(dir.path, "tp1");
+      tp1_state = r.full_state();
+    }
     if (world->rank() == 0) {
       std::printf("[tp reshard] %s -> %s: last loss %.6f vs %.6f, max |loss diff| %.3g, max |param diff| %.3g\n",
                   c.name, l.name, more.back(), want.back(), loss_diff, d);
       std::fflush(stdout);
     }
+  }
+
+  {
+    SCOPED_TRACE("a dp 4, tp 1 checkpoint loaded at dp 2, tp 2");
+    LayoutRun back = make_run(c, world, 2, 2, c.save_stage);
+    back.engine->load_checkpoint(dir.path, "tp1");
+    std::string worst;
+    EXPECT_EQ(max_diff(back.full_state(), tp1_state, &worst), 0.0) << "worst " << worst;
+    EXPECT_EQ(back.engine->global_steps(), kFirst + kMore);
   }
 
   // The check above can fail: a manifest that cuts one split parameter another way
