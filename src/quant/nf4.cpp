@@ -123,6 +123,26 @@ uint8_t dynamic_encode(float v) {
   return static_cast<uint8_t>(std::fabs(v - c[hi]) < std::fabs(v - c[lo]) ? hi : lo);
 }
 
+
+// The double quantization's offset, absmax.mean(), made independent of the intra-op thread
+// count: a float sum over 32768 (ATen's GRAIN_SIZE) or more elements is split over the
+// threads, and its rounding follows the split (a 4096 x 14336 matrix, 917504 absmaxes, gave
+// another offset, hence other 8-bit codes, on 1 and 2 threads). Under 16384 values this is
+// absmax.mean() itself (one serial reduction: bitsandbytes' fixtures are that size); above,
+// the fp32 sums of 16384-value chunks (each serial), summed in order, over n.
+float nf4_absmax_mean(const torch::Tensor& absmax) {
+  constexpr int64_t kSerialChunk = 16384;
+  const int64_t n = absmax.numel();
+  if (n < kSerialChunk) return absmax.mean().item<float>();
+  const int64_t chunks = (n + kSerialChunk - 1) / kSerialChunk;
+  ZT_ASSERT(chunks < kSerialChunk, "nf4: ", n, " absmaxes");
+  auto parts = torch::empty({chunks}, absmax.options());
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t a = c * kSerialChunk;
+    parts[c] = absmax.narrow(0, a, std::min(kSerialChunk, n - a)).sum();
+  }
+  return (parts.sum() / static_cast<double>(n)).item<float>();
+}
 }  // namespace
 
 uint8_t nf4_encode(float v) {
@@ -213,7 +233,7 @@ Nf4Tensor quantize_nf4(const torch::Tensor& x) {
   });
   if (n % 2) pp[n / 2] |= nf4_encode(0.0f);  // bitsandbytes pads with a zero
   // Double quantization of the absmaxes.
-  q.offset = absmax.mean().item<float>();
+  q.offset = nf4_absmax_mean(absmax);
   auto [codes, absmax2] = quantize_blockwise_dynamic(absmax - q.offset, kNf4StatsBlockSize);
   q.qabsmax = codes;
   q.absmax2 = absmax2;
