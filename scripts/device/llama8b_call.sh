@@ -6,7 +6,13 @@
 # Example: PHASES="1 2 3" P1="SKIP_ANCHORS=1" P2="SKIP_ANCHORS=1" bash scripts/device/llama8b_call.sh
 # Phases 4 and 5 (issue 21: QLoRA and bf16 LoRA on one GPU) use GPU 0 only.
 set -uo pipefail
-source scripts/device/common.sh llama8b_build zerotrain_cli ${GPU_FILTER:+zt_gpu}
+# QBUILD=N: first times building a random QLoRA Llama-3-8B base with N layers on the host,
+# whole vs layer by layer (bench_qlora_build; JSON lines in $OUT/qlora_build.json).
+source scripts/device/common.sh llama8b_build zerotrain_cli ${GPU_FILTER:+zt_gpu} ${QBUILD:+bench_qlora_build}
+if [ -n "${QBUILD:-}" ]; then
+  timeout 400 $B/bench_qlora_build --model llama3-8b --layers $QBUILD --mode both > $OUT/qlora_build.json 2>&1
+  echo "bench_qlora_build rc=$?"; cat $OUT/qlora_build.json
+fi
 if [ -n "${GPU_FILTER:-}" ]; then
   timeout 120 $B/zt_gpu --gtest_filter="$GPU_FILTER" > $OUT/zt_gpu.txt 2>&1; echo "zt_gpu rc=$?"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED" $OUT/zt_gpu.txt | sort -u | head -8
