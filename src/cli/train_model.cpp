@@ -266,6 +266,12 @@ TrainModel build_ep_train_model(const TrainModelOptions& o, const Config& cfg, c
              "of an MoE model; ", full.name, " has none (use --model gpt2-tiny-moe, docs/moe.md)");
   const models::GPT2Config mc = whole->config();
   models::GPT2 m(mc, ep);
+  // Activation checkpointing as the whole model has it ([Checkpointed Aux] in
+  // models/checkpoint.h keeps the MoE blocks' aux loss).
+  if (checkpointing(o, cfg)) {
+    m->set_activation_checkpointing(true, cfg.activation_checkpointing.number_checkpoints,
+                                    cfg.activation_checkpointing.cpu_checkpointing);
+  }
   {
     torch::NoGradGuard no_grad;
     std::map<std::string, torch::Tensor> weights;

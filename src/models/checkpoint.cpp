@@ -82,7 +82,86 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   }
 };
 
+// [Checkpointed Aux] (checkpoint.h): the two-output variant. x is kept as is (or on the
+// host with cpu_checkpointing), as CheckpointFunction keeps it.
+struct AuxHolder : torch::CustomClassHolder {
+  explicit AuxHolder(CheckpointFn2 f) : fn(std::move(f)) {}
+  CheckpointFn2 fn;
+};
+
+struct CheckpointAuxFunction : torch::autograd::Function<CheckpointAuxFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
+                                                torch::Tensor anchor, c10::intrusive_ptr<AuxHolder> holder,
+                                                bool cpu_checkpointing) {
+    auto [y, aux] = holder->fn(x);
+    ctx->saved_data["fn"] = c10::IValue::make_capsule(holder);
+    ctx->saved_data["x_requires_grad"] = x.requires_grad();
+    if (cpu_checkpointing && x.is_cuda()) {
+      auto host = torch::empty(x.sizes(), x.options().device(torch::kCPU).pinned_memory(true));
+      host.copy_(x, /*non_blocking=*/true);  // as CheckpointFunction::forward
+      ctx->saved_data["x_host"] = host;
+      ctx->saved_data["x_device"] = c10::IValue(x.device());
+    } else {
+      ctx->save_for_backward({x});
+    }
+    return {y, aux};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const torch::autograd::variable_list none = {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    if (!grad_out[0].defined() && !grad_out[1].defined()) return none;
+    auto holder = ctx->saved_data["fn"].toCapsule();
+    auto* fn_holder = static_cast<AuxHolder*>(holder.get());
+    torch::Tensor x;
+    if (auto it = ctx->saved_data.find("x_host"); it != ctx->saved_data.end()) {
+      x = it->second.toTensor().to(ctx->saved_data["x_device"].toDevice(), /*non_blocking=*/true);
+    } else {
+      x = ctx->get_saved_variables()[0];
+    }
+    const bool x_requires_grad = ctx->saved_data["x_requires_grad"].toBool();
+    torch::Tensor x_in = x.detach().requires_grad_(x_requires_grad);
+    std::pair<torch::Tensor, torch::Tensor> out;
+    {
+      torch::AutoGradMode grad_on(true);
+      ++t_recompute_depth;
+      try {
+        out = fn_holder->fn(x_in);
+      } catch (...) {
+        --t_recompute_depth;
+        throw;
+      }
+      --t_recompute_depth;
+    }
+    // Back-propagate from each recomputed output that has a gradient and a graph.
+    std::vector<torch::Tensor> roots, grads;
+    if (grad_out[0].defined() && out.first.requires_grad()) {
+      roots.push_back(out.first);
+      grads.push_back(grad_out[0]);
+    }
+    if (grad_out[1].defined() && out.second.requires_grad()) {
+      roots.push_back(out.second);
+      grads.push_back(grad_out[1]);
+    }
+    ZT_CHECK_T(!roots.empty(), zt::InternalError,
+               "checkpointed function's recomputed outputs do not require grad: fn must depend on its input or on "
+               "parameters that require grad");
+    torch::autograd::backward(roots, grads);
+    torch::Tensor gx = x_requires_grad ? x_in.grad() : torch::Tensor();
+    return {gx, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+std::pair<torch::Tensor, torch::Tensor> checkpoint_with_aux(const CheckpointFn2& fn2, const torch::Tensor& x,
+                                                            bool cpu_checkpointing) {
+  if (!torch::GradMode::is_enabled()) return fn2(x);
+  auto holder = c10::make_intrusive<AuxHolder>(fn2);
+  auto anchor = torch::empty({0}, x.options().requires_grad(!x.requires_grad()));
+  auto out = CheckpointAuxFunction::apply(x, anchor, holder, cpu_checkpointing);
+  return {out[0], out[1]};
+}
 
 torch::Tensor checkpoint(const CheckpointFn& fn, const torch::Tensor& x, bool cpu_checkpointing) {
   if (!torch::GradMode::is_enabled()) return fn(x);

@@ -39,6 +39,16 @@ using StashFn = std::function<std::unique_ptr<CheckpointStash>(const torch::Tens
 // the stash is destroyed right after backward's restore(), or with the graph.
 torch::Tensor checkpoint(const CheckpointFn& fn, const torch::Tensor& x, const StashFn& stash);
 
+// [Checkpointed Aux] As checkpoint(fn, x), for a fn with a second output the caller adds to
+// the loss besides y (an MoE block's load-balancing loss): fn2(x) returns {y, aux}. Forward
+// runs fn2 without grad and returns both; their gradients reach this one node, whose
+// backward re-runs fn2 and back-propagates from both recomputed outputs. So the aux of the
+// first forward is the one in the loss, once, and its gradient still reaches the
+// parameters (the recompute's aux is only the path for it, never added again).
+using CheckpointFn2 = std::function<std::pair<torch::Tensor, torch::Tensor>(const torch::Tensor&)>;
+std::pair<torch::Tensor, torch::Tensor> checkpoint_with_aux(const CheckpointFn2& fn2, const torch::Tensor& x,
+                                                            bool cpu_checkpointing = false);
+
 // True while a checkpointed fn is being re-run inside backward, on this thread.
 bool in_checkpoint_recompute();
 

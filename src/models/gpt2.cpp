@@ -489,7 +489,25 @@ torch::Tensor GPT2Impl::run_block(int64_t i, const torch::Tensor& x) {
     if (hooks.post_forward) hooks.post_forward(i, recompute);
     return y;
   };
-  auto y = ckpt_enabled_ && i < ckpt_count_ && torch::GradMode::is_enabled() ? checkpoint(body, x, ckpt_cpu_) : body(x);
+  const bool ckpt = ckpt_enabled_ && i < ckpt_count_ && torch::GradMode::is_enabled();
+  const auto blk = blocks_[static_cast<size_t>(i)].ptr();
+  torch::Tensor y;
+  if (ckpt && blk->moe) {
+    // [Checkpointed Aux] (models/checkpoint.h): the loss takes this forward's aux loss, whose
+    // gradient reaches the gate through the recompute; the recompute's aux is not kept.
+    auto both = checkpoint_with_aux(
+        [body, b = blk](const torch::Tensor& t) {
+          auto out = body(t);
+          auto aux = b->aux_loss;
+          if (in_checkpoint_recompute()) b->aux_loss = aux.detach();
+          return std::make_pair(out, aux);
+        },
+        x, ckpt_cpu_);
+    y = both.first;
+    blk->aux_loss = both.second;
+  } else {
+    y = ckpt ? checkpoint(body, x, ckpt_cpu_) : body(x);
+  }
   return hooks_.wrap_output ? hooks_.wrap_output(i, y) : y;
 }
 
@@ -554,9 +572,6 @@ torch::Tensor GPT2Impl::lm_loss(const torch::Tensor& h, const torch::Tensor& tar
 
 void GPT2Impl::set_activation_checkpointing(bool enabled, std::optional<int64_t> number_checkpoints,
                                             bool cpu_checkpointing) {
-  ZT_CHECK_T(!enabled || cfg_.moe_num_experts == 0, zt::ConfigError, "activation checkpointing of the MoE GPT-2 "
-             "(moe_num_experts = ", cfg_.moe_num_experts, ") is not supported yet (the recomputed MoE blocks' aux loss "
-             "would not reach the loss); turn activation checkpointing off");
   const int64_t n = number_checkpoints.value_or(cfg_.n_layer);
   ZT_CHECK_T(n >= 0 && n <= cfg_.n_layer, zt::ConfigError, "activation_checkpointing.number_checkpoints = ", n,
              " must be in [0, n_layer = ", cfg_.n_layer, "]");

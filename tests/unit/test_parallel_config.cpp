@@ -464,6 +464,8 @@ TEST(ParallelCli, TrainExpertParallelEqualsEpOne) {
       // ZeRO-3: dense part over dp, experts over expert-dp, both gathered per block.
       {"world2_ep2_stage3", 2, " --set zero_optimization.stage=3", 2},
       {"world4_ep2_expert_dp2_stage3", 4, " --set zero_optimization.stage=3", 2},
+      // [Checkpointed Aux]: the MoE blocks recomputed in backward, the aux loss kept.
+      {"world2_ep2_stage3_checkpointing", 2, " --set zero_optimization.stage=3 --checkpoint-activations", 2},
   };
   std::map<std::string, std::vector<double>> reference;  // ep 1, by ranks + flags
   for (const auto& c : cases) {
