@@ -102,6 +102,11 @@ struct EngineOptions {
   std::optional<torch::Device> device;
   // Where JSON-lines metrics go (one object per step); empty = none.
   std::string metrics_path;
+  // Called on every rank with each step's report as it resolves (the step's device work
+  // done, so device values of that step read without waiting), before the metrics line,
+  // the monitor and take_reports() get it: fills StepReport::extra with the model's own
+  // values. Runs on the thread that calls the engine; unset = none.
+  std::function<void(StepReport&)> on_report;
   // Print the per-step line every steps_per_print steps (rank 0).
   bool print = true;
   // FLOPs per sample (forward + backward) for TFLOP/s and MFU in the report; 0 = unknown.

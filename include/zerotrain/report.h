@@ -87,6 +87,11 @@ struct StepReport {
     double read_wait_ms = 0, write_wait_ms = 0, visit_ms = 0;
     int64_t bytes_read = 0, bytes_written = 0;
   } nvme;
+  // The model's own values for this step (EngineOptions::on_report fills them; an MoE
+  // model under `zerotrain train`: moe_aux_loss, moe_dropped_fraction,
+  // moe_tokens_per_expert, ... in docs/moe.md). Keys join the metrics line at the top
+  // level; numbers, and arrays of numbers (as key/<i>), become monitor events.
+  nlohmann::json extra = nlohmann::json::object();
   nlohmann::json to_json() const;
 };
 

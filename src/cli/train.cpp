@@ -90,7 +90,10 @@ const char* kTrainUsage =
     "                      N copies of it (docs/moe.md); --moe-k 1|2 (default 2), --moe-capacity-factor F\n"
     "                      (drop tokens beyond capacity F; default dropless), --moe-aux-coef X (the\n"
     "                      load-balancing loss's weight in the loss, default 0.01). --model gpt2-tiny-moe\n"
-    "                      is gpt2-tiny with --moe-experts 4\n"
+    "                      is gpt2-tiny with --moe-experts 4. --metrics and --summary get the routing\n"
+    "                      (moe_aux_loss, moe_dropped_fraction, moe_tokens_per_expert; docs/moe.md)\n"
+    "  --moe-timing        time the MoE layers' all-to-alls (CUDA events; --ep N > 1) into --metrics and\n"
+    "                      --summary as moe_all_to_all_ms\n"
     "  --profile STEP      profile that step (0-based) with Kineto: writes PATH.rank<R>.json (Chrome\n"
     "                      trace) and PATH.rank<R>.txt (GPU time by kernel kind, top kernels)\n"
     "  --profile-out PATH  where (default zerotrain-profile)\n"
@@ -186,6 +189,7 @@ TrainArgs parse_train_args(int argc, char** argv) {
   f.count("--moe-every", a.moe.every, 1);
   f.number("--moe-capacity-factor", a.moe.capacity_factor, 1e-9);
   f.number("--moe-aux-coef", a.moe.aux_coef, 0.0);
+  f.flag("--moe-timing", a.moe.timing);
   a.help = !f.parse(argc, argv);
   if (a.help) return a;
   ZT_CHECK_T(!a.config.empty(), UsageError, "train: --config CONFIG.json is required (see zerotrain train --help)");
@@ -626,8 +630,64 @@ int cmd_train(int argc, char** argv) {
 
   const double flops_per_token = model.flops_per_token(seq);
 
+  // [MoE Metrics] An MoE model: after each micro-batch's backward the routing of its
+  // forward and its all-to-all spans are kept by step; when the step's report resolves
+  // (its device work done: reading the aux loss and the spans waits for nothing),
+  // on_report puts them into StepReport::extra, so the metrics line, the monitor and the
+  // progress line get them (docs/moe.md):
+  //   moe_aux_loss             unscaled sum over the MoE blocks, mean over the micro-batches
+  //   moe_dropped_fraction     mean over the MoE blocks and micro-batches
+  //   moe_tokens_per_expert    [E]: assignments each expert kept, summed over the MoE blocks
+  //                            and micro-batches (sum = blocks x tokens x k x (1 - dropped))
+  //   moe_tokens_per_expert_by_layer   [MoE block][E], the same per block
+  //   moe_all_to_all_ms / moe_all_to_all_calls   (--moe-timing) the all-to-alls' time, forward
+  //                            and backward, summed over the step, and their count
+  // All of this rank's tokens (rank 0's in the files).
+  struct MoeStep {
+    torch::Tensor aux_sum;
+    double dropped_sum = 0;
+    int64_t micro = 0;
+    std::vector<std::vector<int64_t>> kept;  // [MoE block][E]
+    std::vector<DeviceSpan> all_to_all;
+  };
+  std::map<int64_t, MoeStep> moe_steps;  // by global step (StepReport::step)
+  auto moe_record = [&](int64_t step, TrainModel::MoeStats st) {
+    MoeStep& m = moe_steps[step];
+    m.aux_sum = m.aux_sum.defined() ? m.aux_sum + st.aux_loss : st.aux_loss;
+    m.dropped_sum += st.dropped_fraction;
+    ++m.micro;
+    if (m.kept.empty()) {
+      m.kept = std::move(st.kept_per_expert);
+    } else {
+      for (size_t b = 0; b < m.kept.size() && b < st.kept_per_expert.size(); ++b)
+        for (size_t e = 0; e < m.kept[b].size() && e < st.kept_per_expert[b].size(); ++e) m.kept[b][e] += st.kept_per_expert[b][e];
+    }
+    for (auto& sp : st.all_to_all) m.all_to_all.push_back(std::move(sp));
+  };
+  auto moe_report = [&](StepReport& r) {
+    auto it = moe_steps.find(r.step);
+    if (it == moe_steps.end()) return;
+    const MoeStep& m = it->second;
+    const double n = static_cast<double>(std::max<int64_t>(1, m.micro));
+    r.extra["moe_aux_loss"] = m.aux_sum.defined() ? m.aux_sum.item<double>() / n : 0.0;
+    r.extra["moe_dropped_fraction"] = m.dropped_sum / n;
+    std::vector<int64_t> total(m.kept.empty() ? 0 : m.kept.front().size(), 0);
+    for (const auto& row : m.kept)
+      for (size_t e = 0; e < row.size() && e < total.size(); ++e) total[e] += row[e];
+    r.extra["moe_tokens_per_expert"] = total;
+    r.extra["moe_tokens_per_expert_by_layer"] = m.kept;
+    if (a.moe.timing) {
+      double ms = 0;
+      for (const auto& sp : m.all_to_all) ms += sp.ms();
+      r.extra["moe_all_to_all_ms"] = ms;
+      r.extra["moe_all_to_all_calls"] = m.all_to_all.size();
+    }
+    moe_steps.erase(it);
+  };
+
   EngineOptions eo;
   eo.metrics_path = a.metrics;
+  if (model.moe) eo.on_report = moe_report;
   model.engine_options(eo);
   eo.max_skipped_steps = a.max_skipped_steps;
   if (a.no_decay_1d) eo.param_groups = no_decay_groups(*model.module, cfg.optimizer.params.weight_decay);
@@ -862,6 +922,9 @@ int cmd_train(int argc, char** argv) {
   int64_t timed_steps = 0, skipped_steps = 0;
   PhaseStats peak_fwd, peak_bwd, peak_step;
   std::map<std::string, double> phase_ms_sum{{"forward", 0}, {"backward", 0}, {"step", 0}};
+  nlohmann::json moe_last;  // the last step's [MoE Metrics]
+  double moe_dropped_sum = 0, moe_a2a_sum = 0;  // over the timed steps
+  int64_t moe_timed = 0;
   StepProfiler profiler;
   auto sync_device = [&] {
 #ifdef ZT_WITH_CUDA
@@ -883,9 +946,7 @@ int cmd_train(int argc, char** argv) {
   // and the time left (mean step time x steps to go) settle as the run goes; until a timed
   // step is done the line shows the step's own time and "left ?". MFU needs the device's
   // peak (--peak-tflops or the table); the grad norm shows when the step computed it.
-  // An MoE model: the aux loss (unscaled sum over the MoE blocks, of the step's last
-  // micro-batch on this rank) and dropped fraction, read after the forward of printed steps.
-  std::map<int64_t, std::pair<double, double>> moe_of;
+  // An MoE model: the step's aux loss and dropped fraction ([MoE Metrics]).
   auto progress_line = [&](const StepReport& r, double loss, int64_t s, int64_t epoch) {
     const auto now = std::chrono::steady_clock::now();
     double step_s = (r.forward.ms + r.backward.ms + r.step_phase.ms) / 1000.0;  // this step, on the device
@@ -905,10 +966,10 @@ int cmd_train(int argc, char** argv) {
                           static_cast<long long>(a.steps), loss, r.skipped ? " (skipped)" : "", r.lr);
     std::string line(buf, static_cast<size_t>(n));
     if (r.grad_norm > 0) line += detail::cat(" | grad norm ", log_num(r.grad_norm));
-    if (auto it = moe_of.find(s); it != moe_of.end()) {
-      std::snprintf(buf, sizeof(buf), " | moe aux %.4f, dropped %.3f", it->second.first, it->second.second);
+    if (r.extra.contains("moe_aux_loss")) {
+      std::snprintf(buf, sizeof(buf), " | moe aux %.4f, dropped %.3f", r.extra["moe_aux_loss"].get<double>(),
+                    r.extra["moe_dropped_fraction"].get<double>());
       line += buf;
-      moe_of.erase(it);
     }
     std::snprintf(buf, sizeof(buf), " | %.1f ms/step | %.0f tokens/s", step_s * 1000, tok_s);
     line += buf;
@@ -938,6 +999,14 @@ int cmd_train(int argc, char** argv) {
     if (s == start) first_loss = loss;
     if (r.skipped) ++skipped_steps;
     last_loss = loss;
+    if (r.extra.contains("moe_aux_loss")) {  // [MoE Metrics]: the summary's
+      moe_last = r.extra;
+      if (s >= first_timed) {
+        ++moe_timed;
+        moe_dropped_sum += r.extra["moe_dropped_fraction"].get<double>();
+        if (r.extra.contains("moe_all_to_all_ms")) moe_a2a_sum += r.extra["moe_all_to_all_ms"].get<double>();
+      }
+    }
     if (s >= first_timed) {
       phase_ms_sum["forward"] += r.forward.ms;
       phase_ms_sum["backward"] += r.backward.ms;
@@ -972,13 +1041,13 @@ int cmd_train(int argc, char** argv) {
     for (int64_t k = 0; k < cfg.gradient_accumulation_steps; ++k) {
       auto [x, y] = loader.next();
       auto loss = engine->forward([&] { return model.loss(x, y); });
-      if (model.moe && printed(s) && k + 1 == cfg.gradient_accumulation_steps) moe_of[s] = model.moe();
       if (dp_mean_loss && printed(s)) {
         // A copy: the all-reduce is in place, and the engine reads the loss for its report.
         auto l = loss.detach().to(torch::kFloat);
         step_loss = step_loss.defined() ? step_loss + l : l.clone();
       }
       engine->backward(loss);
+      if (model.moe) moe_record(engine->global_steps() + 1, model.moe());
       // step() publishes an asynchronous save whose files are written: its failure
       // surfaces here, after the step itself is done.
       periodic([&] { engine->step(); }, engine->global_steps());
@@ -1109,6 +1178,19 @@ int cmd_train(int argc, char** argv) {
           {"last_step", engine->last_report().to_json()},  // exposed comm, ZeRO-3 gathers, ...
       };
       if (!saves.empty()) sj["checkpoint_saves"] = saves;
+      if (!moe_last.is_null()) {
+        // [MoE Metrics] of rank 0: the last step's aux loss and tokens per expert; the
+        // dropped fraction and all-to-all time as means over the timed steps (the last
+        // step's when none was timed).
+        sj["moe_aux_loss"] = moe_last["moe_aux_loss"];
+        sj["moe_tokens_per_expert"] = moe_last["moe_tokens_per_expert"];
+        sj["moe_tokens_per_expert_by_layer"] = moe_last["moe_tokens_per_expert_by_layer"];
+        sj["moe_dropped_fraction"] = moe_timed ? moe_dropped_sum / moe_timed : moe_last["moe_dropped_fraction"].get<double>();
+        if (moe_last.contains("moe_all_to_all_ms")) {
+          sj["moe_all_to_all_ms"] = moe_timed ? moe_a2a_sum / moe_timed : moe_last["moe_all_to_all_ms"].get<double>();
+          sj["moe_all_to_all_calls"] = moe_last["moe_all_to_all_calls"];
+        }
+      }
       if (!evals.empty()) {
         sj["validation"] = evals;
         sj["val_loss"] = evals.back()["val_loss"];

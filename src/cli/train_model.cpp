@@ -96,6 +96,11 @@ models::LlamaForCausalLM build_llama_layerwise(const models::LlamaConfig& mc, co
   return model;
 }
 
+TrainModel::MoeStats gpt2_moe_stats(models::GPT2Impl& m) {
+  return {m.last_moe_aux_tensor(), m.last_moe_dropped_fraction(), m.last_moe_kept_per_expert(),
+          m.take_moe_all_to_all_spans()};
+}
+
 TrainModel build_gpt2(const TrainModelOptions& o, const Config& cfg) {
   models::GPT2Config mc = models::named_gpt2(o.model);
   if (o.layers) mc.n_layer = o.layers;
@@ -109,7 +114,7 @@ TrainModel build_gpt2(const TrainModelOptions& o, const Config& cfg) {
     ZT_CHECK_T(o.init_from.empty(), ConfigError, "train: --moe-* with --init-from: Hugging Face GPT-2 weights have "
                "no experts; drop one");
     if (o.moe.experts) mc.moe_num_experts = o.moe.experts;
-    ZT_CHECK_T(mc.moe_num_experts > 0, ConfigError, "train: --moe-k/--moe-every/--moe-capacity-factor/--moe-aux-coef "
+    ZT_CHECK_T(mc.moe_num_experts > 0, ConfigError, "train: --moe-k/--moe-every/--moe-capacity-factor/--moe-aux-coef/--moe-timing "
                "shape the experts of an MoE model; ", o.model, " has none: add --moe-experts N, or use gpt2-tiny-moe");
     if (o.moe.k) mc.moe_k = o.moe.k;
     if (o.moe.every) mc.moe_every = o.moe.every;
@@ -153,7 +158,8 @@ TrainModel build_gpt2(const TrainModelOptions& o, const Config& cfg) {
                                    {"k", mc.moe_k}, {"capacity_factor", mc.moe_capacity_factor},
                                    {"min_capacity", mc.moe_min_capacity}, {"drop_tokens", mc.moe_drop_tokens},
                                    {"aux_loss_coef", mc.moe_aux_loss_coef}};
-    t.moe = [m = model.ptr()] { return std::make_pair(m->last_moe_aux_loss(), m->last_moe_dropped_fraction()); };
+    model->set_moe_timing(o.moe.timing);
+    t.moe = [m = model.ptr()] { return gpt2_moe_stats(*m); };
   }
   apply_lora_options(t, model, o);
   t.engine_options = [](EngineOptions&) {};  // the engine drives GPT-2's block hooks itself
@@ -294,7 +300,8 @@ TrainModel build_ep_train_model(const TrainModelOptions& o, const Config& cfg, c
   TrainModel t = full;
   t.module = m.ptr();
   t.loss = [p = m.ptr()](const torch::Tensor& x, const torch::Tensor& y) { return p->loss(x, y); };
-  t.moe = [p = m.ptr()] { return std::make_pair(p->last_moe_aux_loss(), p->last_moe_dropped_fraction()); };
+  m->set_moe_timing(o.moe.timing);
+  t.moe = [p = m.ptr()] { return gpt2_moe_stats(*p); };
   t.model_json["expert_parallel"] = {{"size", n}};
   // Checkpoints store each expert by its global index ([Expert Checkpoints]): an ep-N
   // checkpoint is an ep-1 one, loadable at any ep.

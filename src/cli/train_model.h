@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "common/phase_timer.h"
 #include "lora/lora.h"
 #include "lora/lora_models.h"
 #include "zerotrain/comm.h"
@@ -32,7 +33,8 @@ struct TrainModelOptions {
   struct Moe {
     int64_t experts = 0, k = 0, every = 0;
     double capacity_factor = -1, aux_coef = -1;  // a capacity factor turns token drops on
-    bool any() const { return experts || k || every || capacity_factor >= 0 || aux_coef >= 0; }
+    bool timing = false;  // --moe-timing: time the all-to-alls ([MoE Timing] in models/moe.h)
+    bool any() const { return experts || k || every || capacity_factor >= 0 || aux_coef >= 0 || timing; }
   } moe;
 };
 
@@ -57,9 +59,15 @@ struct TrainModel {
   lora::LoraTargetSpace lora_space;
   int64_t nf4_bytes = 0;  // --qlora: bytes of the NF4 base weights
   int64_t lora_trainable = 0;  // the adapters' parameters, counted whole (before ZeRO-3 partitions them)
-  // An MoE model: the last loss()'s aux loss (unscaled sum over the MoE blocks) and dropped
-  // fraction (mean over them), for the log; null for a dense model.
-  std::function<std::pair<double, double>()> moe;
+  // An MoE model, after a micro-batch's backward: its routing (the last loss()) and the
+  // all-to-all spans recorded since the last call; null for a dense model.
+  struct MoeStats {
+    torch::Tensor aux_loss;   // unscaled sum over the MoE blocks, detached, on the device
+    double dropped_fraction = 0;  // mean over the MoE blocks
+    std::vector<std::vector<int64_t>> kept_per_expert;  // [MoE block][expert], after drops
+    std::vector<DeviceSpan> all_to_all;  // with --moe-timing: forward and backward
+  };
+  std::function<MoeStats()> moe;
 };
 
 // Builds the model for `cfg` (ZeRO-3: partitioned construction; activation

@@ -5,7 +5,7 @@ namespace zt {
 
 nlohmann::json StepReport::to_json() const {
   auto phase = [](const PhaseStats& p) { return nlohmann::json{{"after", p.mem_after}, {"peak", p.mem_peak}}; };
-  return {{"step", step},
+  nlohmann::json j = {{"step", step},
           {"micro_steps", micro_steps},
           {"loss", loss},
           {"lr", lr},
@@ -29,6 +29,8 @@ nlohmann::json StepReport::to_json() const {
           {"nvme", {{"read_wait_ms", nvme.read_wait_ms}, {"write_wait_ms", nvme.write_wait_ms},
                     {"visit_ms", nvme.visit_ms}, {"bytes_read", nvme.bytes_read},
                     {"bytes_written", nvme.bytes_written}}}};
+  for (const auto& [k, v] : extra.items()) j[k] = v;
+  return j;
 }
 
 }  // namespace zt

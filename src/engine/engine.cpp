@@ -722,6 +722,7 @@ class EngineImpl : public Engine {
     r.step_phase = p.step.resolve();
     r.exposed_comm_ms = 0;
     for (const auto& e : p.exposed) r.exposed_comm_ms += e.ms();
+    if (opts_.on_report) opts_.on_report(r);
     last_ = r;
     report(r);
     // Kept for take_reports(); a caller that never takes them keeps only the newest.

@@ -417,6 +417,7 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   auto out = moe(layer_norm(ln_2, h1));
   aux_loss = out.aux_loss;
   dropped_fraction = out.gate.dropped_fraction;
+  kept_per_expert = std::move(out.gate.kept_counts);
   return h1 + out.output;
 }
 
@@ -552,6 +553,28 @@ torch::Tensor GPT2Impl::loss(const torch::Tensor& idx, const torch::Tensor& targ
   last_aux_ = aux.detach();
   last_dropped_ = n ? dropped / static_cast<double>(n) : 0.0;
   return lm + cfg_.moe_aux_loss_coef * aux;
+}
+
+std::vector<std::vector<int64_t>> GPT2Impl::last_moe_kept_per_expert() const {
+  std::vector<std::vector<int64_t>> out;
+  for (const auto& b : blocks_)
+    if (b->moe) out.push_back(b->kept_per_expert);
+  return out;
+}
+
+void GPT2Impl::set_moe_timing(bool on) {
+  for (auto& b : blocks_)
+    if (b->moe) b->moe->set_timing(on);
+}
+
+std::vector<DeviceSpan> GPT2Impl::take_moe_all_to_all_spans() {
+  std::vector<DeviceSpan> out;
+  for (auto& b : blocks_) {
+    if (!b->moe) continue;
+    auto s = b->moe->take_all_to_all_spans();
+    out.insert(out.end(), std::make_move_iterator(s.begin()), std::make_move_iterator(s.end()));
+  }
+  return out;
 }
 
 torch::Tensor GPT2Impl::lm_loss(const torch::Tensor& h, const torch::Tensor& targets) {

@@ -131,6 +131,7 @@ struct BlockImpl : torch::nn::Module {
   MoE moe{nullptr};                      // null in a dense block
   torch::Tensor aux_loss;                // the MoE's load-balancing loss of the last forward
   double dropped_fraction = 0.0;         // and its dropped fraction
+  std::vector<int64_t> kept_per_expert;  // and the assignments each (global) expert kept
 };
 TORCH_MODULE(Block);
 
@@ -193,6 +194,16 @@ struct GPT2Impl : torch::nn::Module, zt::ZeroModel {
   // dropped fraction (mean over the MoE blocks), for the log.
   double last_moe_aux_loss() const { return last_aux_.defined() ? last_aux_.item<double>() : 0.0; }
   double last_moe_dropped_fraction() const { return last_dropped_; }
+  // The same aux loss as a detached scalar on the model's device (no sync), and the
+  // assignments each expert kept (after drops) in the last loss(), per MoE block in block
+  // order: this process's tokens, all E experts by global index (under expert
+  // parallelism too); each block's row sums to tokens x k x (1 - its dropped fraction).
+  const torch::Tensor& last_moe_aux_tensor() const { return last_aux_; }
+  std::vector<std::vector<int64_t>> last_moe_kept_per_expert() const;
+  // [MoE Timing] in models/moe.h: time every MoE block's all-to-alls (expert parallelism),
+  // and hand over the spans recorded since the last call (forward and backward).
+  void set_moe_timing(bool on);
+  std::vector<DeviceSpan> take_moe_all_to_all_spans();
 
   int64_t num_params() const;               // all parameters (wte counted once: tied)
   int64_t num_params_non_embedding() const; // num_params minus wpe (wte stays: it is the LM head)

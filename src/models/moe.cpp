@@ -36,8 +36,18 @@ int64_t agree_capacity(int64_t c, const GateOptions& opt) {
 GateResult finish(GateResult r, const torch::Tensor& routed, const torch::Tensor& kept) {
   r.tokens_per_expert = routed;
   r.kept_per_expert = kept;
-  const auto total = routed.sum().item<int64_t>();
-  const auto k = kept.sum().item<int64_t>();
+  // One copy to the host for both counters (the routing needs it anyway: the dropped
+  // fraction is a host number).
+  const auto host = torch::stack({routed, kept}).to(torch::kCPU, torch::kLong).contiguous();
+  const int64_t E = host.size(1);
+  const int64_t* h = host.data_ptr<int64_t>();
+  r.routed_counts.assign(h, h + E);
+  r.kept_counts.assign(h + E, h + 2 * E);
+  int64_t total = 0, k = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    total += h[e];
+    k += h[E + e];
+  }
   r.dropped_fraction = total > 0 ? static_cast<double>(total - k) / static_cast<double>(total) : 0.0;
   return r;
 }
@@ -155,31 +165,40 @@ namespace {
 // all_to_all_dim0 as an autograd function. The group travels as a raw pointer in the
 // saved data: the MoE layer that calls it holds the group for as long as its graph lives.
 struct AllToAll : torch::autograd::Function<AllToAll> {
-  static torch::Tensor run(const torch::Tensor& x, comm::Group* g) {
+  static torch::Tensor run(const torch::Tensor& x, comm::Group* g, SpanLog* sink) {
     auto in = x.contiguous();
     auto out = torch::empty_like(in);
+    DeviceSpan span = sink ? DeviceSpan::start(in.device()) : DeviceSpan();  // [MoE Timing]
     g->all_to_all(out, in);
+    if (sink) {
+      span.stop();
+      sink->add(std::move(span));
+    }
     return out;
   }
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t group) {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t group,
+                               int64_t sink) {
     ctx->saved_data["group"] = group;
-    return run(x, reinterpret_cast<comm::Group*>(group));
+    ctx->saved_data["sink"] = sink;
+    return run(x, reinterpret_cast<comm::Group*>(group), reinterpret_cast<SpanLog*>(sink));
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad) {
     auto* g = reinterpret_cast<comm::Group*>(ctx->saved_data["group"].toInt());
-    return {run(grad[0], g), torch::Tensor()};
+    auto* sink = reinterpret_cast<SpanLog*>(ctx->saved_data["sink"].toInt());
+    return {run(grad[0], g, sink), torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
 
-torch::Tensor all_to_all_dim0(const torch::Tensor& x, const comm::GroupPtr& g) {
+torch::Tensor all_to_all_dim0(const torch::Tensor& x, const comm::GroupPtr& g, SpanLog* sink) {
   ZT_CHECK_T(g != nullptr, InternalError, "all_to_all_dim0 without a group");
   if (g->size() == 1) return x;
   ZT_CHECK_T(x.dim() >= 1 && x.size(0) % g->size() == 0, ConfigError, "all_to_all over ", g->size(),
              " ranks: dim 0 of shape ", x.sizes(), " does not divide into equal chunks");
-  return AllToAll::apply(x, static_cast<int64_t>(reinterpret_cast<intptr_t>(g.get())));
+  return AllToAll::apply(x, static_cast<int64_t>(reinterpret_cast<intptr_t>(g.get())),
+                         static_cast<int64_t>(reinterpret_cast<intptr_t>(sink)));
 }
 
 MoEImpl::MoEImpl(MoEOptions opt, const ExpertFactory& make_expert) : opt_(std::move(opt)) {
@@ -244,13 +263,14 @@ MoEOutput MoEImpl::forward(const torch::Tensor& x) {
   } else {
     // [Expert Parallel]: chunk j of [E, C, d] (experts of rank j) goes to rank j.
     const int64_t P = ep_size_, El = local_experts(), C = out.gate.capacity, d = opt_.hidden;
-    const auto received = all_to_all_dim0(dispatched, opt_.ep_group).view({P, El, C, d});
+    SpanLog* sink = timing_ ? a2a_log_.get() : nullptr;  // [MoE Timing]
+    const auto received = all_to_all_dim0(dispatched, opt_.ep_group, sink).view({P, El, C, d});
     for (int64_t i = 0; i < El; ++i) {
       const auto slots = received.select(1, i).reshape({P * C, d});  // every rank's slots for expert i
       outs.push_back(expert_fns[static_cast<size_t>(i)].forward(slots).view({P, C, d}));
     }
     const auto local = torch::stack(outs, 1).reshape({P * El, C, d});  // [P, El, C, d]: back by source rank
-    expert_out = all_to_all_dim0(local, opt_.ep_group);                // [E, C, d] of this rank's tokens
+    expert_out = all_to_all_dim0(local, opt_.ep_group, sink);           // [E, C, d] of this rank's tokens
   }
   auto y = torch::einsum("sec,ecm->sm", {out.gate.combine_weights.to(x.dtype()), expert_out}).reshape(x.sizes());
   if (opt_.use_residual) {

@@ -35,10 +35,12 @@
 #pragma once
 #include <torch/torch.h>
 
+#include "common/phase_timer.h"
 #include "zerotrain/comm.h"
 
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -70,6 +72,7 @@ struct GateResult {
   torch::Tensor aux_loss;            // scalar fp32
   torch::Tensor tokens_per_expert;   // [E] int64: assignments routed, before drops
   torch::Tensor kept_per_expert;     // [E] int64: assignments kept
+  std::vector<int64_t> routed_counts, kept_counts;  // the two above on the host (one copy)
   int64_t capacity = 0;
   double dropped_fraction = 0.0;     // dropped assignments / routed assignments
 };
@@ -112,9 +115,34 @@ struct MoEOutput {
 // Builds one expert: a module whose forward maps [..., hidden] -> [..., hidden].
 using ExpertFactory = std::function<torch::nn::AnyModule()>;
 
+// [MoE Timing] The all-to-alls of an MoE layer, each a DeviceSpan on the current stream
+// (common/phase_timer.h: two CUDA events around the collective, whose wait orders the
+// stream after it; wall time on the CPU), read once the step is done, so timing adds no
+// synchronization. Spans come from forward and from backward, which may run on autograd's
+// device thread: hence the lock. Off (MoEImpl::set_timing(false), the default): no log,
+// no event.
+class SpanLog {
+ public:
+  void add(DeviceSpan s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    spans_.push_back(std::move(s));
+  }
+  std::vector<DeviceSpan> take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<DeviceSpan> out;
+    out.swap(spans_);
+    return out;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<DeviceSpan> spans_;
+};
+
 // The all-to-all of equal chunks along dim 0 over `g`, differentiable (its backward is
-// the same all-to-all of the gradient). x.size(0) must divide by g's size.
-torch::Tensor all_to_all_dim0(const torch::Tensor& x, const comm::GroupPtr& g);
+// the same all-to-all of the gradient). x.size(0) must divide by g's size. With `sink`
+// each call (forward and backward) adds its span there; `sink` must outlive the graph.
+torch::Tensor all_to_all_dim0(const torch::Tensor& x, const comm::GroupPtr& g, SpanLog* sink = nullptr);
 
 // DeepSpeed's MoE layer. Parameters: gate.weight [E, hidden] (no bias), experts.<i>.* for
 // this rank's experts (i local; global index first_expert() + i), and with use_residual mlp.* (one more expert) and
@@ -128,6 +156,11 @@ struct MoEImpl : torch::nn::Module {
   // Experts on this rank, and the global index of the first ([Expert Parallel]).
   int64_t local_experts() const { return static_cast<int64_t>(expert_fns.size()); }
   int64_t first_expert() const { return first_expert_; }
+  // [MoE Timing]: time each all-to-all of this layer (forward and backward; expert
+  // parallelism only: at ep 1 there is none); take_all_to_all_spans() hands over the
+  // spans recorded since the last take.
+  void set_timing(bool on) { timing_ = on; }
+  std::vector<DeviceSpan> take_all_to_all_spans() { return a2a_log_->take(); }
 
   MoEOptions opt_;
   torch::nn::Linear gate{nullptr};
@@ -140,6 +173,8 @@ struct MoEImpl : torch::nn::Module {
   std::optional<torch::Generator> gen_;
   int64_t first_expert_ = 0;
   int ep_size_ = 1;
+  bool timing_ = false;
+  std::shared_ptr<SpanLog> a2a_log_ = std::make_shared<SpanLog>();
 };
 TORCH_MODULE(MoE);
 

@@ -1,6 +1,7 @@
 // DeepSpeed's monitors over zerotrain's step reports; see monitor.h.
 #include "monitor/monitor.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -45,6 +46,17 @@ std::vector<Event> step_events(const StepReport& r, const Config& c) {
   e.push_back({"Train/Samples/peak_memory_MiB_backward", r.backward.mem_peak / kMiB, after});
   e.push_back({"Train/Samples/peak_memory_MiB_step", r.step_phase.mem_peak / kMiB, after});
   e.push_back({"Train/Samples/model_states_MiB", r.model_state.total() / kMiB, after});
+  // The model's own values (StepReport::extra): numbers, and arrays of numbers one event
+  // per element (key/<i>); anything else stays in the metrics line only.
+  for (const auto& [k, v] : r.extra.items()) {
+    if (v.is_number()) {
+      e.push_back({"Train/Samples/" + k, v.get<double>(), after});
+    } else if (v.is_array() && std::all_of(v.begin(), v.end(), [](const auto& x) { return x.is_number(); })) {
+      for (size_t i = 0; i < v.size(); ++i) {
+        e.push_back({"Train/Samples/" + k + "/" + std::to_string(i), v[i].get<double>(), after});
+      }
+    }
+  }
   return e;
 }
 

@@ -30,7 +30,8 @@ struct Event {
 // The events of one step, in the order DeepSpeed writes them: Train/Samples/train_loss at
 // the samples before the step (DeepSpeed logs it in backward, before global_samples
 // grows), then at the samples after it Train/Samples/lr, Train/Samples/loss_scale (fp16
-// only) and zerotrain's additions (grad norm, phase times and memory).
+// only) and zerotrain's additions (grad norm, phase times and memory), then the model's
+// StepReport::extra values (an MoE model: Train/Samples/moe_aux_loss, ...).
 std::vector<Event> step_events(const StepReport& r, const Config& c);
 
 // Where wandb runs go, as wandb puts them: $WANDB_DIR/wandb, or ./wandb when WANDB_DIR is
