@@ -5,6 +5,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <limits>
+#include <map>
 #include <mutex>
 
 #include "models/gpt2.h"  // linear(): addmm whose backward accumulates into W.grad
@@ -253,6 +254,9 @@ void LlamaForCausalLMImpl::init_layerwise(const InitSink& sink) {
   auto params = named_parameters();
   ParallelNormal normal;
   std::vector<std::pair<std::string, torch::Tensor>> group;  // drawn, not yet handed over
+  // Buffers of taken parameters that nothing else references, by shape: the layers are alike,
+  // so the next layer is drawn into them (no fresh pages to fault in, layer after layer).
+  std::map<std::vector<int64_t>, std::vector<torch::Tensor>> spare;
   auto flush = [&] {
     normal.run();
     for (auto& [name, t] : group) {
@@ -260,8 +264,16 @@ void LlamaForCausalLMImpl::init_layerwise(const InitSink& sink) {
       torch::Tensor& p = params[name];
       const bool taken = sink && sink(name, t);
       p.set_data(taken ? torch::empty({0}, t.options()) : t);
+      if (taken && t.storage().use_count() == 1) spare[t.sizes().vec()].push_back(std::move(t));
     }
     group.clear();
+  };
+  auto buffer = [&](const std::vector<int64_t>& shape) {
+    auto it = spare.find(shape);
+    if (it == spare.end() || it->second.empty()) return torch::empty(shape, torch::kFloat);
+    torch::Tensor t = std::move(it->second.back());
+    it->second.pop_back();
+    return t;
   };
   std::string current;
   for (const auto& kv : params) {
@@ -269,7 +281,7 @@ void LlamaForCausalLMImpl::init_layerwise(const InitSink& sink) {
     const std::string g = llama_init_group(name);
     if (!group.empty() && g != current) flush();
     current = g;
-    auto t = torch::empty(param_shape(name), torch::kFloat);
+    auto t = buffer(param_shape(name));
     switch (llama_init_of(name)) {
       case LlamaInit::kOnes: t.fill_(1.0); break;
       case LlamaInit::kZeros: t.zero_(); break;
