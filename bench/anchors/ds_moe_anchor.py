@@ -1,0 +1,376 @@
+#!/usr/bin/env python3
+"""DeepSpeed-MoE anchor: a GPT-2 whose every other block's MLP is deepspeed.moe.layer.MoE, trained
+by deepspeed.initialize on several processes with its experts split over ep ranks -- the
+counterpart of `zerotrain train --ep N --moe-experts E` (scripts/device/moe_2gpu.sh runs both;
+docs/moe.md). The same math as zerotrain's MoE GPT-2 ([GPT-2 MoE] in src/models/gpt2.h):
+
+  model      bench/anchors/gpt2.py's GPT-2 (pre-LN, fused c_attn, SDPA causal attention, tanh
+             GELU, tied head, LayerNorm eps 1e-5, GPT-2 init); blocks moe_every-1,
+             2*moe_every-1, ... (--moe-every, default 2: the odd ones) replace the MLP by
+             MoE(hidden, expert=GPT-2's MLP (c_fc C->4C, GELU tanh, c_proj 4C->C),
+             num_experts=E, ep_size=--ep, k, capacity_factor, eval_capacity_factor (the same),
+             min_capacity=4, drop_tokens, use_rts=False, noisy_gate_policy=None,
+             top2_2nd_expert_sampling=False): zerotrain's GPT-2 MoE draws nothing either, so the
+             routing is argmax / masked argmax as there. Every expert and the gate are
+             initialised as zerotrain's (expert c_fc/c_proj as GPT-2's MLP, c_proj at
+             0.02/sqrt(2L); gate N(0, 0.02), no bias), each expert from its own seed (DeepSpeed's
+             Experts deep-copies one module, so its experts would start equal).
+  loss       cross entropy (fp32 logits, mean over B*T) + --aux-coef (0.01) x the sum of the MoE
+             blocks' l_aux, as zerotrain's loss(); DeepSpeed's l_aux is zerotrain's aux loss
+             (E * sum_e me_e ce_e, first choices before drops).
+  capacity   drop_tokens: C = max(ceil(T/E * f), 4), f = capacity_factor (x2 for top-2, inside
+             DeepSpeed as in zerotrain); dropless (no --drop-tokens): C = the most assignments to
+             any expert, all-reduced (max) over the ep group.
+  training   deepspeed.initialize: bf16 (bf16 parameters, fp32 master), ZeRO --stage (1 or 2;
+             DeepSpeed refuses MoE at stage 3) with reduce_bucket_size 5e7, allgather_bucket_size
+             2e8, overlap_comm (as zerotrain's bench/configs/gpt2_bf16_z{1,2}.json), its AdamW
+             (FusedAdam; lr 1e-4, betas 0.9/0.999, eps 1e-8, wd 0), clip 1.0, the parameters split
+             with deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer (the
+             experts' own group, reduced over expert-dp), DeepSpeed's E + D rank layout.
+  data       random tokens, (micro, seq + 1) per rank per step (seed + rank): x = [:, :-1], y = [:, 1:]
+  timing     --warmup steps, then --steps timed steps, each ended by a cuda synchronize:
+             ms_per_iter = the median (max over ranks); tokens_per_s = world x micro x seq /
+             (ms / 1000) (each data-parallel replica's tokens once; dp = world under E + D);
+             peak_gib = max over ranks of torch.cuda.max_memory_allocated over the run.
+  routing    rank 0's tokens, its last timed step: aux_loss (unscaled sum over the MoE blocks),
+             tokens_per_expert (kept assignments summed over the MoE blocks: min(routed_e, C),
+             since a top-2 second choice takes the slots after every first choice, as in
+             zerotrain), dropped_fraction (mean over the timed steps); all_to_all_ms: the MoE
+             all-to-alls of a step, forward and backward, each between two CUDA events on the
+             current stream (DeepSpeed's _AllToAll wrapped; the same measure as zerotrain's
+             --moe-timing), mean over the timed steps; --no-a2a-timing leaves it out.
+
+Run (2 GPUs, ep 2), from the repository root, after installing the DeepSpeed wheel (.whl/):
+  torchrun --nproc_per_node 2 bench/anchors/ds_moe_anchor.py --layers 24 --embd 1024 --heads 16 \\
+      --seq 1024 --micro 4 --experts 8 --k 2 --ep 2 --capacity-factor 1.0 --drop-tokens --stage 2 --out r.json
+Rank 0 prints one JSON line and writes it to --out. `--device cpu` (gloo, fp32, torch AdamW) is a
+smoke test on CPU ranks (DS_ACCELERATOR=cpu).
+"""
+import os
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpt2 import MLP, CausalSelfAttention, GPTConfig, cross_entropy_loss  # noqa: E402
+
+GIB = 2**30
+
+
+class A2ATimes:
+    """The all-to-alls of the MoE layers, each as (start, end) CUDA events (CPU: host times)."""
+
+    def __init__(self):
+        self.on, self.spans = False, []
+
+    def take_ms(self):
+        ms = 0.0
+        for s, e in self.spans:
+            ms += s.elapsed_time(e) if isinstance(s, torch.cuda.Event) else (e - s) * 1e3
+        self.spans = []
+        return ms
+
+
+A2A = A2ATimes()
+
+
+def timed_all_to_all(group, x):
+    """DeepSpeed's _AllToAll.forward (all_to_all_single of equal chunks), between two events."""
+    import torch.distributed as dist
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    if not A2A.on:
+        dist.all_to_all_single(out, x, group=group)
+        return out
+    if x.is_cuda:
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        dist.all_to_all_single(out, x, group=group)  # the current stream waits for it
+        e.record()
+        A2A.spans.append((s, e))
+    else:
+        t0 = time.perf_counter()
+        dist.all_to_all_single(out, x, group=group)
+        A2A.spans.append((t0, time.perf_counter()))
+    return out
+
+
+class TimedAllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, group, x):
+        ctx.group = group
+        return timed_all_to_all(group, x)
+
+    @staticmethod
+    def backward(ctx, *grad):
+        return None, TimedAllToAll.apply(ctx.group, *grad)
+
+
+class MoEBlock(nn.Module):
+    """GPT-2's block with its MLP replaced by DeepSpeed's MoE of GPT-2 MLPs."""
+
+    def __init__(self, cfg, a, layer):
+        super().__init__()
+        from deepspeed.moe.layer import MoE
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=1e-5)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=1e-5)
+        self.moe = MoE(hidden_size=cfg.n_embd, expert=MLP(cfg), num_experts=a.experts, ep_size=a.ep, k=a.k,
+                       capacity_factor=a.capacity_factor, eval_capacity_factor=a.capacity_factor,
+                       min_capacity=a.min_capacity, use_residual=False, noisy_gate_policy=None,
+                       drop_tokens=a.drop_tokens, use_rts=False, top2_2nd_expert_sampling=False)
+        self.layer = layer
+        self.l_aux = None
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        y, self.l_aux, self.exp_counts = self.moe(self.ln_2(x))
+        return x + y
+
+
+class DenseBlock(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=1e-5)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=1e-5)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class MoEGPT2(nn.Module):
+    def __init__(self, cfg, a, ep_rank):
+        super().__init__()
+        self.cfg, self.aux_coef = cfg, a.aux_coef
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
+        self.h = nn.ModuleList([MoEBlock(cfg, a, i) if (i + 1) % a.moe_every == 0 else DenseBlock(cfg)
+                                for i in range(cfg.n_layer)])
+        self.ln_f = nn.LayerNorm(cfg.n_embd, eps=1e-5)
+        self.reset_parameters(a.seed, ep_rank)
+
+    def moe_blocks(self):
+        return [b for b in self.h if isinstance(b, MoEBlock)]
+
+    @torch.no_grad()
+    def reset_parameters(self, seed, ep_rank):
+        std, proj_std = 0.02, 0.02 / math.sqrt(2 * self.cfg.n_layer)
+        torch.manual_seed(seed)
+        for name, m in self.named_modules():
+            if ".deepspeed_experts." in name:
+                continue  # below, each expert from its own seed
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, mean=0.0, std=proj_std if name.endswith("c_proj") else std)
+                if m.bias is not None:  # the gate has none
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Embedding):
+                nn.init.normal_(m.weight, mean=0.0, std=std)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        for b in self.moe_blocks():
+            experts = b.moe.deepspeed_moe.experts.deepspeed_experts
+            for i, ex in enumerate(experts):
+                g = torch.Generator().manual_seed(seed + 1000 * (b.layer + 1) + ep_rank * len(experts) + i)
+                for lin, s in ((ex.c_fc, std), (ex.c_proj, proj_std)):
+                    lin.weight.copy_(torch.randn(lin.weight.shape, generator=g) * s)
+                    lin.bias.zero_()
+
+    def forward(self, idx, targets):
+        T = idx.size(1)
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        for blk in self.h:
+            x = blk(x)
+        logits = F.linear(self.ln_f(x), self.wte.weight)
+        lm = cross_entropy_loss(logits, targets)
+        aux = sum(b.l_aux for b in self.moe_blocks())
+        self.last_aux = aux.detach()
+        return lm + self.aux_coef * aux
+
+
+def ds_config(a):
+    params = {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
+    if a.device == "cpu":
+        params.update(torch_adam=True, adam_w_mode=True)  # FusedAdam needs CUDA
+    return {
+        "train_micro_batch_size_per_gpu": a.micro,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0,
+        "steps_per_print": 1 << 30,
+        "bf16": {"enabled": a.device == "cuda"},
+        "optimizer": {"type": "AdamW", "params": params},
+        "zero_optimization": {"stage": a.stage, "reduce_bucket_size": 5e7, "allgather_bucket_size": 2e8,
+                              "overlap_comm": a.overlap_comm},
+        "wall_clock_breakdown": False,
+    }
+
+
+def kept_and_dropped(model, a, tokens):
+    """Per MoE block: kept assignments per expert (min(routed_e, C)) and the dropped fraction."""
+    kept_rows, dropped = [], []
+    for b in model.moe_blocks():
+        routed = b.exp_counts.detach().to("cpu", torch.long)
+        if a.drop_tokens:
+            f = a.capacity_factor * (2 if a.k == 2 else 1)
+            cap = max(math.ceil(tokens / a.experts * f), a.min_capacity)
+            kept = torch.minimum(routed, torch.tensor(cap))
+        else:
+            kept = routed
+        kept_rows.append(kept.tolist())
+        dropped.append(1.0 - kept.sum().item() / max(1, routed.sum().item()))
+    return kept_rows, sum(dropped) / max(1, len(dropped))
+
+
+def run(a, out):
+    import deepspeed
+    import torch.distributed as dist
+    from deepspeed.moe import sharded_moe
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+    out["deepspeed"] = deepspeed.__version__
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if a.experts % a.ep or world % a.ep:
+        raise SystemExit(f"--experts {a.experts} and the world {world} must divide by --ep {a.ep}")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if a.device == "cuda" else torch.device("cpu")
+    sharded_moe._AllToAll = TimedAllToAll  # MOELayer.forward looks the name up at each call
+    A2A.on = a.a2a_timing
+    cfg = GPTConfig("moe", n_layer=a.layers, n_head=a.heads, n_embd=a.embd, vocab_size=a.vocab,
+                    n_positions=max(1024, a.seq), seq=a.seq)
+    model = MoEGPT2(cfg, a, ep_rank=rank % a.ep)  # E + D: the ep groups are consecutive ranks
+    n_local = sum(p.numel() for p in model.parameters())
+    groups = split_params_into_different_moe_groups_for_optimizer(
+        [{"params": [p for p in model.parameters()], "name": "parameters"}])
+    t_build = time.perf_counter()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_config(a))
+    out["build_s"] = time.perf_counter() - t_build
+    out["optimizer"] = f"{type(engine.optimizer).__name__}({type(engine.basic_optimizer).__name__})"
+    expert_numel = sum(p.numel() for n, p in model.named_parameters() if ".deepspeed_experts." in n)
+    out["n_params"] = n_local - expert_numel + expert_numel * a.ep  # every expert once
+    out["moe_blocks"] = len(model.moe_blocks())
+
+    g = torch.Generator(device="cpu").manual_seed(a.seed + rank)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times, losses, dropped, a2a = [], [], [], []
+    kept = aux = None
+    for s in range(a.warmup + a.steps):
+        tok = torch.randint(0, a.vocab, (a.micro, a.seq + 1), generator=g).to(device)
+        x, y = tok[:, :-1].contiguous(), tok[:, 1:].contiguous()
+        sync()
+        t0 = time.perf_counter()
+        loss = engine(x, y)
+        engine.backward(loss)
+        engine.step()
+        sync()
+        dt = (time.perf_counter() - t0) * 1e3
+        losses.append(loss.item())
+        step_a2a = A2A.take_ms()
+        if s >= a.warmup:
+            times.append(dt)
+            a2a.append(step_a2a)
+            kept, d = kept_and_dropped(model, a, a.micro * a.seq)
+            dropped.append(d)
+            aux = model.last_aux.float().item()
+    med = torch.tensor([statistics.median(times), statistics.mean(a2a)], dtype=torch.float64, device=device)
+    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+    ms = med[0].item()
+    peak = torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else 0.0
+    peaks = [None] * world
+    dist.all_gather_object(peaks, peak)
+    per_expert = [sum(col) for col in zip(*kept)] if kept else []
+    out.update(ms_per_iter=ms, tokens_per_s=world * a.micro * a.seq / (ms / 1e3), peak_gib=max(peaks),
+               peak_gib_per_rank=peaks, loss_first=losses[0], loss=losses[-1], loss_last=losses[-1],
+               losses=losses, aux_loss=aux, dropped_fraction=statistics.mean(dropped),
+               tokens_per_expert=per_expert, tokens_per_expert_by_layer=kept,
+               all_to_all_ms=statistics.mean(a2a) if a.a2a_timing else None,
+               all_to_all_ms_max_rank=med[1].item() if a.a2a_timing else None,
+               device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+               torch=torch.__version__)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layers", type=int, default=24)
+    p.add_argument("--embd", type=int, default=1024)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--vocab", type=int, default=50257)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--micro", type=int, default=4, help="micro-batch per rank")
+    p.add_argument("--experts", type=int, default=8)
+    p.add_argument("--k", type=int, default=2, choices=(1, 2))
+    p.add_argument("--ep", type=int, default=2)
+    p.add_argument("--moe-every", type=int, default=2, help="blocks every-1, 2*every-1, ... are MoE")
+    p.add_argument("--capacity-factor", type=float, default=1.0)
+    p.add_argument("--drop-tokens", action="store_true", help="drop beyond capacity (default: dropless)")
+    p.add_argument("--min-capacity", type=int, default=4)
+    p.add_argument("--aux-coef", type=float, default=0.01)
+    p.add_argument("--stage", type=int, default=2, choices=(0, 1, 2))
+    p.add_argument("--overlap-comm", type=int, default=1, choices=(0, 1))
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--no-a2a-timing", dest="a2a_timing", action="store_false")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: smoke test (gloo, fp32)")
+    p.add_argument("--out", default="")
+    a = p.parse_args()
+    a.overlap_comm = bool(a.overlap_comm)
+    if a.steps < 1:
+        p.error("--steps must be >= 1")
+
+    rank = int(os.environ.get("RANK", 0))
+    out = {"anchor": f"DeepSpeed-MoE ZeRO-{a.stage}", "layers": a.layers, "embd": a.embd, "heads": a.heads,
+           "vocab": a.vocab, "seq": a.seq, "micro_batch": a.micro, "experts": a.experts, "k": a.k, "ep": a.ep,
+           "moe_every": a.moe_every, "capacity_factor": a.capacity_factor, "drop_tokens": a.drop_tokens,
+           "min_capacity": a.min_capacity, "aux_coef": a.aux_coef, "stage": a.stage, "overlap_comm": a.overlap_comm,
+           "steps": a.steps, "warmup": a.warmup, "dtype": "bf16" if a.device == "cuda" else "fp32",
+           "world": int(os.environ.get("WORLD_SIZE", 1))}
+    try:
+        if a.device == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        else:
+            dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(dev)
+            # DeepSpeed's op builder cannot parse an arch suffix ("9.0a"): build FusedAdam for this device
+            arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
+            if arch is not None and any(c.isalpha() for c in arch.replace("PTX", "")):
+                cap = torch.cuda.get_device_capability(dev)
+                os.environ["TORCH_CUDA_ARCH_LIST"] = f"{cap[0]}.{cap[1]}"
+        import deepspeed
+        deepspeed.init_distributed(dist_backend="gloo" if a.device == "cpu" else "nccl")
+        run(a, out)
+        out["status"] = "ok"
+    except BaseException as e:  # noqa: BLE001  (SystemExit included: one JSON line either way)
+        traceback.print_exc()
+        out.update(status="error", error=f"{type(e).__name__}: {e}")
+    if rank == 0:
+        line = json.dumps(out, default=str)
+        if a.out:
+            with open(a.out, "w") as f:
+                f.write(line + "\n")
+        print(line, flush=True)
+    if out["status"] != "ok":
+        sys.stdout.flush()
+        os._exit(1)  # a peer may be stuck in a collective: do not wait for the process group
+    import torch.distributed as dist
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
