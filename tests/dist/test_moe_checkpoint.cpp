@@ -5,9 +5,9 @@
 // The MoE GPT-2 tiny (gpt2-tiny-moe: block 1 an MoE of 4 experts, top-2, dropless) trains 6
 // steps of one global batch of 8 sequences each (each of W ranks takes 8/W of them), AdamW
 // with a warm-up schedule and clipping. Each row trains 3 steps at ep 2 (world 2, expert-dp 1;
-// world 4, expert-dp 2), saves, loads into a fresh engine (other initial weights) at ep 1
-// (world 1 and 2), ep 2 (world 2 at ZeRO-3; world 4, expert-dp 2) or ep 4 (world 4), and
-// trains 3 more steps.
+// world 4, expert-dp 2, saved asynchronously), saves, loads into a fresh engine (other
+// initial weights) at ep 1 (world 1 and 2), ep 2 (world 2 at ZeRO-3; world 4, expert-dp 2)
+// or ep 4 (world 4), and trains 3 more steps.
 // The reference is the same at ep 1: 6 uninterrupted steps when the world size stays, else 3
 // steps at the saving world size, an ep-1 checkpoint (the dense path, bit-exact by
 // CheckpointUniversal) and 3 steps at the loading one (the aux loss is per rank's tokens, so
@@ -165,14 +165,17 @@ struct Layout {
   }
 };
 
-// Trains 3 steps at `save` and saves into dir; returns the global losses (on its ranks).
-std::vector<double> train_and_save(const comm::GroupPtr& w, const Layout& save, const std::string& dir) {
+// Trains 3 steps at `save` and saves into dir (asynchronously when `async`: the snapshot
+// copies both shard groups' state); returns the global losses (on its ranks).
+std::vector<double> train_and_save(const comm::GroupPtr& w, const Layout& save, const std::string& dir,
+                                   bool async = false) {
   auto g = first_ranks(w, save.world);
   std::vector<double> losses;
   if (g) {
     Trainer t = make_trainer(g, save.ep, save.stage, 11);
     losses = train(t, g, 0, kSaveAt);
-    t.engine->save_checkpoint(dir, "moe");
+    t.engine->save_checkpoint(dir, "moe", nlohmann::json::object(), async);
+    t.engine->wait_checkpoint();
   }
   w->barrier();
   return losses;
@@ -233,7 +236,7 @@ TEST(MoECheckpoint, SavedAtEp2LoadsAtEp1Ep2AndEp4) {
   }
   for (const Layout& save : saves) {
     test_support::SharedTempDir dir(w, "moe_ckpt");
-    const std::vector<double> first = train_and_save(w, save, dir.path);
+    const std::vector<double> first = train_and_save(w, save, dir.path, /*async=*/save.world == 4);
     const Reference same = reference(w, save.world, save.world);
     if (w->rank() < save.world) {
       for (int s = 0; s < kSaveAt; ++s) EXPECT_NEAR(first[s], same.loss[s], kTol) << save.tag() << " step " << s + 1;
