@@ -21,88 +21,54 @@ int group_rank(const comm::GroupPtr& g) { return g ? g->rank() : 0; }
 // the weight gradient and reduce-scatters the input gradient (Korthikanti et al. 2022,
 // section 4.2.2). Saving the gathered input, as autograd through gather_from_sequence and
 // a plain linear would, keeps tp times more activation bytes per column-parallel layer.
-//
-// [Column-Parallel Backward Overlap] Without sequence parallelism the node saves x whole
-// and its input gradient is all-reduced over tp (copy_to_region's conjugate). Both forms
-// overlap their collectives with the GEMMs, as Megatron's
-// LinearWithGradAccumulationAndAsyncCommunication does: the re-gather of x (sequence
-// parallel) is issued before dX = dY W and runs under it; the reduce-scatter or all-reduce
-// of dX is issued before dW = dY^T X and runs under that. The collectives are stream-ordered
-// on the group's comm stream (zerotrain/comm.h); every rank issues them in the same order.
-// The products are the ones autograd through copy_to_region + F::linear computed.
-struct ColumnParallelLinearBackward : torch::autograd::Node {
+struct SequenceParallelLinearBackward : torch::autograd::Node {
   comm::GroupPtr group;
-  bool sequence_parallel = false;
   int64_t seq_dim = 1;
-  torch::Tensor x, weight;  // detached: x whole, or its slice of the sequence; W (out/tp, in)
+  torch::Tensor x_local, weight;  // detached: x's slice of the sequence, W (out/tp, in)
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     torch::autograd::variable_list out(3);
     if (!grads[0].defined()) return out;
     const auto dy = grads[0].contiguous();  // (..., T, ..., out/tp)
     const int64_t n_out = dy.size(-1), n_in = weight.size(1);
     const auto dy2 = dy.reshape({-1, n_out});
-    const bool need_x = should_compute_output(0), need_w = should_compute_output(1);
-    comm::WorkPtr gathering, reducing;
-    torch::Tensor gathered;  // (tp * T/tp, ...) with the sequence first
-    if (sequence_parallel && need_w) {
-      const auto xt = x.movedim(seq_dim, 0).contiguous();
-      auto sizes = xt.sizes().vec();
-      sizes[0] *= group->size();
-      gathered = torch::empty(sizes, xt.options());
-      gathering = group->all_gather(gathered, xt, /*async=*/true);
-    }
-    torch::Tensor dx;  // the input gradient being reduced
-    if (need_x) {
+    if (should_compute_output(0)) {
       auto dx_full = at::matmul(dy, weight);  // this rank's share of dL/dX
-      if (sequence_parallel) {
-        const auto xt = dx_full.movedim(seq_dim, 0).contiguous();
-        auto sizes = xt.sizes().vec();
-        sizes[0] /= group->size();
-        dx = torch::empty(sizes, xt.options());
-        reducing = group->reduce_scatter(dx, xt, comm::ReduceOp::kSum, /*async=*/true);
-      } else {
-        dx = std::move(dx_full);
-        reducing = group->all_reduce(dx, comm::ReduceOp::kSum, /*async=*/true);
-      }
+      auto xt = dx_full.movedim(seq_dim, 0).contiguous();
+      auto sizes = xt.sizes().vec();
+      sizes[0] /= group->size();
+      auto dx = torch::empty(sizes, xt.options());
+      group->reduce_scatter(dx, xt, comm::ReduceOp::kSum);
+      out[0] = dx.movedim(0, seq_dim).contiguous();
     }
-    if (need_w) {
-      torch::Tensor X = x;
-      if (sequence_parallel) {
-        gathering->wait();
-        X = gathered.movedim(0, seq_dim);
-      }
+    if (should_compute_output(1)) {
+      const auto X = all_gather_dim(x_local, group, seq_dim);  // re-gathered, not kept
       out[1] = at::mm(dy2.t(), X.reshape({-1, n_in}));
     }
     if (should_compute_output(2)) out[2] = dy2.sum(0);
-    if (need_x) {
-      reducing->wait();
-      out[0] = sequence_parallel ? dx.movedim(0, seq_dim).contiguous() : dx;
-    }
     return out;
   }
-  std::string name() const override { return "tp::ColumnParallelLinearBackward"; }
+  std::string name() const override { return "tp::SequenceParallelLinearBackward"; }
   void release_variables() override {
-    x.reset();
+    x_local.reset();
     weight.reset();
   }
 };
 
-torch::Tensor column_parallel_linear_node(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
-                                          const comm::GroupPtr& g, bool sp, int64_t seq_dim) {
+torch::Tensor sequence_parallel_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                                       const comm::GroupPtr& g, int64_t seq_dim) {
   torch::Tensor y;
   {
     torch::NoGradGuard no_grad;
-    y = F::linear(sp ? all_gather_dim(x, g, seq_dim) : x, w, b);
+    y = F::linear(all_gather_dim(x, g, seq_dim), w, b);
   }
   const bool needs = torch::GradMode::is_enabled() &&
                      (x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()));
   if (!needs) return y;
-  auto node = std::shared_ptr<ColumnParallelLinearBackward>(new ColumnParallelLinearBackward(),
-                                                            torch::autograd::deleteNode);
+  auto node = std::shared_ptr<SequenceParallelLinearBackward>(new SequenceParallelLinearBackward(),
+                                                              torch::autograd::deleteNode);
   node->group = g;
-  node->sequence_parallel = sp;
   node->seq_dim = seq_dim < 0 ? seq_dim + x.dim() : seq_dim;
-  node->x = x.detach();
+  node->x_local = x.detach();
   node->weight = w.detach();
   node->set_next_edges(torch::autograd::collect_next_edges(x, w, b));
   torch::autograd::set_history(y, node);
@@ -113,8 +79,8 @@ torch::Tensor column_parallel_linear_node(const torch::Tensor& x, const torch::T
 
 torch::Tensor column_parallel_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
                                      const comm::GroupPtr& g, bool sequence_parallel, int64_t seq_dim) {
-  if (active(g)) return column_parallel_linear_node(x, w, b, g, sequence_parallel, seq_dim);
-  return F::linear(x, w, b);
+  if (sequence_parallel && active(g)) return sequence_parallel_linear(x, w, b, g, seq_dim);
+  return F::linear(copy_to_region(x, g), w, b);
 }
 
 ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in, int64_t out, comm::GroupPtr g, ColumnParallelOptions o)
