@@ -16,15 +16,20 @@
 # all-to-alls' time per step (forward + backward, CUDA events: zerotrain --moe-timing, the
 # anchor's wrapped _AllToAll), dropped fraction (rank 0, mean over timed steps), aux loss, last
 # loss, and zerotrain's tokens/s over DeepSpeed's at the same stage and mode.
-# Knobs: STAGES ("2": one call of about 8-10 min; "1 3" the other stages in a second call), MODES ("drop dropless"), STEPS (10 timed), WARMUP (3), MB (4),
+# Knobs: STAGES ("2": one call of about 8-10 min; "1 3" the other stages in a second call),
+# MODES ("drop dropless"), STEPS (10 timed), WARMUP (3), MB (4),
 # SKIP_ZT, SKIP_DS, ZT_TIMEOUT (300 s per run), DS_TIMEOUT (420 s per run; the first DeepSpeed
 # run JIT-builds FusedAdam). Files: $OUT/moe_2gpu_s<STAGES>.tar.gz (summaries, metrics, logs,
-# table.json); the table is printed last.
+# table.md, table.json; re-packed after every run); the table is printed last.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site || exit 1
 STAGES=${STAGES:-2}; TAG=moe_2gpu_s${STAGES// /}
 source scripts/device/common.sh $TAG ${SKIP_ZT:+--no-build} zerotrain_cli
+# The files live outside $OUT and are re-packed into $OUT/$TAG.tar.gz after every run, so a
+# call that runs out of time still returns what finished (the device returns a few files only).
+W=/tmp/$TAG; rm -rf $W; mv $R $W; R=$W
+pack() { python3 scripts/device/moe_table.py $R > $R/table.md 2>&1; tar -czf $OUT/$TAG.tar.gz -C /tmp $TAG; }
 STEPS=${STEPS:-10}; WARMUP=${WARMUP:-3}; MB=${MB:-4}
 python3 -c "import deepspeed as d; print('deepspeed', d.__version__)" 2>&1 | tail -1
 SHAPE_ZT="--model gpt2-medium --seq 1024 --moe-experts 8 --moe-k 2 --moe-every 2"
@@ -49,10 +54,9 @@ run_ds() {  # NAME STAGE MODE: the DeepSpeed-MoE anchor on 2 processes, one JSON
 }
 for s in $STAGES; do
   for m in ${MODES:-drop dropless}; do
-    [ -n "${SKIP_ZT:-}" ] || run_zt zt_z${s}_$m $s $m
-    [ -n "${SKIP_DS:-}" ] || [ $s = 3 ] || run_ds ds_z${s}_$m $s $m
+    [ -n "${SKIP_ZT:-}" ] || { run_zt zt_z${s}_$m $s $m; pack; }
+    [ -n "${SKIP_DS:-}" ] || [ $s = 3 ] || { run_ds ds_z${s}_$m $s $m; pack; }
   done
 done
-python3 scripts/device/moe_table.py $R
-tar -czf $OUT/$TAG.tar.gz -C $OUT $TAG && rm -rf $R
+pack; cat $R/table.md; rm -rf $R
 echo "total: $(( $(date +%s) - T0 )) s"
