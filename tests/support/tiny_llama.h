@@ -7,15 +7,20 @@
 
 namespace zt_test {
 
-inline zt::models::LlamaForCausalLM tiny_qlora_llama() {
+// The shape alone (tests/unit/test_layerwise_init.cpp varies it).
+inline zt::models::LlamaConfig tiny_qlora_llama_config() {
   auto c = zt::models::named_llama("llama-tiny");
   c.hidden_size = 64;
   c.head_dim = 16;
   c.intermediate_size = 128;
   c.vocab_size = 64;
   c.max_position_embeddings = 32;
+  return c;
+}
+
+inline zt::models::LlamaForCausalLM tiny_qlora_llama() {
   torch::manual_seed(3);
-  return zt::models::LlamaForCausalLM(c);
+  return zt::models::LlamaForCausalLM(tiny_qlora_llama_config());
 }
 
 }  // namespace zt_test

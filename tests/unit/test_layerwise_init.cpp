@@ -36,12 +36,7 @@ uint32_t next_default_draw() {
 // The tiny QLoRA Llama's shape (tests/support/tiny_llama.h) and variants that change what
 // the constructors draw: biases, a tied head, a pad row, sizes that are not multiples of 16.
 std::vector<std::pair<std::string, zt::models::LlamaConfig>> configs() {
-  auto c = zt::models::named_llama("llama-tiny");
-  c.hidden_size = 64;
-  c.head_dim = 16;
-  c.intermediate_size = 128;
-  c.vocab_size = 64;
-  c.max_position_embeddings = 32;
+  const auto c = zt_test::tiny_qlora_llama_config();
   auto biased = c;
   biased.qkv_bias = true;
   biased.o_bias = true;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ckpt/fs.h"
+#include "support/run_shell.h"
 
 namespace zt_test_moe_metrics {
 namespace {
@@ -28,16 +29,8 @@ struct Cmd {
 };
 
 Cmd run_cmd(const std::string& cmd) {
-  Cmd r;
-  FILE* p = popen(("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 " + cmd + " 2>&1").c_str(),
-                  "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  const auto r = zt::test_support::run_shell("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 " + cmd);
+  return {r.code, r.output};
 }
 
 std::vector<json> json_lines(const fs::path& p) {

@@ -22,6 +22,7 @@
 #include "config/tensor_parallel_options.h"
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
+#include "support/run_shell.h"
 
 namespace zt_test_parallel_config {
 
@@ -172,15 +173,8 @@ struct CmdResult {
 };
 
 CmdResult run(const std::string& cmd) {
-  CmdResult r;
-  FILE* p = popen(("timeout -k 5 300 " + cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  const auto r = zt::test_support::run_shell("timeout -k 5 300 " + cmd);
+  return {r.code, r.output};
 }
 
 fs::path write_config(const std::string& name, const std::string& text) {
@@ -197,6 +191,24 @@ std::vector<double> printed_losses(const std::string& out, int steps) {
     v.push_back(std::stod((*it)[1].str()));
   }
   return v;
+}
+
+// A run resumed at step 3 of 6 (--steps 6 --load): it says so, and its printed losses of
+// steps 4-6 equal `want`'s (the uninterrupted run's 6) within 1e-5. Prints them and the
+// largest difference under `tag`.
+void expect_resumed_losses(const CmdResult& res, const std::vector<double>& want, const std::string& tag) {
+  ASSERT_EQ(res.rc, 0) << res.out;
+  EXPECT_TRUE(contains(res.out, "resuming at step 3 of 6")) << res.out;
+  const auto got = printed_losses(res.out, 6);
+  ASSERT_EQ(got.size(), 3u) << res.out;
+  ASSERT_GE(want.size(), 6u);
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i + 3], 1e-5) << "step " << i + 4;
+    worst = std::max(worst, std::abs(got[i] - want[i + 3]));
+  }
+  std::printf("%s: steps 4-6 %.6f %.6f %.6f, max |diff| to the uninterrupted run %.3g\n", tag.c_str(), got[0], got[1],
+              got[2], worst);
 }
 
 const std::string kZt = ZT_BINARY_DIR "/zerotrain";
@@ -382,18 +394,8 @@ TEST(ParallelCli, TrainTensorParallelCheckpointResumesAtAnotherTp) {
                             {"tp4_four_ranks", kZt + " launch -n 4 -- " + kZt + flags + " --tp 4"}};
   for (const auto& r : resumes) {
     SCOPED_TRACE(r.name);
-    const CmdResult res = run(r.cmd + " --steps 6 --load " + dir.string());
-    ASSERT_EQ(res.rc, 0) << res.out;
-    EXPECT_TRUE(contains(res.out, "resuming at step 3 of 6")) << res.out;
-    const auto got = printed_losses(res.out, 6);
-    ASSERT_EQ(got.size(), 3u) << res.out;
-    double worst = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      EXPECT_NEAR(got[i], want[i + 3], 1e-5) << "step " << i + 4;
-      worst = std::max(worst, std::abs(got[i] - want[i + 3]));
-    }
-    std::printf("[tp ckpt cli] %s: steps 4-6 %.6f %.6f %.6f, max |diff| to the uninterrupted --tp 2 run %.3g\n", r.name,
-                got[0], got[1], got[2], worst);
+    expect_resumed_losses(run(r.cmd + " --steps 6 --load " + dir.string()), want,
+                          std::string("[tp ckpt cli] ") + r.name + " (uninterrupted: --tp 2)");
   }
   // convert joins the tp shards into the whole parameters (Hugging Face names).
   const fs::path hf = dir.string() + "_hf", out = hf / "model.safetensors";
@@ -551,18 +553,8 @@ TEST(ParallelCli, TrainExpertParallelCheckpointResumesAtEpOne) {
   const auto before = printed_losses(first.out, 3);
   ASSERT_EQ(before.size(), 3u) << first.out;
   for (size_t i = 0; i < before.size(); ++i) EXPECT_NEAR(before[i], want[i], 1e-5) << "step " << i + 1 << " at --ep 2";
-  const CmdResult res = run(two + " --steps 6 --load " + dir.string());
-  ASSERT_EQ(res.rc, 0) << res.out;
-  EXPECT_TRUE(contains(res.out, "resuming at step 3 of 6")) << res.out;
-  const auto got = printed_losses(res.out, 6);
-  ASSERT_EQ(got.size(), 3u) << res.out;
-  double worst = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_NEAR(got[i], want[i + 3], 1e-5) << "step " << i + 4;
-    worst = std::max(worst, std::abs(got[i] - want[i + 3]));
-  }
-  std::printf("[ep ckpt cli] saved at --ep 2, resumed at ep 1: steps 4-6 %.6f %.6f %.6f, max |diff| to the "
-              "uninterrupted run %.3g\n", got[0], got[1], got[2], worst);
+  expect_resumed_losses(run(two + " --steps 6 --load " + dir.string()), want,
+                        "[ep ckpt cli] saved at --ep 2, resumed at ep 1");
   const fs::path out = dir.string() + "_raw.safetensors";
   const CmdResult conv = run(kZt + " convert " + dir.string() + " " + out.string() + " --raw");
   EXPECT_EQ(conv.rc, 0) << conv.out;
