@@ -17,11 +17,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <c10/core/CPUAllocator.h>
-
-#include <atomic>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <map>
 #include <string>
@@ -32,6 +28,7 @@
 #include "models/llama.h"
 #include "models/llama_tp.h"
 #include "parallel/topology.h"
+#include "support/cpu_byte_counter.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
@@ -340,49 +337,10 @@ TEST(TensorParallelGPT2Init, HeadsThatDoNotDivideAreAConfigError) {
   EXPECT_THROW(sp->forward(torch::zeros({1, 2 * world->size() + 1}, torch::kLong)), zt::ConfigError);
 }
 
-// Counts the bytes of live CPU tensors: installed as LibTorch's CPU allocator for one
-// measurement, so "bytes held after forward minus before" is what the graph keeps for
-// backward (activations, plus the scalar loss).
-class CountingAllocator final : public c10::Allocator {
- public:
-  c10::DataPtr allocate(size_t n) override {
-    auto* ctx = new Block{base_->allocate(n), n, this};
-    live_ += static_cast<int64_t>(n);
-    void* data = ctx->inner.get();
-    return {data, ctx, &release, c10::Device(c10::kCPU)};
-  }
-  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
-  int64_t live() const { return live_.load(); }
-  // Installs this allocator until the returned guard goes away.
-  struct Scope {
-    explicit Scope(CountingAllocator& a) : previous(c10::GetCPUAllocator()) {
-      a.base_ = previous;
-      c10::SetCPUAllocator(&a, kPriority);
-    }
-    ~Scope() { c10::SetCPUAllocator(previous, kPriority); }
-    c10::Allocator* previous;
-  };
-
- private:
-  static constexpr uint8_t kPriority = 200;
-  struct Block {
-    c10::DataPtr inner;
-    size_t n;
-    CountingAllocator* self;
-  };
-  static void release(void* p) {
-    auto* b = static_cast<Block*>(p);
-    b->self->live_ -= static_cast<int64_t>(b->n);
-    delete b;
-  }
-  c10::Allocator* base_ = nullptr;
-  std::atomic<int64_t> live_{0};
-};
-
 // Activation bytes per rank: what a training forward (loss) of GPT2TP keeps for backward.
 int64_t activation_bytes(const GPT2Config& cfg, const comm::GroupPtr& tp, bool sequence_parallel, int64_t batch,
                          int64_t seq) {
-  static CountingAllocator counter;  // outlives every tensor it allocated
+  static test_support::CpuByteCounter counter;  // outlives every tensor it allocated
   torch::manual_seed(kSeed);
   GPT2TP m(cfg, tp, sequence_parallel);
   auto g = at::make_generator<at::CPUGeneratorImpl>(5);
@@ -390,7 +348,7 @@ int64_t activation_bytes(const GPT2Config& cfg, const comm::GroupPtr& tp, bool s
   const auto x = idx.narrow(1, 0, seq).contiguous(), y = idx.narrow(1, 1, seq).contiguous();
   int64_t held = 0;
   {
-    CountingAllocator::Scope scope(counter);
+    test_support::CpuByteCounter::Scope scope(counter);
     const int64_t before = counter.live();
     auto loss = m->loss(x, y);
     held = counter.live() - before;
@@ -401,12 +359,12 @@ int64_t activation_bytes(const GPT2Config& cfg, const comm::GroupPtr& tp, bool s
 
 // Sequence parallelism on and off give the same loss and gradients (the equivalence table
 // above has sequence-parallel cases against tp 1); here: the activation bytes per rank.
-// Without it, each block keeps its LayerNorm outputs and residual stream (4 of the
-// (B, T, C) tensors, GPT-2 has no dropout) full on every rank and the tp-split rest
-// (q/k/v, attention output, MLP: 13 (B, T, C)-sized tensors) cut by tp: 4 + 13/tp per
-// block; with it the 4 are cut too, and each column-parallel layer keeps only its rank's
-// slice of the gathered input ([Sequence-Parallel Linear]): 17/tp. (Korthikanti et al.
-// count 10 + 24/t vs 34/t with dropout masks and 16-bit tensors; the structure is the same.)
+// Without it, each block keeps its LayerNorm inputs and outputs (4 of the (B, T, C)
+// tensors, GPT-2 has no dropout) full on every rank and the tp-split rest (q/k/v, the
+// attention output, MLP: 12 (B, T, C)-sized tensors) cut by tp: 4 + 12/tp per block; with
+// it the 4 are cut too, and each column-parallel layer keeps only its rank's slice of the
+// gathered input ([Sequence-Parallel Linear]): 16/tp. Per layer against Korthikanti et
+// al.'s formula: tests/dist/test_tp_activation_bytes.cpp.
 TEST(SequenceParallel, CutsActivationBytesPerRank) {
   auto world = comm::world_group();
   const int t = world->size();
