@@ -21,6 +21,7 @@
 #include "cli/flags.h"
 #include "data/bpe_tokenizer.h"
 #include "data/sentencepiece.h"
+#include "data/sft.h"
 #include "data/shards.h"
 #include "zerotrain/error.h"
 #include "log/log.h"
@@ -44,6 +45,10 @@ const char* kTokenizeUsage =
     "  --text-field KEY    the JSONL field holding the text (default: text)\n"
     "  --eot TOKEN         end-of-text token written before every document (default: the tokenizer's\n"
     "                      <|endoftext|>, <|end_of_text|>, </s> or <|im_end|>; a .model's </s>)\n"
+    "  --sft               supervised fine-tuning: JSONL lines {\"prompt\": ..., \"response\": ...}; each\n"
+    "                      example is prompt, response, EOS (the --eot token), packed back to back, and\n"
+    "                      a .mask file beside each shard marks the response and EOS as the only\n"
+    "                      training targets (see docs/data.md)\n"
     "Shards hold uint16 ids when the vocabulary fits (<= 65536 tokens), else uint32 (magic 20240801).\n";
 
 struct TokenizeArgs {
@@ -53,6 +58,7 @@ struct TokenizeArgs {
   double val_fraction = 0;
   int threads = 0;
   bool help = false;
+  bool sft = false;
 };
 
 TokenizeArgs parse_tokenize_args(int argc, char** argv) {
@@ -67,6 +73,7 @@ TokenizeArgs parse_tokenize_args(int argc, char** argv) {
   f.count("--shard-tokens", a.shard_tokens, 1);
   f.count("--threads", a.threads);
   f.number("--val-fraction", a.val_fraction, 0.0, 1.0);
+  f.flag("--sft", a.sft);
   f.positionals(inputs, "INPUT files");
   a.help = !f.parse(argc, argv);
   if (a.help) return a;
@@ -94,6 +101,12 @@ class SplitWriter {
     ++docs_;
     while (static_cast<int64_t>(buf_.size()) >= shard_tokens_) flush(static_cast<size_t>(shard_tokens_));
   }
+  // One SFT example (see [SFT Packing] in data/sft.h); the shards get .mask files.
+  void add_sft(int32_t eos, const std::vector<int32_t>& prompt, const std::vector<int32_t>& response) {
+    data::append_sft_example(prompt, response, eos, buf_, mask_);
+    ++docs_;
+    while (static_cast<int64_t>(buf_.size()) >= shard_tokens_) flush(static_cast<size_t>(shard_tokens_));
+  }
   void finish() {
     if (!buf_.empty()) flush(buf_.size());
   }
@@ -109,6 +122,11 @@ class SplitWriter {
     data::write_shard(path, std::span<const uint32_t>(buf_.data(), n), token_bytes_, vocab_);
     files_.push_back(path);
     tokens_ += static_cast<int64_t>(n);
+    if (!mask_.empty()) {
+      std::vector<uint32_t> m(mask_.begin(), mask_.begin() + static_cast<std::ptrdiff_t>(n));
+      data::write_shard(data::mask_path(path), m, 2, 2);
+      mask_.erase(mask_.begin(), mask_.begin() + static_cast<std::ptrdiff_t>(n));
+    }
     buf_.erase(buf_.begin(), buf_.begin() + static_cast<std::ptrdiff_t>(n));
   }
   std::string prefix_;
@@ -116,6 +134,7 @@ class SplitWriter {
   int token_bytes_;
   int64_t vocab_;
   std::vector<uint32_t> buf_;
+  std::vector<uint8_t> mask_;  // SFT only: parallel to buf_
   std::vector<std::string> files_;
   int64_t tokens_ = 0, docs_ = 0;
 };
@@ -206,6 +225,17 @@ int cmd_tokenize(int argc, char** argv) {
   auto run_batch = [&] {
     if (batch.empty()) return;
     const auto ids = encode_batch(batch);
+    if (a.sft) {  // the batch holds prompt, response, prompt, response, ...
+      for (size_t i = 0; i + 1 < ids.size(); i += 2, ++doc_index) {
+        const double f = a.val_fraction;
+        const bool is_val = f > 0 && std::floor((doc_index + 1) * f) > std::floor(doc_index * f);
+        (is_val ? val : train).add_sft(eot, ids[i], ids[i + 1]);
+      }
+      batch.clear();
+      batch_bytes = 0;
+      progress(false);
+      return;
+    }
     for (size_t i = 0; i < ids.size(); ++i, ++doc_index) {
       const double f = a.val_fraction;
       const bool is_val = f > 0 && std::floor((doc_index + 1) * f) > std::floor(doc_index * f);
@@ -219,7 +249,7 @@ int cmd_tokenize(int argc, char** argv) {
     read_bytes += bytes;
     batch_bytes += static_cast<int64_t>(doc.size());
     batch.push_back(std::move(doc));
-    if (batch_bytes >= (int64_t{8} << 20) || batch.size() >= 8192) run_batch();
+    if ((batch_bytes >= (int64_t{8} << 20) || batch.size() >= 8192) && batch.size() % 2 == 0) run_batch();
   };
   for (const auto& path : a.inputs) {
     std::ifstream in(path, std::ios::binary);
@@ -240,12 +270,20 @@ int cmd_tokenize(int argc, char** argv) {
         } catch (const std::exception& e) {
           throw ConfigError(detail::cat("tokenize: ", path, ":", lineno, ": not valid JSON: ", e.what()));
         }
+        if (a.sft) {
+          data::SftText ex = data::parse_sft_json(j, detail::cat(path, ":", lineno));
+          add_doc(std::move(ex.prompt), 0);
+          add_doc(std::move(ex.response), bytes);
+          continue;
+        }
         ZT_CHECK_T(j.is_object() && j.contains(a.text_field) && j[a.text_field].is_string(), ConfigError,
                    "tokenize: ", path, ":", lineno, ": no string field '", a.text_field,
                    "' (name the field with --text-field)");
         add_doc(j[a.text_field].get<std::string>(), bytes);
       }
     } else {
+      ZT_CHECK_T(!a.sft, ConfigError, "tokenize --sft: '", path,
+                 "' is not JSONL (.jsonl/.json/.ndjson with {\"prompt\": ..., \"response\": ...} per line)");
       std::stringstream ss;
       ss << in.rdbuf();
       std::string doc = ss.str();

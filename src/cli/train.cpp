@@ -273,6 +273,10 @@ std::shared_ptr<data::ShardDataset> open_shards(const std::vector<std::string>& 
     log::info("%s: %zu shard(s), %lld tokens, %lld windows of %lld, vocabulary %lld%s", flag, files.size(),
               static_cast<long long>(ds->num_tokens()), static_cast<long long>(ds->size()),
               static_cast<long long>(seq), static_cast<long long>(data_vocab), declared ? "" : " (from the max id)");
+    if (ds->masked_shards() > 0) {
+      log::info("%s: %lld of %zu shard(s) have a loss mask (SFT): prompt targets are ignored", flag,
+                static_cast<long long>(ds->masked_shards()), files.size());
+    }
   }
   return ds;
 }

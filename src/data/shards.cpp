@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "zerotrain/error.h"
@@ -77,6 +78,10 @@ ShardInfo read_shard_info(const std::string& path) {
   return info;
 }
 
+std::string mask_path(const std::string& shard_path) {
+  return std::filesystem::path(shard_path).replace_extension(".mask").string();
+}
+
 bool looks_like_shard(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   int32_t magic = 0;
@@ -121,6 +126,15 @@ ShardDataset::ShardDataset(const std::vector<std::string>& files, int64_t seq, i
     shards_.push_back(std::make_unique<MappedShard>(f));
     const ShardInfo& info = shards_.back()->info();
     num_tokens_ += info.num_tokens;
+    const std::string mp = mask_path(f);
+    if (std::filesystem::exists(mp)) {
+      masks_.push_back(std::make_unique<MappedShard>(mp));
+      ZT_CHECK_T(masks_.back()->info().num_tokens == info.num_tokens, ConfigError, "loss mask '", mp, "' has ",
+                 masks_.back()->info().num_tokens, " entries but its shard '", f, "' has ", info.num_tokens,
+                 " tokens (rewrite both with zerotrain tokenize --sft)");
+    } else {
+      masks_.push_back(nullptr);
+    }
     const int64_t windows = info.num_tokens > seq ? (info.num_tokens - 1) / seq : 0;
     offsets_.push_back(offsets_.back() + windows);
     if (info.vocab_size > 0) {
@@ -142,6 +156,7 @@ Example ShardDataset::get(int64_t index) const {
   const int64_t first = (index - offsets_[k]) * seq_;
   auto w = torch::empty({seq_ + 1}, torch::kLong);  // (seq+1)
   int64_t* p = w.data_ptr<int64_t>();
+  const MappedShard* mask = masks_[k].get();
   for (int64_t i = 0; i <= seq_; ++i) {
     const uint32_t t = s.token(first + i);
     ZT_CHECK_T(model_vocab_ <= 0 || static_cast<int64_t>(t) < model_vocab_, ConfigError, "shard '", s.info().path,
@@ -149,7 +164,13 @@ Example ShardDataset::get(int64_t index) const {
                " (the data was tokenized with another tokenizer than the model's)");
     p[i] = t;
   }
-  return {w.narrow(0, 0, seq_), w.narrow(0, 1, seq_)};
+  if (!mask) return {w.narrow(0, 0, seq_), w.narrow(0, 1, seq_)};
+  auto y = w.narrow(0, 1, seq_).clone();  // (seq)
+  int64_t* q = y.data_ptr<int64_t>();
+  for (int64_t i = 0; i < seq_; ++i) {
+    if (mask->token(first + i + 1) == 0) q[i] = -1;  // a prompt token: not a target
+  }
+  return {w.narrow(0, 0, seq_), y};
 }
 
 int64_t ShardDataset::max_token_id() const {
@@ -158,6 +179,12 @@ int64_t ShardDataset::max_token_id() const {
     for (int64_t i = 0; i < s->info().num_tokens; ++i) m = std::max<int64_t>(m, s->token(i));
   }
   return m;
+}
+
+int64_t ShardDataset::masked_shards() const {
+  int64_t n = 0;
+  for (const auto& m : masks_) n += m != nullptr;
+  return n;
 }
 
 }  // namespace zt::data

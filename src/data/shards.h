@@ -33,6 +33,11 @@ struct ShardInfo {
 // Writes one shard (see [Shard Format]); token_bytes 2 or 4. Throws naming the path when
 // it cannot be written or an id does not fit.
 void write_shard(const std::string& path, std::span<const uint32_t> tokens, int token_bytes, int64_t vocab_size);
+// [SFT Mask] The loss mask of shard `path` (see [SFT Packing] in data/sft.h): the same
+// path with the extension `.mask` (data_train_000000.bin -> data_train_000000.mask, so a
+// `*.bin` glob does not pick it up), in the shard format with uint16 values 0 / 1, one per
+// token, header[3] = 2. ShardDataset reads it when it exists.
+std::string mask_path(const std::string& shard_path);
 // Reads and checks the header (magic, version, that the size matches the count).
 ShardInfo read_shard_info(const std::string& path);
 // Whether the file starts with a shard magic (false for a missing or short file).
@@ -73,17 +78,22 @@ class ShardDataset : public Dataset {
   ShardDataset(const std::vector<std::string>& files, int64_t seq, int64_t model_vocab = 0);
 
   int64_t size() const override { return offsets_.back(); }
-  Example get(int64_t index) const override;  // x, y: (seq) int64
+  // x, y: (seq) int64; y[i] = -1 (ignored by the losses) where the shard has a mask
+  // ([SFT Mask]) and the mask of token i+1 is 0.
+  Example get(int64_t index) const override;
   int64_t num_tokens() const { return num_tokens_; }
   const std::vector<std::unique_ptr<MappedShard>>& shards() const { return shards_; }
   // The vocabulary the shards declare (header[3], equal across files), or 0 when none does.
   int64_t declared_vocab() const { return declared_vocab_; }
   // The largest token id in all shards (reads every page: for checks on small data).
   int64_t max_token_id() const;
+  // How many of the shards have a loss mask ([SFT Mask]).
+  int64_t masked_shards() const;
 
  private:
   int64_t seq_, model_vocab_, num_tokens_ = 0, declared_vocab_ = 0;
   std::vector<std::unique_ptr<MappedShard>> shards_;
+  std::vector<std::unique_ptr<MappedShard>> masks_;  // per shard; null when it has none
   std::vector<int64_t> offsets_;  // offsets_[k] = windows in shards before k; back() = total
 };
 
