@@ -1,18 +1,20 @@
 // Supervised fine-tuning data ([SFT Packing] in data/sft.h, [SFT Mask] in data/shards.h):
 // the mask covers exactly the response tokens and the EOS, ShardDataset turns prompt
-// targets into -1, and GPT-2's loss (fused and unfused) is the mean cross entropy over the
-// response targets only.
+// targets into -1, and the losses of GPT-2 (fused and unfused) and Llama are the mean
+// cross entropy over the response targets only.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "ckpt/fs.h"
 #include "data/bpe_tokenizer.h"
 #include "data/sft.h"
 #include "data/shards.h"
 #include "models/gpt2.h"
+#include "models/llama.h"
 #include "support/run_shell.h"
 #include "zerotrain/error.h"
 
@@ -128,19 +130,39 @@ TEST_F(SftData, LossIsTheMeanCrossEntropyOverResponseTargets) {
   const std::string a_plain = write(dir_, "a_plain", p, false), b_plain = write(dir_, "b_plain", other, false);
   constexpr int64_t kSeq = 16;
   auto example = [&](const std::string& f) { return ShardDataset({f}, kSeq, 64).get(0); };
+  // The models under test: GPT-2 with the fused LM-head loss and without, and Llama.
+  struct Case {
+    std::string name;
+    std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> loss;
+    std::function<torch::Tensor(const torch::Tensor&)> logits;
+  };
+  std::vector<Case> cases;
   for (bool fused : {true, false}) {
-    SCOPED_TRACE(fused ? "fused LM-head loss" : "unfused loss");
     torch::manual_seed(7);
     zt::models::GPT2Config cfg;
     cfg.n_layer = 2, cfg.n_head = 2, cfg.n_embd = 32, cfg.vocab_size = 64, cfg.n_positions = 32;
     cfg.fused_lm_head_loss = fused;
-    zt::models::GPT2 model(cfg);
+    zt::models::GPT2 m(cfg);
+    cases.push_back({fused ? "gpt2 fused LM-head loss" : "gpt2 unfused loss",
+                     [m](const torch::Tensor& x, const torch::Tensor& y) mutable { return m->loss(x, y); },
+                     [m](const torch::Tensor& x) mutable { return m->forward(x); }});
+  }
+  {
+    torch::manual_seed(7);
+    auto cfg = zt::models::named_llama("llama-tiny");
+    cfg.vocab_size = 64, cfg.max_position_embeddings = 32;
+    zt::models::LlamaForCausalLM m(cfg);
+    cases.push_back({"llama-tiny", [m](const torch::Tensor& x, const torch::Tensor& y) mutable { return m->loss(x, y); },
+                     [m](const torch::Tensor& x) mutable { return m->forward(x); }});
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
     torch::NoGradGuard ng;
     const Example e = example(a);
     const auto x = e.x.unsqueeze(0), y = e.y.unsqueeze(0);  // (1, T)
-    const double loss = model->loss(x, y).item<double>();
+    const double loss = c.loss(x, y).item<double>();
     // By hand: -log softmax(logits)[target] in fp64, averaged over the response targets.
-    const auto logp = torch::log_softmax(model->forward(x).to(torch::kDouble)[0], -1);  // (T, V)
+    const auto logp = torch::log_softmax(c.logits(x).to(torch::kDouble)[0], -1);  // (T, V)
     double sum = 0;
     int n = 0;
     for (int64_t i = 0; i < kSeq; ++i) {
@@ -154,11 +176,11 @@ TEST_F(SftData, LossIsTheMeanCrossEntropyOverResponseTargets) {
     // as it was, and changes the unmasked one (so the test can fail).
     const Example eb = example(b);
     ASSERT_TRUE(torch::equal(eb.x, e.x));
-    EXPECT_EQ(model->loss(eb.x.unsqueeze(0), eb.y.unsqueeze(0)).item<double>(), loss);
+    EXPECT_EQ(c.loss(eb.x.unsqueeze(0), eb.y.unsqueeze(0)).item<double>(), loss);
     const Example pa = example(a_plain), pb = example(b_plain);
-    EXPECT_NE(model->loss(pa.x.unsqueeze(0), pa.y.unsqueeze(0)).item<double>(),
-              model->loss(pb.x.unsqueeze(0), pb.y.unsqueeze(0)).item<double>());
-    EXPECT_GT(std::abs(model->loss(pa.x.unsqueeze(0), pa.y.unsqueeze(0)).item<double>() - loss), 1e-3);
+    const double plain_a = c.loss(pa.x.unsqueeze(0), pa.y.unsqueeze(0)).item<double>();
+    EXPECT_NE(plain_a, c.loss(pb.x.unsqueeze(0), pb.y.unsqueeze(0)).item<double>());
+    EXPECT_GT(std::abs(plain_a - loss), 1e-3);
   }
 }
 
