@@ -564,7 +564,13 @@ class EngineImpl : public Engine {
     parts.layout = ckpt_layout();
     add_experts(parts, "load_checkpoint");
     nlohmann::json client = ckpt::load_checkpoint(parts, dir, tag);
-    micro_ = c.micro_steps;
+    // A checkpoint is saved at a step boundary (save_checkpoint refuses otherwise), so the
+    // next window starts at micro-step 0 of the configured accumulation. Windows are
+    // `micro_ % gas`: restart the count at global_steps x this engine's gas, not the saved
+    // count, which is global_steps x the saving run's gas (a load at another
+    // gradient_accumulation_steps would otherwise make the first window short). DeepSpeed
+    // does not restore its micro_steps either; the saved count stays in the manifest.
+    micro_ = c.global_steps * cfg_.gradient_accumulation_steps;
     global_steps_ = c.global_steps;
     applied_steps_ = c.applied_steps;
     skipped_ = c.last_skipped;

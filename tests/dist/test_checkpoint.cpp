@@ -511,6 +511,54 @@ TEST(CheckpointManifest, RecordsTheZerotrainVersion) {
 }
 
 // ---------------------------------------------------------------------------------------
+// A load at another gradient_accumulation_steps: the checkpoint was saved at a step
+// boundary, so the first window after the load has exactly the new gas micro-batches
+// (the saved micro-step count is global_steps x the old gas; windows are micro % gas).
+// The global step (and with it the schedule position) stays as saved.
+
+TEST(CheckpointResumeGas, FirstWindowAfterLoadHasTheNewAccumulation) {
+  auto world = zt::comm::world_group();
+  TempDir dir(world);
+  {
+    torch::manual_seed(7);
+    Net m;
+    auto e = engine_for(m, config(1, "fp32", 2), world);
+    train(*e, m, 0, 3, /*noise=*/false);
+    ASSERT_EQ(e->micro_steps(), 6);
+    e->save_checkpoint(dir.path);
+  }
+  for (int gas : {4, 1, 3}) {
+    torch::manual_seed(99);
+    Net m;
+    auto e = engine_for(m, config(1, "fp32", gas), world);
+    e->load_checkpoint(dir.path);
+    EXPECT_EQ(e->global_steps(), 3) << "gas " << gas;
+    // Two steps: count the backward calls between the steps that step() takes.
+    const int world_size = world->size(), rank = world->rank();
+    const int64_t per_rank = kMicro * 4 / world_size;
+    int since_step = 0;
+    std::vector<int> consumed;
+    std::vector<int64_t> reported;
+    for (int k = 0; k < 2 * gas; ++k) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(500 + k * world_size + rank);
+      auto xb = at::randn({per_rank, 8}, gen), yb = at::randn({per_rank, 4}, gen);
+      auto loss = e->forward([&] { return torch::mse_loss(m->forward(xb), yb); });
+      e->backward(loss);
+      ++since_step;
+      if (e->step()) {
+        consumed.push_back(since_step);
+        reported.push_back(e->last_report().micro_steps);
+        since_step = 0;
+      }
+    }
+    EXPECT_EQ(consumed, std::vector<int>({gas, gas})) << "gas " << gas << ": micro-batches per step after the load";
+    EXPECT_EQ(reported, std::vector<int64_t>({gas, gas})) << "gas " << gas;
+    EXPECT_EQ(e->global_steps(), 5) << "gas " << gas;
+    EXPECT_EQ(e->micro_steps(), 5 * gas) << "gas " << gas;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // Asynchronous save: the snapshot is the state at the call, whatever training does while
 // the writer runs; the files equal a synchronous save's; writer errors name the file.
 
