@@ -51,26 +51,6 @@ torch::Tensor tp_index_map(const TpSplit& split, int64_t dim, int rank, int size
   return torch::cat(parts, dim).contiguous().view({-1});
 }
 
-ShardLayout tensor_parallel_layout(const ZeroModel* model, const std::vector<std::string>& names,
-                                   const std::vector<std::vector<int64_t>>& shapes) {
-  ShardLayout l;
-  if (model == nullptr) return l;
-  for (size_t i = 0; i < names.size(); ++i) {
-    const TensorParallelSpec s = model->tensor_parallel_spec(names[i]);
-    if (!s.split() || s.size <= 1) continue;
-    ZT_ASSERT(s.dim < static_cast<int64_t>(shapes[i].size()) && s.full_size > 0 && s.rank >= 0 && s.rank < s.size,
-              "tensor_parallel_spec('", names[i], "'): dim ", s.dim, ", full size ", s.full_size, ", rank ", s.rank,
-              " of ", s.size);
-    l.params[names[i]] = ShardCoord{.tp_rank = s.rank, .tp_size = s.size, .tp_dim = static_cast<int>(s.dim)};
-    TpSplit t{s.blocks, s.padded, shapes[i]};
-    t.full_shape[static_cast<size_t>(s.dim)] = s.full_size;
-    l.splits[names[i]] = std::move(t);
-    l.tp_rank = s.rank;
-    l.tp_size = s.size;
-  }
-  return l;
-}
-
 ParamRead plan_param_read(const nlohmann::json& params, const std::string& name, const ShardCoord& want,
                           const TpSplit* want_split, const std::vector<int64_t>& full_shape, const std::string& where) {
   const std::string what = detail::cat("checkpoint '", where, "': parameter '", name, "'");

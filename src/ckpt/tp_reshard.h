@@ -31,7 +31,6 @@
 #include <vector>
 
 #include "ckpt/shard_coords.h"
-#include "zerotrain/model.h"
 
 namespace zt::ckpt {
 
@@ -39,12 +38,6 @@ namespace zt::ckpt {
 // included) of a parameter cut as `split` along `dim` over `size` ranks; -1 for padding.
 // Throws CheckpointError when the (padded) dimension does not divide by blocks x size.
 torch::Tensor tp_index_map(const TpSplit& split, int64_t dim, int rank, int size);
-
-// This rank's layout from the model's tensor_parallel_spec() for the managed parameters
-// `names` (local shapes `shapes`); empty (the default layout) when the model is null or
-// splits nothing over more than one rank.
-ShardLayout tensor_parallel_layout(const ZeroModel* model, const std::vector<std::string>& names,
-                                   const std::vector<std::vector<int64_t>>& shapes);
 
 // How one parameter is read from a checkpoint.
 struct ParamRead {

@@ -45,6 +45,30 @@ torch::Device default_device() {
 
 namespace {
 
+// [TP Reshard] (ckpt/tp_reshard.h) This rank's checkpoint layout from the model's
+// tensor_parallel_spec() for the managed parameters `names` (local shapes `shapes`); empty
+// (the default layout) when the model is null or splits nothing over more than one rank.
+// Here, not in ckpt/, because the checkpoint layer sits below the model interface.
+ckpt::ShardLayout tp_checkpoint_layout(const ZeroModel* model, const std::vector<std::string>& names,
+                                       const std::vector<std::vector<int64_t>>& shapes) {
+  ckpt::ShardLayout l;
+  if (model == nullptr) return l;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const TensorParallelSpec s = model->tensor_parallel_spec(names[i]);
+    if (!s.split() || s.size <= 1) continue;
+    ZT_ASSERT(s.dim < static_cast<int64_t>(shapes[i].size()) && s.full_size > 0 && s.rank >= 0 && s.rank < s.size,
+              "tensor_parallel_spec('", names[i], "'): dim ", s.dim, ", full size ", s.full_size, ", rank ", s.rank,
+              " of ", s.size);
+    l.params[names[i]] = ckpt::ShardCoord{.tp_rank = s.rank, .tp_size = s.size, .tp_dim = static_cast<int>(s.dim)};
+    ckpt::TpSplit t{s.blocks, s.padded, shapes[i]};
+    t.full_shape[static_cast<size_t>(s.dim)] = s.full_size;
+    l.splits[names[i]] = std::move(t);
+    l.tp_rank = s.rank;
+    l.tp_size = s.size;
+  }
+  return l;
+}
+
 class EngineImpl : public Engine {
  public:
   EngineImpl(std::shared_ptr<torch::nn::Module> model, const Config& cfg, EngineOptions o)
@@ -588,7 +612,7 @@ class EngineImpl : public Engine {
     for (const auto& kv : model_->named_parameters(true)) shape_of[kv.key()] = kv.value().sizes().vec();
     std::vector<std::vector<int64_t>> shapes;
     for (const auto& n : names_) shapes.push_back(shape_of[n]);
-    auto layout = ckpt::tensor_parallel_layout(zero_model_, names_, shapes);
+    auto layout = tp_checkpoint_layout(zero_model_, names_, shapes);
     ckpt_group_ = group_;
     if (layout.tp_size > 1) {
       auto world = comm::world_group();
