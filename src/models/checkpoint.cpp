@@ -7,6 +7,37 @@ namespace {
 
 thread_local int t_recompute_depth = 0;
 
+// Counts a recompute in flight on this thread for as long as it lives (exceptions included).
+struct RecomputeScope {
+  RecomputeScope() { ++t_recompute_depth; }
+  ~RecomputeScope() { --t_recompute_depth; }
+  RecomputeScope(const RecomputeScope&) = delete;
+  RecomputeScope& operator=(const RecomputeScope&) = delete;
+};
+
+// Keeps the checkpointed input x for backward: with cpu_checkpointing (x on CUDA) a pinned
+// host copy, else x itself. Pinned destination + non_blocking: the D2H copy is queued on the
+// current stream and the host does not wait; backward's H2D copy is queued on the same
+// stream after it, so nobody reads the host copy before it is complete.
+void keep_input(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, bool cpu_checkpointing) {
+  if (cpu_checkpointing && x.is_cuda()) {
+    auto host = torch::empty(x.sizes(), x.options().device(torch::kCPU).pinned_memory(true));
+    host.copy_(x, /*non_blocking=*/true);
+    ctx->saved_data["x_host"] = host;
+    ctx->saved_data["x_device"] = c10::IValue(x.device());
+  } else {
+    ctx->save_for_backward({x});
+  }
+}
+
+// What keep_input kept, back on x's device.
+torch::Tensor kept_input(torch::autograd::AutogradContext* ctx) {
+  if (auto it = ctx->saved_data.find("x_host"); it != ctx->saved_data.end()) {
+    return it->second.toTensor().to(ctx->saved_data["x_device"].toDevice(), /*non_blocking=*/true);
+  }
+  return ctx->get_saved_variables()[0];
+}
+
 // The autograd context stores IValues only; fn travels in a capsule.
 struct FnHolder : torch::CustomClassHolder {
   explicit FnHolder(CheckpointFn f, StashFn s = {}) : fn(std::move(f)), stash_fn(std::move(s)) {}
@@ -27,16 +58,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     ctx->saved_data["x_requires_grad"] = x.requires_grad();
     if (holder->stash_fn) {
       holder->stash = holder->stash_fn(x);
-    } else if (cpu_checkpointing && x.is_cuda()) {
-      // Pinned destination + non_blocking: the D2H copy is queued on the current stream
-      // and the host does not wait; backward's H2D copy is queued on the same stream
-      // after it, so nobody reads the host copy before it is complete.
-      auto host = torch::empty(x.sizes(), x.options().device(torch::kCPU).pinned_memory(true));
-      host.copy_(x, /*non_blocking=*/true);
-      ctx->saved_data["x_host"] = host;
-      ctx->saved_data["x_device"] = c10::IValue(x.device());
     } else {
-      ctx->save_for_backward({x});
+      keep_input(ctx, x, cpu_checkpointing);
     }
     return y;
   }
@@ -47,14 +70,11 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     auto holder = ctx->saved_data["fn"].toCapsule();
     auto* fn_holder = static_cast<FnHolder*>(holder.get());
     torch::Tensor x;
-    auto it = ctx->saved_data.find("x_host");
     if (fn_holder->stash) {
       x = fn_holder->stash->restore();
       fn_holder->stash.reset();
-    } else if (it != ctx->saved_data.end()) {
-      x = it->second.toTensor().to(ctx->saved_data["x_device"].toDevice(), /*non_blocking=*/true);
     } else {
-      x = ctx->get_saved_variables()[0];
+      x = kept_input(ctx);
     }
     const bool x_requires_grad = ctx->saved_data["x_requires_grad"].toBool();
 
@@ -62,14 +82,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     torch::Tensor y;
     {
       torch::AutoGradMode grad_on(true);
-      ++t_recompute_depth;
-      try {
-        y = fn_holder->fn(x_in);
-      } catch (...) {
-        --t_recompute_depth;
-        throw;
-      }
-      --t_recompute_depth;
+      RecomputeScope recomputing;
+      y = fn_holder->fn(x_in);
     }
     ZT_CHECK_T(y.requires_grad(), zt::InternalError,
                "checkpointed function's recomputed output does not require grad: fn must depend on "
@@ -82,8 +96,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   }
 };
 
-// [Checkpointed Aux] (checkpoint.h): the two-output variant. x is kept as is (or on the
-// host with cpu_checkpointing), as CheckpointFunction keeps it.
+// [Checkpointed Aux] (checkpoint.h): the two-output variant. x is kept as CheckpointFunction
+// keeps it (keep_input).
 struct AuxHolder : torch::CustomClassHolder {
   explicit AuxHolder(CheckpointFn2 f) : fn(std::move(f)) {}
   CheckpointFn2 fn;
@@ -96,14 +110,7 @@ struct CheckpointAuxFunction : torch::autograd::Function<CheckpointAuxFunction> 
     auto [y, aux] = holder->fn(x);
     ctx->saved_data["fn"] = c10::IValue::make_capsule(holder);
     ctx->saved_data["x_requires_grad"] = x.requires_grad();
-    if (cpu_checkpointing && x.is_cuda()) {
-      auto host = torch::empty(x.sizes(), x.options().device(torch::kCPU).pinned_memory(true));
-      host.copy_(x, /*non_blocking=*/true);  // as CheckpointFunction::forward
-      ctx->saved_data["x_host"] = host;
-      ctx->saved_data["x_device"] = c10::IValue(x.device());
-    } else {
-      ctx->save_for_backward({x});
-    }
+    keep_input(ctx, x, cpu_checkpointing);
     return {y, aux};
   }
 
@@ -113,25 +120,14 @@ struct CheckpointAuxFunction : torch::autograd::Function<CheckpointAuxFunction> 
     if (!grad_out[0].defined() && !grad_out[1].defined()) return none;
     auto holder = ctx->saved_data["fn"].toCapsule();
     auto* fn_holder = static_cast<AuxHolder*>(holder.get());
-    torch::Tensor x;
-    if (auto it = ctx->saved_data.find("x_host"); it != ctx->saved_data.end()) {
-      x = it->second.toTensor().to(ctx->saved_data["x_device"].toDevice(), /*non_blocking=*/true);
-    } else {
-      x = ctx->get_saved_variables()[0];
-    }
+    const torch::Tensor x = kept_input(ctx);
     const bool x_requires_grad = ctx->saved_data["x_requires_grad"].toBool();
     torch::Tensor x_in = x.detach().requires_grad_(x_requires_grad);
     std::pair<torch::Tensor, torch::Tensor> out;
     {
       torch::AutoGradMode grad_on(true);
-      ++t_recompute_depth;
-      try {
-        out = fn_holder->fn(x_in);
-      } catch (...) {
-        --t_recompute_depth;
-        throw;
-      }
-      --t_recompute_depth;
+      RecomputeScope recomputing;
+      out = fn_holder->fn(x_in);
     }
     // Back-propagate from each recomputed output that has a gradient and a graph.
     std::vector<torch::Tensor> roots, grads;
