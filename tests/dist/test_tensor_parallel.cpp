@@ -28,7 +28,7 @@
 #include "models/llama.h"
 #include "models/llama_tp.h"
 #include "parallel/topology.h"
-#include "support/cpu_byte_counter.h"
+#include "support/gpt2_tp_bytes.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
@@ -340,21 +340,7 @@ TEST(TensorParallelGPT2Init, HeadsThatDoNotDivideAreAConfigError) {
 // Activation bytes per rank: what a training forward (loss) of GPT2TP keeps for backward.
 int64_t activation_bytes(const GPT2Config& cfg, const comm::GroupPtr& tp, bool sequence_parallel, int64_t batch,
                          int64_t seq) {
-  static test_support::CpuByteCounter counter;  // outlives every tensor it allocated
-  torch::manual_seed(kSeed);
-  GPT2TP m(cfg, tp, sequence_parallel);
-  auto g = at::make_generator<at::CPUGeneratorImpl>(5);
-  const auto idx = at::randint(0, cfg.vocab_size, {batch, seq + 1}, g);
-  const auto x = idx.narrow(1, 0, seq).contiguous(), y = idx.narrow(1, 1, seq).contiguous();
-  int64_t held = 0;
-  {
-    test_support::CpuByteCounter::Scope scope(counter);
-    const int64_t before = counter.live();
-    auto loss = m->loss(x, y);
-    held = counter.live() - before;
-    loss.backward();
-  }
-  return held;
+  return test_support::gpt2_tp_activation_bytes(cfg, tp, sequence_parallel, batch, seq, kSeed);
 }
 
 // Sequence parallelism on and off give the same loss and gradients (the equivalence table

@@ -16,7 +16,7 @@
 
 #include "models/gpt2.h"
 #include "models/gpt2_tp.h"
-#include "support/cpu_byte_counter.h"
+#include "support/gpt2_tp_bytes.h"
 #include "zerotrain/comm.h"
 
 namespace zt::models {
@@ -36,22 +36,7 @@ GPT2Config config(int64_t layers) {
 
 // Bytes a training forward of GPT2TP keeps for backward on this rank.
 int64_t forward_bytes(int64_t layers, const comm::GroupPtr& tp, bool sequence_parallel) {
-  static test_support::CpuByteCounter counter;  // outlives every tensor it allocated
-  const auto cfg = config(layers);
-  torch::manual_seed(7);
-  GPT2TP m(cfg, tp, sequence_parallel);
-  auto g = at::make_generator<at::CPUGeneratorImpl>(5);
-  const auto idx = at::randint(0, cfg.vocab_size, {kB, kS + 1}, g);
-  const auto x = idx.narrow(1, 0, kS).contiguous(), y = idx.narrow(1, 1, kS).contiguous();
-  int64_t held = 0;
-  {
-    test_support::CpuByteCounter::Scope scope(counter);
-    const int64_t before = counter.live();
-    auto loss = m->loss(x, y);
-    held = counter.live() - before;
-    loss.backward();  // frees the graph inside the scope, so the counter sees it go
-  }
-  return held;
+  return test_support::gpt2_tp_activation_bytes(config(layers), tp, sequence_parallel, kB, kS, /*seed=*/7);
 }
 
 double per_layer_bytes(const comm::GroupPtr& tp, bool sequence_parallel) {
