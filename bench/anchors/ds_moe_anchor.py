@@ -65,7 +65,8 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpt2 import MLP, CausalSelfAttention, GPTConfig, cross_entropy_loss  # noqa: E402
+from ds_env import torch_cuda_arch_for_deepspeed  # noqa: E402
+from gpt2 import MLP, CausalSelfAttention, GPTConfig, cross_entropy_loss, init_gpt2_module  # noqa: E402
 
 GIB = 2**30
 
@@ -175,15 +176,7 @@ class MoEGPT2(nn.Module):
         for name, m in self.named_modules():
             if ".deepspeed_experts." in name:
                 continue  # below, each expert from its own seed
-            if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, mean=0.0, std=proj_std if name.endswith("c_proj") else std)
-                if m.bias is not None:  # the gate has none
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Embedding):
-                nn.init.normal_(m.weight, mean=0.0, std=std)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+            init_gpt2_module(name, m, std, proj_std)  # the gate is a Linear without bias
         for b in self.moe_blocks():
             experts = b.moe.deepspeed_moe.experts.deepspeed_experts
             for i, ex in enumerate(experts):
@@ -347,11 +340,7 @@ def main():
         else:
             dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
             torch.cuda.set_device(dev)
-            # DeepSpeed's op builder cannot parse an arch suffix ("9.0a"): build FusedAdam for this device
-            arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
-            if arch is not None and any(c.isalpha() for c in arch.replace("PTX", "")):
-                cap = torch.cuda.get_device_capability(dev)
-                os.environ["TORCH_CUDA_ARCH_LIST"] = f"{cap[0]}.{cap[1]}"
+            torch_cuda_arch_for_deepspeed(dev)
         import deepspeed
         deepspeed.init_distributed(dist_backend="gloo" if a.device == "cpu" else "nccl")
         run(a, out)

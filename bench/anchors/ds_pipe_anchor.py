@@ -45,6 +45,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ds_env import torch_cuda_arch_for_deepspeed  # noqa: E402
 from gpt2 import CONFIGS, Block, cross_entropy_loss, get_config, num_params  # noqa: E402
 
 GIB = 1024 ** 3
@@ -199,12 +200,9 @@ def main():
         else:
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
             torch.cuda.set_device(device)
-            # DeepSpeed's op builder cannot parse an arch suffix ("9.0a"): build FusedAdam for this device
-            arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
-            if arch is not None and any(c.isalpha() for c in arch.replace("PTX", "")):
-                cap = torch.cuda.get_device_capability(device)
-                os.environ["TORCH_CUDA_ARCH_LIST"] = f"{cap[0]}.{cap[1]}"
-                out["torch_cuda_arch_list"] = f"{arch} -> {os.environ['TORCH_CUDA_ARCH_LIST']}"
+            changed = torch_cuda_arch_for_deepspeed(device)
+            if changed:
+                out["torch_cuda_arch_list"] = changed
         import deepspeed
         deepspeed.init_distributed(dist_backend="gloo" if args.cpu else "nccl")
         run(args, rank, world, device, out)

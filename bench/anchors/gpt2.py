@@ -123,6 +123,21 @@ class Block(nn.Module):
         return x
 
 
+@torch.no_grad()
+def init_gpt2_module(name: str, m: nn.Module, std: float, proj_std: float) -> None:
+    """GPT-2's initialisation of one module: Linear N(0, std), or N(0, proj_std) for c_proj,
+    bias (if any) zero; Embedding N(0, std); LayerNorm ones and zeros."""
+    if isinstance(m, nn.Linear):
+        nn.init.normal_(m.weight, mean=0.0, std=proj_std if name.endswith("c_proj") else std)
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
+    elif isinstance(m, nn.Embedding):
+        nn.init.normal_(m.weight, mean=0.0, std=std)
+    elif isinstance(m, nn.LayerNorm):
+        nn.init.ones_(m.weight)
+        nn.init.zeros_(m.bias)
+
+
 class GPT2(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -138,14 +153,7 @@ class GPT2(nn.Module):
         std = 0.02
         proj_std = 0.02 / math.sqrt(2 * self.cfg.n_layer)
         for name, m in self.named_modules():
-            if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, mean=0.0, std=proj_std if name.endswith("c_proj") else std)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Embedding):
-                nn.init.normal_(m.weight, mean=0.0, std=std)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+            init_gpt2_module(name, m, std, proj_std)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         B, T = idx.shape

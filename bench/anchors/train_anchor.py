@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ds_env import torch_cuda_arch_for_deepspeed  # noqa: E402
 from gpt2 import GPT2, CONFIGS, GPTConfig, cross_entropy_loss, flops_per_token, get_config, num_params  # noqa: E402
 
 MODES = ("single", "hf", "ddp", "zero1", "fsdp2", "fsdp2_reshard", "fsdp2_offload", "compile", "deepspeed")
@@ -599,13 +600,9 @@ def deepspeed_config(args, world):
 
 
 def build_deepspeed(args, model, device, world, notes):
-    # DeepSpeed's op builder parses TORCH_CUDA_ARCH_LIST as numbers and fails on an arch suffix
-    # ("9.0a"); its JIT ops (FusedAdam, CPUAdam) are built for this device's capability instead.
-    arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
-    if device.type == "cuda" and arch is not None and any(c.isalpha() for c in arch.replace("PTX", "")):
-        cap = torch.cuda.get_device_capability(device)
-        os.environ["TORCH_CUDA_ARCH_LIST"] = f"{cap[0]}.{cap[1]}"
-        notes["torch_cuda_arch_list"] = f"{arch} -> {os.environ['TORCH_CUDA_ARCH_LIST']} (for DeepSpeed's op builder)"
+    changed = torch_cuda_arch_for_deepspeed(device)
+    if changed:
+        notes["torch_cuda_arch_list"] = f"{changed} (for DeepSpeed's op builder)"
     try:
         import deepspeed
     except ImportError as e:
