@@ -24,6 +24,7 @@
 #include <list>
 #include <map>
 #include <set>
+#include <thread>
 
 #ifdef ZT_WITH_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -78,10 +79,17 @@ void crash_point(const char* point, int rank) {
 }
 
 // Test hook for the failure path of a save (CliInputs.FailedPeriodicSaveIsReportedCleanedAndRetried):
-// ZT_CKPT_TEST_FAIL=<tag>:<rank> makes that rank's write of that tag fail as a full disk would.
+// ZT_CKPT_TEST_FAIL=<tag>:<rank>[:<ms>] makes that rank's write of that tag fail as a full
+// disk would, after <ms> milliseconds (a slow failing write: still in flight at the next
+// save point when asynchronous).
 void fail_point(const std::string& tag, int rank) {
   const char* env = std::getenv("ZT_CKPT_TEST_FAIL");
-  if (env == nullptr || tag + ":" + std::to_string(rank) != env) return;
+  if (env == nullptr) return;
+  const std::string want = tag + ":" + std::to_string(rank), spec = env;
+  if (spec != want && spec.rfind(want + ":", 0) != 0) return;
+  if (spec.size() > want.size()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::stoll(spec.substr(want.size() + 1))));
+  }
   throw CheckpointError(detail::cat("cannot write checkpoint '", tag, "' on rank ", rank,
                                     ": No space left on device (injected by ZT_CKPT_TEST_FAIL)"));
 }

@@ -814,6 +814,12 @@ int cmd_train(int argc, char** argv) {
       }
     }
   };
+  // An asynchronous save still in flight at a save point is published (or fails) on its
+  // own first: its failure is reported as such, and this save point still saves. (Inside
+  // the next save, the previous one's failure would abort that save too.)
+  auto settle_previous_save = [&](int64_t step) {
+    if (engine->checkpoint_pending()) periodic([&] { engine->wait_checkpoint(); }, step);
+  };
   int64_t start = 0;
   if (!a.load.empty()) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -1079,6 +1085,7 @@ int cmd_train(int argc, char** argv) {
     }
     if (a.save_every > 0 && (s + 1) % a.save_every == 0 && s + 1 < a.steps) {
       const auto ts = std::chrono::steady_clock::now();
+      settle_previous_save(s + 1);
       periodic(save, s + 1);
       // Iteration time excludes the saves (they are reported on their own).
       if (s >= first_timed) save_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count();
@@ -1092,6 +1099,7 @@ int cmd_train(int argc, char** argv) {
   if (val_ds) evaluate(a.steps);
   if (a.save.empty()) save_adapter();  // with --save, save() writes it
   if (!a.save.empty()) {
+    settle_previous_save(a.steps);
     save();
     const auto t0 = std::chrono::steady_clock::now();
     engine->wait_checkpoint();  // the run's last checkpoint must be published before exit

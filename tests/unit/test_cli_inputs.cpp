@@ -231,7 +231,8 @@ TEST(CliInputs, AutoPrecisionAndLrAreFilledByFlagsOrNamed) {
 }
 
 // A periodic save that fails (a full disk, injected on rank 0 by ZT_CKPT_TEST_FAIL) is
-// reported, leaves no partial files, and the next save point succeeds; the run goes on to
+// reported, leaves no partial files, and the next save point succeeds (asynchronous: even
+// when the failed write is still in flight there); the run goes on to
 // the end and exits with code 3. Synchronous and asynchronous saves.
 TEST(CliInputs, FailedPeriodicSaveIsReportedCleanedAndRetried) {
   for (const std::string mode : {"", " --save-async"}) {
@@ -239,7 +240,9 @@ TEST(CliInputs, FailedPeriodicSaveIsReportedCleanedAndRetried) {
     const fs::path cfg = write(d / "c.json", R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})");
     const fs::path save = d / "ckpt";
-    ::setenv("ZT_CKPT_TEST_FAIL", "global_step2:0", 1);
+    // Asynchronous: the failing write takes 1.5 s, so it is still in flight at the step-4
+    // save point, whose save must still happen (a slow failure used to take step 4 with it).
+    ::setenv("ZT_CKPT_TEST_FAIL", mode.empty() ? "global_step2:0" : "global_step2:0:1500", 1);
     Ran r = run("train --config " + cfg.string() + " --model gpt2-tiny --layers 1 --seq 16 --steps 6 --device cpu --save " +
                 save.string() + " --save-every 2" + mode);
     ::unsetenv("ZT_CKPT_TEST_FAIL");
