@@ -1,5 +1,6 @@
 // Measured pipeline bubble of each schedule against its formula, with throughput and peak
-// memory per stage; pp = world size, dp 1, GPT-2, ZeRO 0, one JSON line per schedule.
+// memory per stage; GPT-2, pp = world size (or --pp, dp = world / pp), ZeRO 0 (or --zero-stage
+// 1|2 over dp), one JSON line per schedule.
 //
 // CPU ranks (the default: GPT-2 with 4 blocks, C 256, T 128, micro-batch 4, fp32, one
 // thread per rank):
@@ -12,7 +13,8 @@
 // small CPU model), --micro-batch B, --seq T, --micro-batches m (default 8), --batches N
 // timed batches (default 5) after --warmup N (default 2), --dtype fp32|bf16,
 // --schedules LIST (default gpipe,1f1b,interleaved,zb-h1), --ckpt-interval K (activation
-// checkpoint interval, default 0).
+// checkpoint interval, default 0), --pp N (default: world size; dp = world / N),
+// --zero-stage S (0, 1 or 2 over dp; default 0).
 //
 // Per schedule: the median measured bubble ((max stage wall - max stage busy) / max stage
 // busy), the published formula, the bubble the simulator predicts from the measured
@@ -47,7 +49,7 @@ double median(std::vector<double> v) {
 
 struct Args {
   std::string device = "cpu", model, dtype = "fp32", schedules = "gpipe,1f1b,interleaved,zb-h1";
-  int64_t micro = 4, seq = 128, m = 8, batches = 5, warmup = 2, ckpt = 0;
+  int64_t micro = 4, seq = 128, m = 8, batches = 5, warmup = 2, ckpt = 0, pp = 0, zero = 0;
 };
 
 Args parse(int argc, char** argv) {
@@ -66,6 +68,8 @@ Args parse(int argc, char** argv) {
     else if (f == "--batches") a.batches = std::stoll(v);
     else if (f == "--warmup") a.warmup = std::stoll(v);
     else if (f == "--ckpt-interval") a.ckpt = std::stoll(v);
+    else if (f == "--pp") a.pp = std::stoll(v);
+    else if (f == "--zero-stage") a.zero = std::stoll(v);
     else throw std::runtime_error("unknown flag " + f);
   }
   if (a.device != "cpu" && a.device != "cuda") throw std::runtime_error("--device is cpu or cuda");
@@ -101,7 +105,10 @@ int main(int argc, char** argv) {
     const Args a = parse(argc, argv);
     if (a.device == "cpu") torch::set_num_threads(1);
     auto world = zt::comm::world_group();
-    const int pp = world->size();
+    const int pp = a.pp > 0 ? static_cast<int>(a.pp) : world->size();
+    if (world->size() % pp != 0) throw std::runtime_error("--pp must divide the world size");
+    if (a.zero < 0 || a.zero > 2) throw std::runtime_error("--zero-stage is 0, 1 or 2 (the pipeline's ZeRO over dp)");
+    const int dp = world->size() / pp;
     zt::models::GPT2Config cfg;
     if (a.model.empty()) {
       cfg.n_layer = 4;
@@ -120,7 +127,7 @@ int main(int argc, char** argv) {
                           {"steps_per_print", 100000},
                           {"gradient_clipping", 1.0},
                           {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}}}}},
-                          {"zero_optimization", {{"stage", 0}}},
+                          {"zero_optimization", {{"stage", a.zero}}},
                           {"pipeline",
                            {{"stages", pp},
                             {"schedule", sched},
@@ -131,8 +138,8 @@ int main(int argc, char** argv) {
         if (pp < 2 || m % pp != 0) continue;
         j["pipeline"]["virtual_stages"] = 2;
       }
-      auto pc = zt::pipe::pipeline_config(j, pp);
-      zt::parallel::Topology topo(world, zt::parallel::ParallelDims::make(pp, 1, 1, pp));
+      auto pc = zt::pipe::pipeline_config(j, world->size());
+      zt::parallel::Topology topo(world, zt::parallel::ParallelDims::make(world->size(), dp, 1, pp));
       zt::pipe::PipeOptions po;
       if (a.device == "cpu") po.device = torch::Device(torch::kCPU);
       std::unique_ptr<zt::pipe::PipeEngine> pipe;
@@ -169,9 +176,15 @@ int main(int argc, char** argv) {
         predicted.push_back(zt::pipe::simulate(pipe->schedule(), u).bubble);
       }
       // Each stage's peak memory and the slowest rank's batch time, on every rank (CPU: MPI).
-      auto mine = torch::tensor({peak}, torch::kDouble);
-      auto peaks = torch::empty({pp}, torch::kDouble);
-      world->all_gather(peaks, mine);
+      // Every rank sends (its stage, its peak); a stage's peak is the largest of its dp replicas.
+      auto mine = torch::tensor({static_cast<double>(topo.coords().pp), peak}, torch::kDouble);
+      auto all = torch::empty({world->size() * 2}, torch::kDouble);
+      world->all_gather(all, mine);
+      auto peaks = torch::zeros({pp}, torch::kDouble);
+      for (int r = 0; r < world->size(); ++r) {
+        const auto s = static_cast<int64_t>(all[2 * r].item<double>());
+        peaks[s] = std::max(peaks[s].item<double>(), all[2 * r + 1].item<double>());
+      }
       auto ms = torch::tensor({median(batch_ms)}, torch::kDouble);
       world->all_reduce(ms, zt::comm::ReduceOp::kMax);
       if (world->rank() == 0) {
@@ -180,14 +193,14 @@ int main(int argc, char** argv) {
         for (int s = 0; s < pp; ++s) pk += (s ? ", " : "") + std::to_string(peaks[s].item<double>());
         const auto& r = pipe->last_report();
         const double batch = ms.item<double>();
-        const double tokens_per_s = static_cast<double>(m * B * T) / (batch / 1000.0);
+        const double tokens_per_s = static_cast<double>(dp) * static_cast<double>(m * B * T) / (batch / 1000.0);
         std::printf(
             "{\"bench\": \"pipe_bubble\", \"device\": \"%s\", \"model\": \"%s\", \"dtype\": \"%s\", \"schedule\": \"%s\", "
-            "\"stages\": %d, \"micro_batches\": %d, \"micro_batch\": %lld, \"seq\": %lld, \"virtual_stages\": %d, "
+            "\"stages\": %d, \"dp\": %d, \"zero_stage\": %d, \"micro_batches\": %d, \"micro_batch\": %lld, \"seq\": %lld, \"virtual_stages\": %d, "
             "\"bubble_measured\": %.4f, \"bubble_formula\": %.4f, \"bubble_simulated_from_measured_times\": %.4f, "
             "\"stage_busy_fraction\": [%s], \"ms_per_batch\": %.2f, \"tokens_per_s\": %.1f, \"peak_gib_per_stage\": [%s], "
             "\"loss_last\": %.4f, \"last_stage_ms\": {\"F\": %.2f, \"B\": %.2f, \"W\": %.2f, \"step\": %.2f}}\n",
-            a.device.c_str(), a.model.empty() ? "tiny" : a.model.c_str(), a.dtype.c_str(), sched.c_str(), pp, m,
+            a.device.c_str(), a.model.empty() ? "tiny" : a.model.c_str(), a.dtype.c_str(), sched.c_str(), pp, dp, static_cast<int>(a.zero), m,
             static_cast<long long>(B), static_cast<long long>(T), pipe->schedule().spec.virtual_stages,
             median(bubbles), r.bubble_formula, median(predicted), fr.c_str(), batch, tokens_per_s, pk.c_str(), r.loss,
             r.timing.back().forward_ms, r.timing.back().backward_ms, r.timing.back().weight_ms,

@@ -1,7 +1,7 @@
 """DeepSpeed pipeline-parallel anchor: GPT-2 trained by DeepSpeed's PipelineModule + engine.train_batch().
 
 Measures DeepSpeed's (0.19.8) pipeline engine (its 1F1B TrainSchedule) on the GPT-2 of gpt2.py, to set
-against zerotrain's pipeline engine. Every process is one pipeline stage (pp = world size, dp = 1).
+against zerotrain's pipeline engine. Every process is one pipeline stage (pp = world size, dp = 1; or --pp N, dp = world / N).
 One iteration = one train_batch() = --micro-batches micro-batches of --micro-batch sequences of --seq
 tokens, then the optimizer step.
 
@@ -135,7 +135,8 @@ def run(args, rank, world, device, out):
     layers = ([TiedLayerSpec("embed", TokEmbed, cfg), LayerSpec(PosEmbed, cfg)]
               + [LayerSpec(PipeBlock, cfg) for _ in range(cfg.n_layer)]
               + [LayerSpec(FinalNorm, cfg), TiedLayerSpec("embed", TokEmbed, cfg, forward_fn=lm_head)])
-    model = PipelineModule(layers=layers, num_stages=world, loss_fn=loss_fn, partition_method="parameters",
+    pp = args.pp or world
+    model = PipelineModule(layers=layers, num_stages=pp, loss_fn=loss_fn, partition_method="parameters",
                            activation_checkpoint_interval=args.ckpt_interval,
                            checkpointable_layers=["PipeBlock"])  # reentrant ckpt of the embedding breaks
     config = ds_config(args)
@@ -166,10 +167,14 @@ def run(args, rank, world, device, out):
     ms = (time.perf_counter() - t0) * 1e3 / args.steps
 
     peak = torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
-    peaks = [None] * world
-    torch.distributed.all_gather_object(peaks, peak)
-    out.update(ms_per_iter=ms, tokens_per_s=args.micro_batches * args.micro_batch * args.seq / (ms / 1e3),
-               peak_gib_per_stage=peaks, loss_last=float(loss))
+    ranks = [None] * world
+    torch.distributed.all_gather_object(ranks, (engine.stage_id, peak))
+    peaks = [None] * pp  # a stage's peak: the largest of its dp replicas
+    for stage, pk in ranks:
+        peaks[stage] = pk if peaks[stage] is None or pk is None else max(peaks[stage], pk)
+    dp = world // pp
+    out.update(ms_per_iter=ms, tokens_per_s=dp * args.micro_batches * args.micro_batch * args.seq / (ms / 1e3),
+               peak_gib_per_stage=peaks, peak_gib_per_rank=[pk for _, pk in ranks], dp=dp, loss_last=float(loss))
 
 
 def main():
@@ -181,6 +186,7 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--zero-stage", type=int, default=0, choices=[0, 1])
+    p.add_argument("--pp", type=int, default=0, help="pipeline stages (default: world size); dp = world / pp")
     p.add_argument("--ckpt-interval", type=int, default=0, help="activation_checkpoint_interval")
     p.add_argument("--out", default="ds_pipe_result.json")
     p.add_argument("--cpu", action="store_true", help="testing: CPU, gloo, fp32, torch AdamW")
@@ -190,7 +196,7 @@ def main():
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     out = {"anchor": "deepspeed-pipe", "model": args.model, "params": num_params(get_config(args.model)),
-           "pp": world, "micro_batch": args.micro_batch, "micro_batches": args.micro_batches, "seq": args.seq,
+           "pp": args.pp or world, "micro_batch": args.micro_batch, "micro_batches": args.micro_batches, "seq": args.seq,
            "zero_stage": args.zero_stage, "ckpt_interval": args.ckpt_interval,
            "dtype": "fp32" if args.cpu else "bf16"}
     try:
