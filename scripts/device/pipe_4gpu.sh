@@ -6,11 +6,12 @@
 # replicas), build/bench_pipe_bubble --pp 2 --zero-stage S. Then DeepSpeed 0.19.8's
 # PipelineEngine at pp 2 x dp 2 with ZeRO-1 (DeepSpeed refuses stage 2 with a pipeline) and
 # ZeRO-0 (bench/anchors/ds_pipe_anchor.py --pp 2; wheels in .whl/). Results:
-# $OUT/pipe_4gpu.tar.gz; the table last.
+# $OUT/$NAME.tar.gz (NAME, default pipe_4gpu); the table last. DS_ZEROS="" skips DeepSpeed.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site || exit 1
-source scripts/device/common.sh pipe_4gpu bench_pipe_bubble zerotrain_cli
+NAME=${NAME:-pipe_4gpu}
+source scripts/device/common.sh $NAME bench_pipe_bubble zerotrain_cli
 MODEL=${MODEL:-gpt2-xl}; MB=${MB:-4}; SEQ=${SEQ:-1024}; M=${M:-8}; ZEROS=${ZEROS:-"1 2"}
 SCHEDULES=${SCHEDULES:-1f1b,interleaved,zb-h1}
 for z in $ZEROS; do
@@ -20,7 +21,7 @@ for z in $ZEROS; do
   echo "zerotrain pipe z$z rc=$? ($(( $(date +%s) - T0 )) s)"; grep -o '{"bench".*' $R/zerotrain_pipe_z$z.log >> $R/zerotrain_pipe.jsonl
   grep -iE "error|what\(\)" $R/zerotrain_pipe_z$z.log | head -5
 done
-for z in ${DS_ZEROS:-1 0}; do
+for z in ${DS_ZEROS-1 0}; do
   timeout ${DS_TIMEOUT:-200} torchrun --nproc_per_node 4 bench/anchors/ds_pipe_anchor.py --pp 2 --zero-stage $z \
     --model $MODEL --micro-batch $MB --seq $SEQ --micro-batches $M --steps ${BATCHES:-4} --warmup 2 \
     --out $R/deepspeed_pipe_z$z.json > $R/deepspeed_pipe_z$z.log 2>&1
@@ -48,5 +49,5 @@ for z, d in sorted(ds.items()):
     else:
         print(f"DeepSpeed ZeRO-{z}:", {k: d.get(k) for k in ("status", "error")})
 PY
-tar -czf $OUT/pipe_4gpu.tar.gz -C $OUT pipe_4gpu && rm -rf $R
+tar -czf $OUT/$NAME.tar.gz -C $OUT $NAME && rm -rf $R
 echo "total: $(( $(date +%s) - T0 )) s"
