@@ -45,10 +45,12 @@ const char* kTokenizeUsage =
     "  --text-field KEY    the JSONL field holding the text (default: text)\n"
     "  --eot TOKEN         end-of-text token written before every document (default: the tokenizer's\n"
     "                      <|endoftext|>, <|end_of_text|>, </s> or <|im_end|>; a .model's </s>)\n"
-    "  --sft               supervised fine-tuning: JSONL lines {\"prompt\": ..., \"response\": ...}; each\n"
-    "                      example is prompt, response, EOS (the --eot token), packed back to back, and\n"
-    "                      a .mask file beside each shard marks the response and EOS as the only\n"
-    "                      training targets (see docs/data.md)\n"
+    "  --sft               supervised fine-tuning: JSONL lines {\"prompt\": ..., \"response\": ...} (each\n"
+    "                      example is prompt, response, EOS (the --eot token)) or {\"messages\": [...]}\n"
+    "                      (formatted with the chat_template of tokenizer_config.json beside the\n"
+    "                      tokenizer), packed back to back; a .mask file beside each shard marks the\n"
+    "                      response and EOS, or the assistant turns, as the only training targets and\n"
+    "                      where each example starts (see docs/data.md)\n"
     "Shards hold uint16 ids when the vocabulary fits (<= 65536 tokens), else uint32 (magic 20240801).\n";
 
 struct TokenizeArgs {
@@ -102,8 +104,9 @@ class SplitWriter {
     while (static_cast<int64_t>(buf_.size()) >= shard_tokens_) flush(static_cast<size_t>(shard_tokens_));
   }
   // One SFT example (see [SFT Packing] in data/sft.h); the shards get .mask files.
-  void add_sft(int32_t eos, const std::vector<int32_t>& prompt, const std::vector<int32_t>& response) {
-    data::append_sft_example(prompt, response, eos, buf_, mask_);
+  void add_sft(const std::vector<std::vector<int32_t>>& ids, const std::vector<data::ChatSegment>& segments,
+               std::optional<int32_t> eos) {
+    data::append_sft_segments(ids, segments, eos, buf_, mask_);
     ++docs_;
     while (static_cast<int64_t>(buf_.size()) >= shard_tokens_) flush(static_cast<size_t>(shard_tokens_));
   }
@@ -124,7 +127,7 @@ class SplitWriter {
     tokens_ += static_cast<int64_t>(n);
     if (!mask_.empty()) {
       std::vector<uint32_t> m(mask_.begin(), mask_.begin() + static_cast<std::ptrdiff_t>(n));
-      data::write_shard(data::mask_path(path), m, 2, 2);
+      data::write_shard(data::mask_path(path), m, 2, data::kSftMaskValues);
       mask_.erase(mask_.begin(), mask_.begin() + static_cast<std::ptrdiff_t>(n));
     }
     buf_.erase(buf_.begin(), buf_.begin() + static_cast<std::ptrdiff_t>(n));
@@ -214,6 +217,9 @@ int cmd_tokenize(int argc, char** argv) {
   int64_t read_bytes = 0, doc_index = 0;
   std::vector<std::string> batch;
   int64_t batch_bytes = 0;
+  // --sft: the examples of `batch`, whose texts are their segments' in order.
+  std::vector<data::SftExample> sft_batch;
+  std::optional<data::ChatTemplate> chat;  // loaded at the first `messages` line
   auto progress = [&](bool final) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     char detail[128];
@@ -225,12 +231,18 @@ int cmd_tokenize(int argc, char** argv) {
   auto run_batch = [&] {
     if (batch.empty()) return;
     const auto ids = encode_batch(batch);
-    if (a.sft) {  // the batch holds prompt, response, prompt, response, ...
-      for (size_t i = 0; i + 1 < ids.size(); i += 2, ++doc_index) {
+    if (a.sft) {  // the batch holds each example's segments in order
+      size_t next = 0;
+      for (const data::SftExample& ex : sft_batch) {
         const double f = a.val_fraction;
         const bool is_val = f > 0 && std::floor((doc_index + 1) * f) > std::floor(doc_index * f);
-        (is_val ? val : train).add_sft(eot, ids[i], ids[i + 1]);
+        const std::vector<std::vector<int32_t>> seg_ids(ids.begin() + static_cast<std::ptrdiff_t>(next),
+                                                        ids.begin() + static_cast<std::ptrdiff_t>(next + ex.segments.size()));
+        next += ex.segments.size();
+        (is_val ? val : train).add_sft(seg_ids, ex.segments, ex.eos ? std::optional<int32_t>(eot) : std::nullopt);
+        ++doc_index;
       }
+      sft_batch.clear();
       batch.clear();
       batch_bytes = 0;
       progress(false);
@@ -245,12 +257,23 @@ int cmd_tokenize(int argc, char** argv) {
     batch_bytes = 0;
     progress(false);
   };
+  auto batch_full = [&] { return batch_bytes >= (int64_t{8} << 20) || batch.size() >= 8192; };
   auto add_doc = [&](std::string doc, int64_t bytes) {
     read_bytes += bytes;
     batch_bytes += static_cast<int64_t>(doc.size());
     batch.push_back(std::move(doc));
-    if ((batch_bytes >= (int64_t{8} << 20) || batch.size() >= 8192) && batch.size() % 2 == 0) run_batch();
+    if (batch_full()) run_batch();
   };
+  auto add_sft = [&](data::SftExample ex, int64_t bytes) {  // a batch ends on an example's end
+    read_bytes += bytes;
+    for (auto& seg : ex.segments) {
+      batch_bytes += static_cast<int64_t>(seg.text.size());
+      batch.push_back(std::move(seg.text));
+    }
+    sft_batch.push_back(std::move(ex));
+    if (batch_full()) run_batch();
+  };
+  const std::string config_path = (fs::path(tok_path).parent_path() / "tokenizer_config.json").string();
   for (const auto& path : a.inputs) {
     std::ifstream in(path, std::ios::binary);
     ZT_CHECK_T(in.good(), ConfigError, "tokenize: cannot open input '", path, "'");
@@ -271,9 +294,18 @@ int cmd_tokenize(int argc, char** argv) {
           throw ConfigError(detail::cat("tokenize: ", path, ":", lineno, ": not valid JSON: ", e.what()));
         }
         if (a.sft) {
-          data::SftText ex = data::parse_sft_json(j, detail::cat(path, ":", lineno));
-          add_doc(std::move(ex.prompt), 0);
-          add_doc(std::move(ex.response), bytes);
+          if (data::sft_line_is_chat(j) && !chat) {
+            ZT_CHECK_T(bpe.has_value(), ConfigError, "tokenize --sft: ", path, ":", lineno, ": 'messages' lines need a "
+                       "tokenizer.json (byte-level BPE); with a SentencePiece .model the special tokens of the chat "
+                       "template are not split out. Give {\"prompt\": ..., \"response\": ...} lines instead");
+            try {
+              chat.emplace(data::ChatTemplate::from_tokenizer_config(config_path));
+            } catch (const ConfigError& e) {
+              throw ConfigError(detail::cat("tokenize --sft: ", path, ":", lineno, ": ", e.what()));
+            }
+            log::info("tokenize --sft: chat template from %s", config_path.c_str());
+          }
+          add_sft(data::parse_sft_json(j, detail::cat(path, ":", lineno), chat ? &*chat : nullptr), bytes);
           continue;
         }
         ZT_CHECK_T(j.is_object() && j.contains(a.text_field) && j[a.text_field].is_string(), ConfigError,
@@ -283,7 +315,8 @@ int cmd_tokenize(int argc, char** argv) {
       }
     } else {
       ZT_CHECK_T(!a.sft, ConfigError, "tokenize --sft: '", path,
-                 "' is not JSONL (.jsonl/.json/.ndjson with {\"prompt\": ..., \"response\": ...} per line)");
+                 "' is not JSONL (.jsonl/.json/.ndjson with {\"prompt\": ..., \"response\": ...} or {\"messages\": "
+                 "[...]} per line)");
       std::stringstream ss;
       ss << in.rdbuf();
       std::string doc = ss.str();

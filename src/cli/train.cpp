@@ -55,6 +55,9 @@ const char* kTrainUsage =
     "  --val-data GLOB     validation shards: loss and perplexity every --eval-every steps and at the end\n"
     "  --eval-every N      steps between validation passes (default: only at the end)\n"
     "  --eval-batches N    micro batches per rank per pass (default 20; 0 = all of the rank's windows)\n"
+    "  --sft-attention causal|per-example   packed SFT windows (zerotrain tokenize --sft): causal over the\n"
+    "                      whole window (default), or per-example (Llama): attention stays within each\n"
+    "                      example and positions restart at 0 per example\n"
     "  --steps N           optimizer steps (default 20)\n"
     "  --seq N             sequence length (default: min(1024, model positions))\n"
     "  --micro-batch N     fills train_micro_batch_size_per_gpu when the config says \"auto\" or omits it\n"
@@ -122,6 +125,7 @@ const char* kTrainUsage =
 struct TrainArgs {
   std::string config, model = "gpt2-tiny", data = "random", val_data, metrics, summary, save, load, init_from, device, profile_out = "zerotrain-profile";
   std::string lora, lora_out;  // --lora SPEC, --lora-out DIR
+  std::string sft_attention = "causal";  // --sft-attention causal|per-example ([SFT Attention])
   bool qlora = false;          // --qlora
   int64_t save_every = 0;
   int64_t max_skipped_steps = 50;
@@ -148,6 +152,7 @@ TrainArgs parse_train_args(int argc, char** argv) {
   f.text("--val-data", a.val_data);
   f.count("--eval-every", a.eval_every);
   f.count("--eval-batches", a.eval_batches);
+  f.choice("--sft-attention", a.sft_attention, {"causal", "per-example"});
   f.text("--metrics", a.metrics);
   f.text("--summary", a.summary);
   f.count("--steps", a.steps, 1);
@@ -281,6 +286,22 @@ std::shared_ptr<data::ShardDataset> open_shards(const std::vector<std::string>& 
   return ds;
 }
 
+// open_shards, with the example positions of --sft-attention per-example ([SFT Attention]
+// in models/llama.h): a shard without example starts is an error naming the flag.
+std::shared_ptr<data::ShardDataset> open_shards_for(const TrainArgs& a, const std::vector<std::string>& files,
+                                                    const char* flag, int64_t seq, int64_t model_vocab, int rank) {
+  auto ds = open_shards(files, flag, seq, model_vocab, !a.init_from.empty(), rank);
+  if (a.sft_attention == "per-example") {
+    try {
+      ds->set_example_positions(true);
+    } catch (const ConfigError& e) {
+      throw ConfigError(detail::cat("train: --sft-attention per-example: ", flag, " ", e.what()));
+    }
+    if (rank == 0) log::info("%s: per-example attention: positions restart at each example's first token", flag);
+  }
+  return ds;
+}
+
 // --device: cpu, cuda (this rank's GPU, checked) or unset (the engine's default).
 std::optional<torch::Device> train_device(const TrainArgs& a) {
   if (a.device == "cpu") return torch::Device(torch::kCPU);
@@ -309,8 +330,11 @@ std::shared_ptr<const data::Dataset> open_train_data(const TrainArgs& a, int64_t
                "tokenize the text with that tokenizer first (zerotrain tokenize --tokenizer DIR/tokenizer.json "
                "--out SHARDS FILE) and pass --data 'SHARDS/data_train_*.bin'");
   }
+  ZT_CHECK_T(a.sft_attention == "causal" || shards, ConfigError, "train: --sft-attention per-example needs SFT "
+             "shards with example boundaries (--data 'DIR/data_train_*.bin' written by zerotrain tokenize --sft), not ",
+             text ? "a text file" : "random tokens");
   std::shared_ptr<const data::Dataset> ds;
-  if (shards) ds = open_shards(data_files, "--data", seq, vocab_size, !a.init_from.empty(), rank);
+  if (shards) ds = open_shards_for(a, data_files, "--data", seq, vocab_size, rank);
   else if (text) ds = std::make_shared<data::TokenDataset>(data_files[0], seq);
   else ds = std::make_shared<data::RandomTokenDataset>(vocab_size, seq, static_cast<uint64_t>(a.seed));
   return ds;
@@ -385,6 +409,7 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
   refuse(!a.init_from.empty(), "--init-from");
   refuse(!a.lora.empty() || a.qlora, "--lora/--qlora");
   refuse(!a.val_data.empty(), "--val-data");
+  refuse(a.sft_attention != "causal", "--sft-attention per-example");
   refuse(a.profile_step >= 0, "--profile");
   refuse(!a.metrics.empty() || !a.summary.empty(), "--metrics/--summary");
   ZT_CHECK_T(!a.checkpoint, ConfigError, "train: --checkpoint-activations with --pp: set "
@@ -536,6 +561,9 @@ int cmd_train(int argc, char** argv) {
     throw ConfigError(detail::cat("train: --ep ", ep, " with ", tensor_parallel ? "--tp" : "--pp",
                                   " is not supported yet; use expert parallelism alone (docs/moe.md)"));
   }
+  ZT_CHECK_T(a.sft_attention == "causal" || (!tensor_parallel && !expert_parallel), ConfigError,
+             "train: --sft-attention per-example with ", tensor_parallel ? "--tp" : "--ep",
+             " is not supported yet (only the plain Llama model takes position ids); run without it");
   if (tensor_parallel && j.contains("pipeline") && j["pipeline"].is_object() && j["pipeline"].contains("stages") &&
       j["pipeline"]["stages"].is_number_integer() && j["pipeline"]["stages"].get<int64_t>() > 1) {
     throw ConfigError(detail::cat("train: --tp ", tpo.size, " with --pp ", j["pipeline"]["stages"].get<int64_t>(),
@@ -629,8 +657,15 @@ int cmd_train(int argc, char** argv) {
   std::shared_ptr<const data::Dataset> ds = open_train_data(a, model.vocab_size, seq, rank);
   std::shared_ptr<const data::ShardDataset> val_ds;
   if (!a.val_data.empty()) {
-    val_ds = open_shards(expand_glob_or_self(a.val_data), "--val-data", seq, model.vocab_size, !a.init_from.empty(), rank);
+    val_ds = open_shards_for(a, expand_glob_or_self(a.val_data), "--val-data", seq, model.vocab_size, rank);
   }
+  // [SFT Attention]: the loss that takes the batches' position ids.
+  const bool per_example = a.sft_attention == "per-example";
+  ZT_CHECK_T(!per_example || model.loss_with_positions, ConfigError, "train: --sft-attention per-example needs a "
+             "Llama-family model; ", model.name, " is ", model.family, " (use --sft-attention causal)");
+  auto batch_loss = [&](const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& pos) {
+    return per_example ? model.loss_with_positions(x, y, pos) : model.loss(x, y);
+  };
 
   const double flops_per_token = model.flops_per_token(seq);
 
@@ -900,15 +935,17 @@ int cmd_train(int argc, char** argv) {
     {
       torch::NoGradGuard no_grad;
       for (int64_t b = 0; b < batches; ++b) {
-        std::vector<torch::Tensor> xs, ys;
+        std::vector<torch::Tensor> xs, ys, ps;
         for (int64_t k = b * micro; k < std::min(per_rank, (b + 1) * micro); ++k) {
           auto ex = val_ds->get(dp_rank + k * dp_size);
           xs.push_back(ex.x);
           ys.push_back(ex.y);
+          if (ex.pos.defined()) ps.push_back(ex.pos);
         }
         auto x = torch::stack(xs).to(device), y = torch::stack(ys).to(device);
+        const auto pos = ps.empty() ? torch::Tensor() : torch::stack(ps).to(device);
         const double n = static_cast<double>(y.numel());
-        sum += model.loss(x, y).item<double>() * n;
+        sum += batch_loss(x, y, pos).item<double>() * n;
         count += n;
       }
     }
@@ -1049,8 +1086,8 @@ int cmd_train(int argc, char** argv) {
     auto t0 = std::chrono::steady_clock::now();
     torch::Tensor step_loss;  // dp_mean_loss: this rank's micro-batch losses, summed
     for (int64_t k = 0; k < cfg.gradient_accumulation_steps; ++k) {
-      auto [x, y] = loader.next();
-      auto loss = engine->forward([&] { return model.loss(x, y); });
+      auto [x, y, pos] = loader.next_batch();
+      auto loss = engine->forward([&] { return batch_loss(x, y, pos); });
       if (dp_mean_loss && printed(s)) {
         // A copy: the all-reduce is in place, and the engine reads the loss for its report.
         auto l = loss.detach().to(torch::kFloat);

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <thread>
+#include <type_traits>
 
 #include "lora/lora_spec.h"
 #include "lora/qlora.h"
@@ -55,6 +56,11 @@ TrainModel common_train_model(Holder& model, const TrainModelOptions& o, const C
   t.family = family;
   t.module = model.ptr();
   t.loss = [m = model.ptr()](const torch::Tensor& x, const torch::Tensor& y) { return m->loss(x, y); };
+  if constexpr (std::is_same_v<Holder, models::LlamaForCausalLM>) {
+    t.loss_with_positions = [m = model.ptr()](const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& pos) {
+      return m->loss(x, y, pos);
+    };
+  }
   t.num_params = model->num_params();
   t.activation_checkpointing = model->activation_checkpointing();
   t.flops_per_token = [model](int64_t seq) { return model->flops_per_token(seq); };

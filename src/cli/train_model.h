@@ -43,6 +43,9 @@ struct TrainModel {
   std::string name;                           // for the log: --model, or --init-from's directory
   std::shared_ptr<torch::nn::Module> module;  // what initialize() gets
   std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> loss;  // (x, y) -> scalar
+  // (x, y, pos) -> scalar with per-example attention ([SFT Attention] in models/llama.h);
+  // null for a model that has none (GPT-2, the tensor-parallel and pipelined models).
+  std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)> loss_with_positions;
   int64_t vocab_size = 0, max_seq = 0, n_layer = 0, width = 0, n_head = 0, num_params = 0;
   bool activation_checkpointing = false;
   std::function<double(int64_t seq)> flops_per_token;

@@ -12,7 +12,7 @@ namespace zt::data {
 
 struct Loader::Item {
   LoaderState pos;
-  torch::Tensor x, y;
+  torch::Tensor x, y, positions;  // positions: undefined when the dataset has none
   std::exception_ptr error;
 #ifdef ZT_WITH_CUDA
   std::optional<at::cuda::CUDAEvent> ready;  // recorded on the copy stream after the H2D copies
@@ -106,7 +106,7 @@ void Loader::fill_batch(Item& item, std::vector<int64_t>& indices, int64_t& indi
   }
   const int64_t begin = item.pos.batch * micro_batch_;
   const int64_t n = std::min<int64_t>(micro_batch_, static_cast<int64_t>(indices.size()) - begin);
-  std::vector<torch::Tensor> xs, ys;
+  std::vector<torch::Tensor> xs, ys, ps;
   xs.reserve(static_cast<size_t>(n));
   ys.reserve(static_cast<size_t>(n));
   for (int64_t j = 0; j < n; ++j) {
@@ -116,8 +116,11 @@ void Loader::fill_batch(Item& item, std::vector<int64_t>& indices, int64_t& indi
       ZT_CHECK(j == 0 || (ex.x.sizes() == xs[0].sizes() && ex.y.sizes() == ys[0].sizes()), "example shapes ",
                ex.x.sizes(), "/", ex.y.sizes(), " differ from the batch's first ", xs[0].sizes(), "/",
                ys[0].sizes());
+      ZT_CHECK(j == 0 || ex.pos.defined() == !ps.empty(), "example ", index,
+               ex.pos.defined() ? " has" : " has no", " position ids, unlike the batch's first");
       xs.push_back(std::move(ex.x));
       ys.push_back(std::move(ex.y));
+      if (ex.pos.defined()) ps.push_back(std::move(ex.pos));
     } catch (const std::exception& e) {
       throw zt::Error(zt::detail::cat("Loader: dataset example ", index, " (epoch ", item.pos.epoch, ", batch ",
                                       item.pos.batch, "): ", e.what()));
@@ -132,6 +135,7 @@ void Loader::fill_batch(Item& item, std::vector<int64_t>& indices, int64_t& indi
     return out;
   };
   torch::Tensor xh = stack(xs), yh = stack(ys);
+  torch::Tensor ph = ps.empty() ? torch::Tensor() : stack(ps);
 #ifdef ZT_WITH_CUDA
   if (device_.is_cuda()) {
     // See [Loader Streams].
@@ -139,6 +143,7 @@ void Loader::fill_batch(Item& item, std::vector<int64_t>& indices, int64_t& indi
     c10::cuda::CUDAStreamGuard guard(stream);
     item.x = xh.to(device_, /*non_blocking=*/true);
     item.y = yh.to(device_, /*non_blocking=*/true);
+    if (ph.defined()) item.positions = ph.to(device_, /*non_blocking=*/true);
     item.ready.emplace();
     item.ready->record(stream);
     return;
@@ -146,9 +151,15 @@ void Loader::fill_batch(Item& item, std::vector<int64_t>& indices, int64_t& indi
 #endif
   item.x = xh;
   item.y = yh;
+  item.positions = ph;
 }
 
 std::pair<torch::Tensor, torch::Tensor> Loader::next() {
+  Batch b = next_batch();
+  return {std::move(b.x), std::move(b.y)};
+}
+
+Batch Loader::next_batch() {
   if (!thread_.joinable()) start();
   std::shared_ptr<Item> item;
   {
@@ -170,11 +181,12 @@ std::pair<torch::Tensor, torch::Tensor> Loader::next() {
     item->ready->block(consumer);
     item->x.record_stream(consumer);
     item->y.record_stream(consumer);
+    if (item->positions.defined()) item->positions.record_stream(consumer);
   }
 #endif
   last_epoch_ = pos_.epoch;
   advance(pos_);
-  return {std::move(item->x), std::move(item->y)};
+  return {std::move(item->x), std::move(item->y), std::move(item->positions)};
 }
 
 void Loader::set_state(const LoaderState& s) {

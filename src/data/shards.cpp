@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "data/sft.h"
 #include "zerotrain/error.h"
 
 namespace zt::data {
@@ -168,9 +169,33 @@ Example ShardDataset::get(int64_t index) const {
   auto y = w.narrow(0, 1, seq_).clone();  // (seq)
   int64_t* q = y.data_ptr<int64_t>();
   for (int64_t i = 0; i < seq_; ++i) {
-    if (mask->token(first + i + 1) == 0) q[i] = -1;  // a prompt token: not a target
+    if ((mask->token(first + i + 1) & kSftTarget) == 0) q[i] = -1;  // a prompt token: not a target
   }
-  return {w.narrow(0, 0, seq_), y};
+  if (!example_positions_) return {w.narrow(0, 0, seq_), y};
+  auto pos = torch::empty({seq_}, torch::kLong);  // (seq)
+  int64_t* r = pos.data_ptr<int64_t>();
+  for (int64_t i = 0; i < seq_; ++i) {
+    r[i] = i == 0 || (mask->token(first + i) & kSftExampleStart) ? 0 : r[i - 1] + 1;
+  }
+  return {w.narrow(0, 0, seq_), y, pos};
+}
+
+bool ShardDataset::has_example_starts() const {
+  for (const auto& m : masks_)
+    if (!m || m->info().vocab_size != kSftMaskValues) return false;
+  return true;
+}
+
+void ShardDataset::set_example_positions(bool on) {
+  for (size_t k = 0; on && k < masks_.size(); ++k) {
+    ZT_CHECK_T(masks_[k] && masks_[k]->info().vocab_size == kSftMaskValues, ConfigError, "shard '",
+               shards_[k]->info().path, "' ",
+               masks_[k] ? "has a loss mask without example starts (written by an older zerotrain tokenize --sft)"
+                         : "has no loss mask (.mask): it is not SFT data",
+               "; per-example attention needs the example boundaries: tokenize the data again with zerotrain "
+               "tokenize --sft");
+  }
+  example_positions_ = on;
 }
 
 int64_t ShardDataset::max_token_id() const {

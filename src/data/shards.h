@@ -35,8 +35,12 @@ struct ShardInfo {
 void write_shard(const std::string& path, std::span<const uint32_t> tokens, int token_bytes, int64_t vocab_size);
 // [SFT Mask] The loss mask of shard `path` (see [SFT Packing] in data/sft.h): the same
 // path with the extension `.mask` (data_train_000000.bin -> data_train_000000.mask, so a
-// `*.bin` glob does not pick it up), in the shard format with uint16 values 0 / 1, one per
-// token, header[3] = 2. ShardDataset reads it when it exists.
+// `*.bin` glob does not pick it up), in the shard format with one uint16 value per token:
+// bit 0 (kSftTarget) the token is a loss target, bit 1 (kSftExampleStart) it is the first
+// token of an example; header[3] = kSftMaskValues (4). Masks written before the start bit
+// existed hold 0 / 1 with header[3] = 2: they still give the loss mask, but no example
+// boundaries. ShardDataset reads a mask when it exists.
+constexpr int64_t kSftMaskValues = 4;
 std::string mask_path(const std::string& shard_path);
 // Reads and checks the header (magic, version, that the size matches the count).
 ShardInfo read_shard_info(const std::string& path);
@@ -79,8 +83,15 @@ class ShardDataset : public Dataset {
 
   int64_t size() const override { return offsets_.back(); }
   // x, y: (seq) int64; y[i] = -1 (ignored by the losses) where the shard has a mask
-  // ([SFT Mask]) and the mask of token i+1 is 0.
+  // ([SFT Mask]) and token i+1 is not a loss target. With example positions on, also
+  // pos: (seq) int64, the position of x[i] within its example (0 on each example's first
+  // token, and on the window's first token, whose example may have begun before).
   Example get(int64_t index) const override;
+  // Whether every shard has a mask with example starts ([SFT Mask], kSftMaskValues).
+  bool has_example_starts() const;
+  // Turns Example::pos on (per-example attention, [SFT Attention] in models/llama.h).
+  // ConfigError when !has_example_starts().
+  void set_example_positions(bool on);
   int64_t num_tokens() const { return num_tokens_; }
   const std::vector<std::unique_ptr<MappedShard>>& shards() const { return shards_; }
   // The vocabulary the shards declare (header[3], equal across files), or 0 when none does.
@@ -92,6 +103,7 @@ class ShardDataset : public Dataset {
 
  private:
   int64_t seq_, model_vocab_, num_tokens_ = 0, declared_vocab_ = 0;
+  bool example_positions_ = false;
   std::vector<std::unique_ptr<MappedShard>> shards_;
   std::vector<std::unique_ptr<MappedShard>> masks_;  // per shard; null when it has none
   std::vector<int64_t> offsets_;  // offsets_[k] = windows in shards before k; back() = total

@@ -70,17 +70,20 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t layer)
   o_proj = register_module("o_proj", make_linear(c, c.q_dim(), c.hidden_size, c.o_bias));
 }
 
-torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                                          const torch::Tensor& mask) {
   const int64_t B = x.size(0), T = x.size(1);
   auto heads = [&](const torch::Tensor& t, int64_t n) { return t.view({B, T, n, head_dim}).transpose(1, 2); };
   auto q = heads(proj(q_proj, x), n_head);     // (B, H, T, hd)
   auto k = heads(proj(k_proj, x), n_kv_head);  // (B, KV, T, hd)
   auto v = heads(proj(v_proj, x), n_kv_head);  // (B, KV, T, hd)
-  q = q * cos + rotate_half(q) * sin;            // cos/sin (T, hd) broadcast over B, heads
+  q = q * cos + rotate_half(q) * sin;            // cos/sin (T, hd) or (B, 1, T, hd): broadcast
   k = k * cos + rotate_half(k) * sin;
   const bool gqa = n_kv_head != n_head;
   torch::Tensor y;
-  if (window > 0 && T > window) {
+  if (mask.defined()) {  // [SFT Attention]: within each example (the window rule folded in by hidden())
+    y = at::scaled_dot_product_attention(q, k, v, mask, 0.0, /*is_causal=*/false, std::nullopt, gqa);
+  } else if (window > 0 && T > window) {
     // Sliding window: query i sees keys j with i - window < j <= i (transformers' rule).
     auto i = torch::arange(T, torch::TensorOptions().device(x.device()).dtype(torch::kLong)).unsqueeze(1);
     auto j = torch::arange(T, torch::TensorOptions().device(x.device()).dtype(torch::kLong)).unsqueeze(0);
@@ -112,8 +115,8 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer
 }
 
 torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
-                                             const torch::Tensor& sin) {
-  auto h = x + self_attn(input_layernorm(x), cos, sin);
+                                             const torch::Tensor& sin, const torch::Tensor& mask) {
+  auto h = x + self_attn(input_layernorm(x), cos, sin, mask);
   return h + mlp(post_attention_layernorm(h));
 }
 
@@ -293,17 +296,41 @@ void LlamaForCausalLMImpl::init_layerwise(const InitSink& sink) {
   skeleton_ = false;
 }
 
-std::pair<torch::Tensor, torch::Tensor> LlamaForCausalLMImpl::rope(int64_t T, const torch::Tensor& like) const {
+std::pair<torch::Tensor, torch::Tensor> LlamaForCausalLMImpl::rope(int64_t T, const torch::Tensor& like,
+                                                                   const torch::Tensor& pos_ids) const {
   // transformers: freqs = pos * inv_freq in fp32, emb = cat(freqs, freqs), cos/sin cast
   // to the activations' dtype.
   const auto inv = inv_freq_.to(like.device());
+  if (pos_ids.defined()) {  // [SFT Attention]: the same values per position as below
+    const auto freqs = pos_ids.to(like.device(), torch::kFloat).unsqueeze(-1) * inv;  // (B, T, hd/2)
+    const auto emb = torch::cat({freqs, freqs}, -1).unsqueeze(1);                     // (B, 1, T, hd)
+    return {emb.cos().to(like.scalar_type()), emb.sin().to(like.scalar_type())};
+  }
   const auto pos = torch::arange(T, torch::TensorOptions().device(like.device()).dtype(torch::kFloat));
   const auto freqs = pos.unsqueeze(1) * inv.unsqueeze(0);  // (T, hd/2)
   const auto emb = torch::cat({freqs, freqs}, -1);          // (T, hd)
   return {emb.cos().to(like.scalar_type()), emb.sin().to(like.scalar_type())};
 }
 
-torch::Tensor LlamaForCausalLMImpl::hidden(const torch::Tensor& idx) {
+namespace {
+
+// [SFT Attention] The block-diagonal causal mask of position ids `pos` (B, T): (B, 1, T, T)
+// bool, true where query i may attend key j (same example, j <= i, and within `window`
+// of i when window > 0 and some layer slides).
+torch::Tensor llama_example_mask(const torch::Tensor& pos, int64_t window) {
+  const int64_t T = pos.size(1);
+  const auto doc = pos.eq(0).cumsum(1);  // (B, T): example index within the row
+  const auto same = doc.unsqueeze(2).eq(doc.unsqueeze(1));  // (B, T, T)
+  auto idx = torch::arange(T, pos.options());
+  auto i = idx.unsqueeze(1), j = idx.unsqueeze(0);
+  auto keep = j <= i;
+  if (window > 0) keep = keep.logical_and(j > i - window);
+  return same.logical_and(keep).unsqueeze(1);
+}
+
+}  // namespace
+
+torch::Tensor LlamaForCausalLMImpl::hidden(const torch::Tensor& idx, const torch::Tensor& pos) {
   ZT_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong, "Llama: idx must be (B, T) int64, got ", idx.sizes(),
            " ", idx.scalar_type());
   ZT_CHECK(!skeleton_, "Llama: a skeleton has no values yet; run init_layerwise first");
@@ -312,11 +339,22 @@ torch::Tensor LlamaForCausalLMImpl::hidden(const torch::Tensor& idx) {
            cfg_.max_position_embeddings);
   // padding_idx as HF's nn.Embedding: no gradient into the pad row.
   auto x = torch::embedding(model->embed_tokens->weight, idx, cfg_.pad_token_id);  // (B, T, d)
-  const auto [cos, sin] = rope(T, x);
+  torch::Tensor pos_ids = pos.defined() ? pos.to(idx.device()) : pos;
+  ZT_CHECK(!pos.defined() || (pos.sizes() == idx.sizes() && pos.scalar_type() == torch::kLong), "Llama: pos ",
+           pos.sizes(), " ", pos.scalar_type(), " must be int64 of idx's shape ", idx.sizes());
+  const auto [cos, sin] = rope(T, x, pos_ids);
+  torch::Tensor masks[2];  // [SFT Attention]: full causal layers, sliding-window layers
+  if (pos_ids.defined()) {
+    masks[0] = llama_example_mask(pos_ids, 0);
+    if (cfg_.sliding_window > 0 && T > cfg_.sliding_window) masks[1] = llama_example_mask(pos_ids, cfg_.sliding_window);
+  }
   for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
+    const auto& layer_ptr = layers_[static_cast<size_t>(i)];
+    const bool slides = layer_ptr->self_attn->window > 0 && masks[1].defined();
+    const torch::Tensor mask = slides ? masks[1] : masks[0];
     // Captures by value: a checkpointed body lives in the autograd graph until backward.
-    CheckpointFn body = [layer = layers_[static_cast<size_t>(i)].ptr(), cos, sin](const torch::Tensor& t) {
-      return layer->forward(t, cos, sin);
+    CheckpointFn body = [layer = layer_ptr.ptr(), cos, sin, mask](const torch::Tensor& t) {
+      return layer->forward(t, cos, sin, mask);
     };
     CheckpointFn fn = body;
     if (ckpt_enabled_ && i < ckpt_count_ && torch::GradMode::is_enabled()) {
@@ -331,16 +369,17 @@ torch::Tensor LlamaForCausalLMImpl::lm_head_weight() const {
   return cfg_.tie_word_embeddings ? model->embed_tokens->weight : lm_head->weight;
 }
 
-torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& idx) {
-  return F::linear(hidden(idx), lm_head_weight());  // (B, T, V)
+torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& idx, const torch::Tensor& pos) {
+  return F::linear(hidden(idx, pos), lm_head_weight());  // (B, T, V)
 }
 
-torch::Tensor LlamaForCausalLMImpl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
+torch::Tensor LlamaForCausalLMImpl::loss(const torch::Tensor& idx, const torch::Tensor& targets,
+                                         const torch::Tensor& pos) {
   ZT_CHECK(targets.sizes() == idx.sizes() && targets.scalar_type() == torch::kLong, "Llama::loss: targets ",
            targets.sizes(), " ", targets.scalar_type(), " must be int64 of idx's shape ", idx.sizes());
   // lm_head_cross_entropy ignores -1; HF's ignore_index is -100.
   const auto t = targets.masked_fill(targets.eq(-100), -1).reshape({-1});
-  const auto h = hidden(idx);  // (B, T, d)
+  const auto h = hidden(idx, pos);  // (B, T, d)
   const auto w = lm_head_weight();
   if (h.scalar_type() != torch::kHalf) {
     return lm_head_cross_entropy(h.reshape({-1, h.size(-1)}), w, t, cfg_.lm_head_pad_multiple, loss_chunk_rows(cfg_));

@@ -12,6 +12,16 @@
 // the sequence needs no mask, a shorter one becomes a boolean mask (math kernel).
 // There is no dropout (attention_dropout must be 0): forward is deterministic, which
 // activation checkpointing relies on when it recomputes a layer.
+//
+// [SFT Attention] Per-example attention for packed SFT windows (`train --sft-attention
+// per-example`): forward/hidden/loss take optional position ids `pos` (B, T) int64 that
+// restart at 0 on each example's first token (ShardDataset's Example::pos). Then RoPE uses
+// pos (as transformers with position_ids), and attention is block-diagonal causal: query i
+// sees key j when j <= i and no position 0 lies in (j, i], i.e. within its own example
+// (one (B, 1, T, T) bool mask for all layers, through SDPA's attn_mask; with a sliding
+// window also j > i - window). An example packed after others thus gives the logits it
+// gives alone from position 0, as transformers' packing with position_ids / flash varlen
+// does. Without pos nothing changes: is_causal, no mask (flash attention on CUDA).
 #pragma once
 #include <torch/torch.h>
 
@@ -125,8 +135,11 @@ TORCH_MODULE(RMSNorm);
 
 struct LlamaAttentionImpl : torch::nn::Module {
   LlamaAttentionImpl(const LlamaConfig& cfg, int64_t layer);
-  // x (B, T, d), cos/sin (T, head_dim) in x's dtype -> (B, T, d).
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  // x (B, T, d), cos/sin (T, head_dim) or (B, 1, T, head_dim) in x's dtype -> (B, T, d).
+  // `mask` (B, 1, T, T) bool (true = attend) replaces the causal rule when defined
+  // ([SFT Attention]).
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& mask = {});
 
   int64_t n_head, n_kv_head, head_dim, window;  // window 0 = full causal
   torch::nn::Linear q_proj{nullptr};  // (H*hd, d)
@@ -147,7 +160,8 @@ TORCH_MODULE(LlamaMLP);
 
 struct LlamaDecoderLayerImpl : torch::nn::Module {
   LlamaDecoderLayerImpl(const LlamaConfig& cfg, int64_t layer);
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& mask = {});
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
   RMSNorm input_layernorm{nullptr};
@@ -173,15 +187,16 @@ struct LlamaForCausalLMImpl : torch::nn::Module {
   // Parameters on the CPU in fp32, N(0, initializer_range) from the global generator.
   explicit LlamaForCausalLMImpl(const LlamaConfig& cfg);
 
-  // idx (B, T) int64, T <= max_position_embeddings -> logits (B, T, V).
-  torch::Tensor forward(const torch::Tensor& idx);
+  // idx (B, T) int64, T <= max_position_embeddings -> logits (B, T, V). `pos` (B, T)
+  // int64: per-example position ids ([SFT Attention]); undefined = plain causal.
+  torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& pos = {});
   // Mean next-token cross entropy in fp32; targets (B, T) int64 are the labels already
   // shifted (targets[t] is the token after idx[t]); entries equal to -100 (HF's
   // ignore_index, for masked fine-tuning) are ignored. The mean is over the counted
   // targets: transformers' loss for labels L equals loss(idx, L shifted left by one with
   // -100 appended).
-  torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
-  torch::Tensor hidden(const torch::Tensor& idx);  // (B, T, d) after the final norm
+  torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets, const torch::Tensor& pos = {});
+  torch::Tensor hidden(const torch::Tensor& idx, const torch::Tensor& pos = {});  // (B, T, d) after the final norm
 
   void reset_parameters();
   std::vector<int64_t> param_shape(const std::string& name) const;  // full shape by HF name
@@ -229,7 +244,9 @@ struct LlamaForCausalLMImpl : torch::nn::Module {
   torch::nn::Linear lm_head{nullptr};  // null when tie_word_embeddings
 
  private:
-  std::pair<torch::Tensor, torch::Tensor> rope(int64_t T, const torch::Tensor& like) const;
+  // cos, sin: (T, hd) for positions 0..T-1, or (B, 1, T, hd) for position ids `pos` (B, T).
+  std::pair<torch::Tensor, torch::Tensor> rope(int64_t T, const torch::Tensor& like,
+                                               const torch::Tensor& pos = {}) const;
 
   LlamaConfig cfg_;
   bool skeleton_ = false;  // built by skeleton(), init_layerwise not yet run

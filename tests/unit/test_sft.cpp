@@ -42,7 +42,7 @@ Packed three_examples() {
 std::string write(const fs::path& dir, const std::string& name, const Packed& p, bool with_mask) {
   const std::string path = (dir / (name + ".bin")).string();
   write_shard(path, p.tokens, 2, 64);
-  if (with_mask) write_shard(mask_path(path), std::vector<uint32_t>(p.mask.begin(), p.mask.end()), 2, 2);
+  if (with_mask) write_shard(mask_path(path), std::vector<uint32_t>(p.mask.begin(), p.mask.end()), 2, kSftMaskValues);
   return path;
 }
 
@@ -62,7 +62,8 @@ class SftData : public ::testing::Test {
 TEST(SftPacking, MaskCoversExactlyTheResponseAndEos) {
   const Packed p = three_examples();
   const std::vector<uint32_t> want_tokens = {5, 6, 7, 8, 9, 1, 10, 11, 12, 13, 14, 15, 16, 1, 17, 18, 19, 20, 21, 22, 23, 1};
-  const std::vector<uint8_t> want_mask = {0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1};
+  // Bit 0: a target (response and EOS); bit 1 (value 2): the first token of an example.
+  const std::vector<uint8_t> want_mask = {2, 0, 0, 1, 1, 1, 2, 0, 0, 0, 1, 1, 1, 1, 2, 0, 0, 0, 0, 1, 1, 1};
   EXPECT_EQ(p.tokens, want_tokens);
   EXPECT_EQ(p.mask, want_mask);
   // An empty prompt trains on everything; an empty response on the EOS only.
@@ -70,24 +71,23 @@ TEST(SftPacking, MaskCoversExactlyTheResponseAndEos) {
   append_sft_example({}, {3}, 2, q.tokens, q.mask);
   append_sft_example({4}, {}, 2, q.tokens, q.mask);
   EXPECT_EQ(q.tokens, (std::vector<uint32_t>{3, 2, 4, 2}));
-  EXPECT_EQ(q.mask, (std::vector<uint8_t>{1, 1, 0, 1}));
+  EXPECT_EQ(q.mask, (std::vector<uint8_t>{3, 1, 2, 1}));
 }
 
-TEST(SftPacking, LinesAreParsedAndMessagesAreNotSupportedYet) {
-  const auto t = parse_sft_json(nlohmann::json{{"prompt", "Q"}, {"response", "A"}, {"id", 3}}, "f:1");
-  EXPECT_EQ(t.prompt, "Q");
-  EXPECT_EQ(t.response, "A");
+TEST(SftPacking, LinesAreParsedAndMessagesNeedATemplate) {
+  const auto t = parse_sft_json(nlohmann::json{{"prompt", "Q"}, {"response", "A"}, {"id", 3}}, "f:1", nullptr);
+  EXPECT_EQ(t.segments, (std::vector<ChatSegment>{{"Q", false}, {"A", true}}));
+  EXPECT_TRUE(t.eos);
   auto message = [](const nlohmann::json& j) {
     try {
-      parse_sft_json(j, "f.jsonl:7");
+      parse_sft_json(j, "f.jsonl:7", nullptr);
     } catch (const zt::ConfigError& e) {
       return std::string(e.what());
     }
     return std::string("no error");
   };
   const std::string m = message(nlohmann::json{{"messages", nlohmann::json::array()}});
-  EXPECT_NE(m.find("f.jsonl:7"), std::string::npos) << m;
-  EXPECT_NE(m.find("'messages' (chat templates) is not supported yet"), std::string::npos) << m;
+  EXPECT_NE(m.find("f.jsonl:7: a 'messages' line needs the tokenizer's chat template"), std::string::npos) << m;
   const std::string r = message(nlohmann::json{{"prompt", "Q"}});
   EXPECT_NE(r.find("no string field 'response'"), std::string::npos) << r;
   const std::string n = message(nlohmann::json{{"prompt", 3}, {"response", "A"}});
@@ -106,7 +106,7 @@ TEST_F(SftData, DatasetIgnoresExactlyThePromptTargets) {
       for (int64_t i = 0; i < seq; ++i) {
         const auto pos = static_cast<size_t>(w * seq + i);
         EXPECT_EQ(e.x[i].item<int64_t>(), p.tokens[pos]);
-        const int64_t want = p.mask[pos + 1] ? static_cast<int64_t>(p.tokens[pos + 1]) : -1;
+        const int64_t want = (p.mask[pos + 1] & kSftTarget) ? static_cast<int64_t>(p.tokens[pos + 1]) : -1;
         EXPECT_EQ(e.y[i].item<int64_t>(), want) << "seq " << seq << " window " << w << " position " << i;
       }
     }
@@ -166,7 +166,7 @@ TEST_F(SftData, LossIsTheMeanCrossEntropyOverResponseTargets) {
     double sum = 0;
     int n = 0;
     for (int64_t i = 0; i < kSeq; ++i) {
-      if (!p.mask[static_cast<size_t>(i + 1)]) continue;
+      if (!(p.mask[static_cast<size_t>(i + 1)] & kSftTarget)) continue;
       sum -= logp[i][static_cast<int64_t>(p.tokens[static_cast<size_t>(i + 1)])].item<double>();
       ++n;
     }
@@ -185,10 +185,14 @@ TEST_F(SftData, LossIsTheMeanCrossEntropyOverResponseTargets) {
 }
 
 // tokenize --sft -> train: the shards and masks hold prompt, response, EOS per example, a
-// `messages` line is an error, and train reads the masks and prints losses.
+// `messages` line without tokenizer_config.json is an error, and train reads the masks and
+// prints losses.
 TEST_F(SftData, TokenizeSftThenTrain) {
   const std::string fixture = std::string(ZT_SOURCE_DIR) + "/tests/fixtures/bpe/";
   const std::string bin = std::string(ZT_BINARY_DIR) + "/zerotrain";
+  struct SftText {
+    std::string prompt, response;
+  };
   std::vector<SftText> examples;
   {
     std::ofstream j(dir_ / "sft.jsonl");
@@ -226,7 +230,8 @@ TEST_F(SftData, TokenizeSftThenTrain) {
   const auto c = run(bin + " tokenize --sft --tokenizer " + fixture + "tokenizer.json --out " + out + "_chat " +
                      (dir_ / "chat.jsonl").string());
   EXPECT_NE(c.code, 0);
-  EXPECT_NE(c.output.find("chat.jsonl:1: 'messages' (chat templates) is not supported yet"), std::string::npos)
+  EXPECT_NE(c.output.find("tokenizer_config.json' (a `messages` line needs the model's tokenizer_config.json"),
+            std::string::npos)
       << c.output;
 
   std::ofstream(dir_ / "config.json") << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,

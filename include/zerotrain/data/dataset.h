@@ -4,12 +4,19 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <utility>
 
 namespace zt::data {
 
 struct Example {
+  Example() = default;
+  Example(torch::Tensor x_, torch::Tensor y_, torch::Tensor pos_ = {})
+      : x(std::move(x_)), y(std::move(y_)), pos(std::move(pos_)) {}
   torch::Tensor x;  // model input, e.g. (T) int64 tokens or (3, 32, 32) float image
   torch::Tensor y;  // target, e.g. (T) int64 next tokens or () int64 label
+  // Optional (T) int64 position ids, restarting at 0 where a packed example starts
+  // (per-example attention); undefined when the dataset has none.
+  torch::Tensor pos;
 };
 
 class Dataset {

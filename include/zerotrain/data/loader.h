@@ -38,6 +38,11 @@ struct LoaderOptions {
   bool pin_memory = true;        // pinned host staging when the device is CUDA
 };
 
+// One batch: x, y and, when the dataset gives Example::pos, pos (B, T); each (B, ...).
+struct Batch {
+  torch::Tensor x, y, pos;  // pos undefined when the dataset has none
+};
+
 struct LoaderState {
   int64_t epoch = 0;  // epoch of the next batch
   int64_t batch = 0;  // its index within the epoch, in [0, batches_per_epoch)
@@ -57,6 +62,8 @@ class Loader {
   // ready to use on the caller's current stream (see [Loader Streams]). Blocks until
   // the background thread has it; rethrows the thread's error (naming the index).
   std::pair<torch::Tensor, torch::Tensor> next();
+  // As next(), with the position ids too (undefined when the dataset has none).
+  Batch next_batch();
 
   // Epoch of the batch next() last returned (state().epoch before the first call).
   int64_t epoch() const { return last_epoch_; }

@@ -1,0 +1,145 @@
+// Chat templates through minja (see [Chat Mask] in data/chat_template.h). This file is
+// built outside the unity batches: minja.hpp declares a global `json` alias.
+#include "data/chat_template.h"
+
+#include <minja/minja.hpp>
+
+#include <cctype>
+#include <fstream>
+#include <sstream>
+
+#include "zerotrain/error.h"
+
+namespace zt::data {
+
+struct ChatTemplate::Impl {
+  std::shared_ptr<minja::TemplateNode> root;
+  nlohmann::ordered_json special_tokens;  // {"bos_token": "<s>", ...}
+};
+
+namespace {
+
+// A tokenizer_config.json token entry: "<s>" or {"content": "<s>", ...}; "" otherwise.
+std::string chat_token_text(const nlohmann::json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+  return "";
+}
+
+}  // namespace
+
+ChatTemplate ChatTemplate::from_tokenizer_config(const std::string& path) {
+  std::ifstream in(path);
+  ZT_CHECK_T(in.good(), ConfigError, "chat template: cannot open '", path,
+             "' (a `messages` line needs the model's tokenizer_config.json beside tokenizer.json, as Hugging Face "
+             "ships it; or give {\"prompt\": ..., \"response\": ...} lines)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(ss.str());
+  } catch (const std::exception& e) {
+    throw ConfigError(detail::cat("chat template: '", path, "' is not valid JSON: ", e.what()));
+  }
+  ZT_CHECK_T(j.is_object() && j.contains("chat_template"), ConfigError, "chat template: '", path,
+             "' has no chat_template (take tokenizer_config.json from the instruct/chat model, or give {\"prompt\": "
+             "..., \"response\": ...} lines)");
+  std::string source;
+  const auto& t = j["chat_template"];
+  if (t.is_string()) {
+    source = t.get<std::string>();
+  } else if (t.is_array()) {  // named templates: [{"name": "default", "template": ...}, ...]
+    for (const auto& e : t)
+      if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string())
+        source = e["template"].get<std::string>();
+    ZT_CHECK_T(!source.empty(), ConfigError, "chat template: '", path,
+               "': chat_template is a list without a \"default\" entry");
+  } else {
+    throw ConfigError(detail::cat("chat template: '", path, "': chat_template must be a string or a list of {name, "
+                                  "template}"));
+  }
+  nlohmann::json tokens = nlohmann::json::object();
+  for (const auto& [k, v] : j.items()) {
+    const bool is_token = k.size() > 6 && k.compare(k.size() - 6, 6, "_token") == 0;
+    if (is_token && !chat_token_text(v).empty()) tokens[k] = chat_token_text(v);
+  }
+  return ChatTemplate(source, tokens, path);
+}
+
+ChatTemplate::ChatTemplate(const std::string& source, const nlohmann::json& special_tokens, std::string where)
+    : where_(std::move(where)) {
+  auto impl = std::make_shared<Impl>();
+  try {
+    // transformers' Jinja environment: trim_blocks, lstrip_blocks.
+    impl->root = minja::Parser::parse(source, minja::Options{true, true, false});
+  } catch (const std::exception& e) {
+    throw ConfigError(detail::cat("chat template of '", where_, "' does not parse: ", e.what()));
+  }
+  impl->special_tokens = nlohmann::ordered_json::parse(special_tokens.dump());
+  impl_ = std::move(impl);
+}
+
+std::string ChatTemplate::render(const nlohmann::json& messages, bool add_generation_prompt) const {
+  nlohmann::ordered_json ctx = impl_->special_tokens;
+  ctx["messages"] = nlohmann::ordered_json::parse(messages.dump());
+  ctx["add_generation_prompt"] = add_generation_prompt;
+  try {
+    return impl_->root->render(minja::Context::make(minja::Value(ctx)));
+  } catch (const std::exception& e) {
+    throw ConfigError(detail::cat("chat template of '", where_, "' failed: ", e.what()));
+  }
+}
+
+std::vector<ChatSegment> ChatTemplate::segments(const nlohmann::json& messages, const std::string& where) const {
+  ZT_CHECK_T(messages.is_array() && !messages.empty(), ConfigError, where,
+             ": 'messages' must be a non-empty list of {\"role\": ..., \"content\": ...}");
+  bool any_assistant = false;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const auto& m = messages[i];
+    ZT_CHECK_T(m.is_object() && m.contains("role") && m["role"].is_string(), ConfigError, where, ": message ", i,
+               " has no string 'role'");
+    any_assistant |= m["role"] == "assistant";
+  }
+  ZT_CHECK_T(any_assistant, ConfigError, where,
+             ": no message has role 'assistant' (only assistant turns are trained: nothing to learn)");
+  auto at = [&](const std::string& what) { return detail::cat(where, ": ", what); };
+  std::string full;
+  try {
+    full = render(messages, false);
+  } catch (const ConfigError& e) {
+    throw ConfigError(at(e.what()));
+  }
+  std::vector<ChatSegment> out;
+  auto push = [&](std::string text, bool train) {
+    if (text.empty()) return;
+    if (!out.empty() && out.back().train == train) out.back().text += text;
+    else out.push_back({std::move(text), train});
+  };
+  size_t done = 0;  // full[0, done) is in `out`
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (messages[i]["role"] != "assistant") continue;
+    std::string before, with;
+    try {
+      const auto head = nlohmann::json(std::vector<nlohmann::json>(messages.begin(), messages.begin() + i));
+      const auto upto = nlohmann::json(std::vector<nlohmann::json>(messages.begin(), messages.begin() + i + 1));
+      before = render(head, true);
+      with = render(upto, false);
+    } catch (const ConfigError& e) {
+      throw ConfigError(at(e.what()));
+    }
+    ZT_CHECK_T(with.compare(0, before.size(), before) == 0 && full.compare(0, with.size(), with) == 0 &&
+                   before.size() >= done,
+               ConfigError, where, ": the chat template of '", where_, "' renders the conversation up to message ", i,
+               " (assistant) differently from the whole conversation, so the assistant's tokens cannot be told apart "
+               "(see [Chat Mask] in docs/data.md); give {\"prompt\": ..., \"response\": ...} lines instead");
+    size_t end = with.size();
+    while (end > before.size() && std::isspace(static_cast<unsigned char>(with[end - 1]))) --end;
+    push(full.substr(done, before.size() - done), false);
+    push(full.substr(before.size(), end - before.size()), true);
+    done = end;
+  }
+  push(full.substr(done), false);
+  return out;
+}
+
+}  // namespace zt::data
