@@ -151,8 +151,9 @@ TEST_F(SftAttentionData, DatasetPositionsRestartAtExampleStarts) {
   }
 }
 
-// train --sft-attention per-example on tokenize --sft shards (Llama) trains; GPT-2 and
-// shards without masks are errors naming the flag.
+// train --sft-attention per-example on tokenize --sft shards (Llama) trains, at ZeRO-2 and
+// ZeRO-3 (layers gathered by the engine) with validation on per-example windows too; GPT-2
+// and shards without masks are errors naming the flag.
 TEST_F(SftAttentionData, TrainPerExample) {
   const std::string fixture = std::string(ZT_SOURCE_DIR) + "/tests/fixtures/bpe/";
   const std::string bin = std::string(ZT_BINARY_DIR) + "/zerotrain";
@@ -168,22 +169,32 @@ TEST_F(SftAttentionData, TrainPerExample) {
                                        "More words follow here so that the shard holds several windows of tokens.";
   auto run = [](const std::string& cmd) { return zt::test_support::run_shell("OMP_NUM_THREADS=1 timeout -k 5 300 " + cmd); };
   const std::string sft = (dir_ / "sft").string(), plain = (dir_ / "plain").string();
-  const auto t = run(bin + " tokenize --sft --tokenizer " + fixture + "tokenizer.json --out " + sft + " " +
-                     (dir_ / "sft.jsonl").string());
+  const auto t = run(bin + " tokenize --sft --tokenizer " + fixture + "tokenizer.json --out " + sft +
+                     " --val-fraction 0.25 " + (dir_ / "sft.jsonl").string());
   ASSERT_EQ(t.code, 0) << t.output;
   const auto tp = run(bin + " tokenize --tokenizer " + fixture + "tokenizer.json --out " + plain + " " +
                       (dir_ / "plain.txt").string());
   ASSERT_EQ(tp.code, 0) << tp.output;
-  std::ofstream(dir_ / "config.json") << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-    "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.0}}, "zero_optimization": {"stage": 2}})";
-  auto train = [&](const std::string& model, const std::string& data) {
+  for (int stage : {2, 3}) {
+    std::ofstream(dir_ / ("config" + std::to_string(stage) + ".json"))
+        << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.0}}, "zero_optimization": {"stage": )"
+        << stage << "}}";
+  }
+  auto train = [&](const std::string& model, const std::string& data, int stage = 2, const std::string& extra = "") {
     return run(bin + " train --device cpu --model " + model + " --vocab 3000 --seq 16 --steps 2 --config " +
-               (dir_ / "config.json").string() + " --sft-attention per-example --data '" + data + "'");
+               (dir_ / ("config" + std::to_string(stage) + ".json")).string() + " --sft-attention per-example --data '" +
+               data + "' " + extra);
   };
-  const auto r = train("llama-tiny", sft + "/data_train_*.bin");
-  ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("--data: per-example attention"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("Step 2/2, Loss: "), std::string::npos) << r.output;
+  for (int stage : {2, 3}) {
+    SCOPED_TRACE("ZeRO-" + std::to_string(stage));
+    const auto r = train("llama-tiny", sft + "/data_train_*.bin", stage, "--val-data '" + sft + "/data_val_*.bin'");
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("--data: per-example attention"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("--val-data: per-example attention"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("Step 2/2, Loss: "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("validation at step 2: loss "), std::string::npos) << r.output;
+  }
   const auto g = train("gpt2-tiny", sft + "/data_train_*.bin");
   EXPECT_NE(g.code, 0);
   EXPECT_NE(g.output.find("--sft-attention per-example needs a Llama-family model"), std::string::npos) << g.output;
