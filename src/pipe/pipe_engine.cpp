@@ -207,6 +207,15 @@ PipeEngine::PipeEngine(const models::GPT2& full, const PipeConfig& cfg, parallel
   ZT_CHECK_T(!(po.activation_checkpoint_interval > 0 && splits_backward(spec.kind)), ConfigError,
              "pipeline.activation_checkpoint_interval > 0 cannot run with the zb-h1 schedule (a checkpointed range "
              "back-propagates its weights inside the input-gradient pass); use 1f1b or set it to 0");
+  // Interleaved 1F1B with ZeRO-2 over dp 2 hung on four H100s (NCCL) twice while it completes
+  // on CPU ranks (bench/results/2026-11-26_pipe_4gpu_h100x4): refused on CUDA until diagnosed,
+  // rather than a silent hang.
+  ZT_CHECK_T(!(opts_.device.value_or(default_device()).is_cuda() && spec.virtual_stages > 1 &&
+               cfg_.config.zero_optimization.stage == 2 && d.dp > 1),
+             ConfigError, "pipeline.virtual_stages = ", spec.virtual_stages,
+             " (interleaved schedule) with zero_optimization.stage = 2 over ", d.dp,
+             " data-parallel GPUs is not supported yet (it hangs under NCCL); use zero_optimization.stage 1, "
+             "or the 1f1b / zb-h1 schedule");
   const int chunks = spec.stages * spec.virtual_stages;
   bounds_ = partition_layers(gpt2_layers(full->config()), chunks, po.partition,
                              spec.virtual_stages > 1 ? "pipeline.stages x virtual_stages" : "pipeline.stages");
