@@ -271,7 +271,7 @@ def main():
     import torch.distributed as dist
     from megatron.core import package_info, parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
-    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed, param_is_not_tensor_parallel_duplicate
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
@@ -294,9 +294,11 @@ def main():
     torch.manual_seed(a.seed + 100 * pp_rank)
     dp, dp_rank = world // (tp * pp), parallel_state.get_data_parallel_rank()
     cfg, model, opt = build(a, tp, pp)
-    # This rank's slices; the last stage's copy of the tied embedding (marked `shared`) is
-    # the first stage's, so it counts once.
-    n_params = sum(p.numel() for p in model.parameters() if not getattr(p, "shared", False))
+    # The whole model's parameters, each once (the vocabulary padded): this rank's tp slices,
+    # the tp-replicated ones (norms, row-parallel biases, the position table) on tp rank 0
+    # only, and the last stage's copy of the tied embedding (marked `shared`) not at all.
+    n_params = sum(p.numel() for p in model.parameters()
+                   if not getattr(p, "shared", False) and param_is_not_tensor_parallel_duplicate(p))
     n_params_t = torch.tensor([n_params], device="cuda", dtype=torch.float64)
     dist.all_reduce(n_params_t, group=parallel_state.get_model_parallel_group())  # tp x pp
     forward_backward = get_forward_backward_func()
