@@ -343,15 +343,16 @@ std::shared_ptr<const data::Dataset> open_train_data(const TrainArgs& a, int64_t
 // [Tensor-Parallel Train] `train --tp N` (or a config whose tensor_parallel.autotp_size is
 // N > 1): the model of --model built whole from --seed on every rank and cut over the tp
 // group (GPT2TP / LlamaTP, docs/tensor-parallel.md; build_tp_train_model), trained by the
-// engine with ZeRO 0-2 over the dp = ranks / N replicas (EngineOptions.group = the dp
-// group, model_parallel = the tp ranks for the norm). Every tp rank of a replica reads the
+// engine with ZeRO 0-3 over the dp = ranks / N replicas (EngineOptions.group = the dp
+// group, model_parallel = the tp ranks for the norm; at ZeRO-3 each tp slice is partitioned
+// over dp, gathered per block). Every tp rank of a replica reads the
 // replica's data (the sampler runs over the dp coordinate); the printed loss is the dp
 // mean; tokens/s count each replica's tokens once and MFU divides the whole model's FLOPs
 // over all ranks. tensor_parallel.sequence_parallel (zerotrain's key) turns on sequence
 // parallelism. --save/--load store each split parameter as tp shards with their cut, which
 // load at any --tp and without it ([TP Reshard] in ckpt/tp_reshard.h). What it does not do
 // yet is named before the first step (check_tensor_parallel_args, build_tp_train_model):
-// --init-from, --lora, ZeRO-3, optimizer offload, --pp with it.
+// --init-from, --lora, optimizer offload.
 
 // The config of a tensor-parallel run: Config::parse with the "tp > 1 is not supported by
 // zt::initialize alone" note dropped (this path builds what it needs); every other

@@ -336,10 +336,6 @@ TrainModel build_tp_train_model(const TrainModelOptions& o, const Config& cfg, c
              "Face weights cut over the tensor-parallel ranks); train from a seed, or run without --tp");
   ZT_CHECK_T(!o.lora, ConfigError, "train: --lora/--qlora with --tp ", n, " is not supported yet (adapters on the "
              "tensor-parallel layers); run without --tp");
-  ZT_CHECK_T(cfg.zero_optimization.stage < 3, ConfigError, "train: zero_optimization.stage = 3 with --tp ", n,
-             " is not supported yet (the tensor-parallel models are built whole on each rank, not partitioned); use "
-             "stage 1 or 2: tp already splits every weight matrix over the tp ranks, and ZeRO 1/2 shards the optimizer "
-             "state (and gradients) over the data-parallel ranks");
   // [TP Activation Checkpointing]: --checkpoint-activations, or a key that describes the
   // checkpoints (as the plain path: number_checkpoints, cpu_checkpointing), turns it on.
   const auto& ac = cfg.activation_checkpointing;
@@ -357,9 +353,14 @@ TrainModel build_tp_train_model(const TrainModelOptions& o, const Config& cfg, c
   }
   const auto ckpt_opts = models::TpCheckpointOptions::from_config(ac);
   // The whole model first, as the plain path builds it (the caller seeded the generator).
+  // At ZeRO-3 too it is built eagerly (the plain path's placeholders would leave nothing
+  // to cut): the same weights as at stages 0-2; the engine then partitions each rank's tp
+  // slices over dp (docs/tensor-parallel.md#zero-3-with-tp).
   TrainModelOptions whole = o;
   whole.checkpoint_activations = false;
-  TrainModel full = build_train_model(whole, cfg);
+  Config whole_cfg = cfg;
+  if (whole_cfg.zero_optimization.stage == 3) whole_cfg.zero_optimization.stage = 2;
+  TrainModel full = build_train_model(whole, whole_cfg);
   // Its parameters by name, not copied: load_full copies each rank's slices out of them.
   std::map<std::string, torch::Tensor> weights;
   for (const auto& kv : full.module->named_parameters()) weights[kv.key()] = kv.value().detach();

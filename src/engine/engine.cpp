@@ -136,6 +136,10 @@ class EngineImpl : public Engine {
       ZT_CHECK_T(!any_deferred || opts_.param_init, ConfigError,
                  "EngineOptions.param_shape marks placeholders but EngineOptions.param_init is not set");
     }
+    // Each managed parameter's shape (this rank's tp slice under tensor parallelism), kept
+    // for the checkpoint layout ([TP Reshard]): ZeRO-3 leaves released parameters empty.
+    for (size_t i = 0; i < params.size(); ++i)
+      param_shapes_.push_back(deferred[i].empty() ? params[i].sizes().vec() : deferred[i]);
     if (any_deferred && !stage3) {
       // Stages 0-2 keep full parameters anyway: materialise each on the device now.
       torch::NoGradGuard no_grad;
@@ -608,11 +612,7 @@ class EngineImpl : public Engine {
   // over the engine's group at the default layout (null). Built at the first use.
   void init_ckpt_layout() {
     if (ckpt_group_) return;
-    std::map<std::string, std::vector<int64_t>> shape_of;
-    for (const auto& kv : model_->named_parameters(true)) shape_of[kv.key()] = kv.value().sizes().vec();
-    std::vector<std::vector<int64_t>> shapes;
-    for (const auto& n : names_) shapes.push_back(shape_of[n]);
-    auto layout = tp_checkpoint_layout(zero_model_, names_, shapes);
+    auto layout = tp_checkpoint_layout(zero_model_, names_, param_shapes_);
     ckpt_group_ = group_;
     if (layout.tp_size > 1) {
       auto world = comm::world_group();
@@ -967,6 +967,7 @@ class EngineImpl : public Engine {
   ZeroModel* zero_model_ = nullptr;  // model_ as a ZeroModel, or null
   ZeroModel* hooked_ = nullptr;      // set when the engine drives the model's unit hooks
   std::vector<std::string> names_;       // managed parameters' names, in the user's order
+  std::vector<std::vector<int64_t>> param_shapes_;  // their shapes (full, before any ZeRO-3 partition)
   std::vector<std::string> unit_names_;  // ZeRO-3 gather units in forward order
   Config cfg_;
   EngineOptions opts_;

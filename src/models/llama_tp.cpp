@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "models/checkpoint.h"
 #include "models/model_util.h"
 #include "tp/cross_entropy.h"
 #include "tp/mappings.h"
@@ -226,15 +227,20 @@ torch::Tensor LlamaTPImpl::hidden(const torch::Tensor& idx) {
   const auto emb = torch::cat({freqs, freqs}, -1);
   const auto cos = emb.cos().to(x.scalar_type()), sin = emb.sin().to(x.scalar_type());
   for (size_t i = 0; i < layers_.size(); ++i) {
-    auto* layer = layers_[i].get();
-    if (!ckpt_) {
-      x = layer->forward(x, cos, sin);
-      continue;
-    }
+    const auto u = static_cast<int64_t>(i);
+    // ZeRO-3: the layer is gathered around its forward (and around its recompute when it is
+    // checkpointed); wrap_output gathers it again before its backward.
+    auto body = [layer = layers_[i].ptr(), hooks = hooks_, u, cos, sin](const torch::Tensor& t) {
+      const bool recompute = in_checkpoint_recompute();
+      if (hooks.pre_forward) hooks.pre_forward(u, recompute);
+      auto y = layer->forward(t, cos, sin);
+      if (hooks.post_forward) hooks.post_forward(u, recompute);
+      return y;
+    };
     // A checkpointed layer recomputes its collectives in backward, on every tp rank alike;
     // cos and sin are no function of x (the same tables in recompute).
-    x = ckpt_->run(static_cast<int64_t>(i), [layer, cos, sin](const torch::Tensor& t) { return layer->forward(t, cos, sin); },
-                   x);
+    x = ckpt_ ? ckpt_->run(u, body, x) : body(x);
+    if (hooks_.wrap_output) x = hooks_.wrap_output(u, x);
   }
   return tp_rms_norm(model->norm, x, group_, sp_);
 }

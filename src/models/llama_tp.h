@@ -88,7 +88,11 @@ struct LlamaTPImpl : torch::nn::Module, zt::ZeroModel {
   tp::SplitSpec split_spec(const std::string& name) const { return llama_tp_split_spec(cfg_, tp_size(), name); }
   zt::TensorParallelSpec tensor_parallel_spec(const std::string& name) const override;
   double norm_weight(const std::string& name) const;
+  // ZeRO-3 gather units: one per decoder layer ("model.layers.<i>"); the embedding, the
+  // final norm and the LM head are the root unit. hidden() runs each layer through the
+  // hooks (in a checkpointed layer's recompute too), as GPT2TPImpl does.
   std::vector<zt::ModelUnit> zero_units() const override;
+  void set_unit_hooks(zt::UnitHooks hooks) override { hooks_ = std::move(hooks); }
   double flops_per_token(int64_t seq) const override;
 
   // Activation checkpointing per decoder layer, as GPT2TPImpl's ([TP Activation
@@ -114,6 +118,7 @@ struct LlamaTPImpl : torch::nn::Module, zt::ZeroModel {
   torch::Tensor inv_freq_;
   std::vector<LlamaTPLayer> layers_;
   std::shared_ptr<TpCheckpointer> ckpt_;
+  zt::UnitHooks hooks_;
 };
 TORCH_MODULE(LlamaTP);
 
