@@ -19,12 +19,6 @@ void check_logits(const torch::Tensor& logits, const GateOptions& opt, int64_t k
              "MoE gating: top-2 needs at least 2 experts, got ", logits.size(1));
 }
 
-// one_hot(loc, C) as [T, 1, C] for the slot of each token; rows of dropped assignments are
-// zeroed by the mask they are multiplied with.
-torch::Tensor slot_one_hot(const torch::Tensor& loc_s, int64_t capacity) {
-  return torch::one_hot(loc_s, capacity).unsqueeze(1);
-}
-
 // [Expert Parallel]: every rank of the ep group uses the largest rank's capacity.
 int64_t agree_capacity(int64_t c, const GateOptions& opt) {
   if (!opt.ep_group || opt.ep_group->size() == 1) return c;
@@ -88,7 +82,8 @@ GateResult top1_gating(const torch::Tensor& logits, const GateOptions& opt, std:
   const auto choice = opt.noisy_gate_policy == NoisyGatePolicy::RSample
                           ? lg.detach() + gumbel_sample(lg.sizes(), lg.options(), gen)
                           : gates.detach();
-  auto mask1 = torch::one_hot(choice.argmax(1), E);  // [T, E] int64
+  const auto e1 = choice.argmax(1);                  // [T]
+  auto mask1 = torch::one_hot(e1, E);                // [T, E] int64
   const auto routed = mask1.sum(0);
   GateResult r;
   r.capacity = agree_capacity(opt.drop_tokens ? moe_capacity(T, E, opt.capacity_factor, opt.min_capacity)
@@ -106,10 +101,13 @@ GateResult top1_gating(const torch::Tensor& logits, const GateOptions& opt, std:
     const auto top = std::get<1>(prio.topk(r.capacity, 0));
     mask1 = mask1 * torch::zeros_like(mask1).scatter_(0, top, 1);
   }
-  const auto loc_s = ((mask1.cumsum(0) - 1) * mask1).sum(1);
-  const auto oh = slot_one_hot(loc_s, r.capacity);  // [T, 1, C]
-  r.combine_weights = (gates * mask1.to(torch::kFloat)).unsqueeze(2) * oh.to(torch::kFloat);
-  r.dispatch_mask = (mask1.unsqueeze(2) * oh).to(torch::kBool);
+  // [Sparse Dispatch]: per token its expert, slot, kept flag and weight (the gate value,
+  // 0 when dropped), as [T, 1].
+  const auto kept1 = mask1.sum(1);  // [T] 0/1
+  r.expert_index = e1.unsqueeze(1);
+  r.slot = ((mask1.cumsum(0) - 1) * mask1).sum(1).unsqueeze(1);
+  r.kept = kept1.to(torch::kBool).unsqueeze(1);
+  r.weights = gates.gather(1, r.expert_index) * kept1.to(torch::kFloat).unsqueeze(1);
   return finish(std::move(r), routed, mask1.sum(0));
 }
 
@@ -121,11 +119,12 @@ GateResult top2_gating(const torch::Tensor& logits, const GateOptions& opt, std:
   const auto lg = logits.to(torch::kFloat);
   const int64_t T = lg.size(0), E = lg.size(1);
   const auto gates = torch::softmax(lg, 1);
-  auto mask1 = torch::one_hot(gates.detach().argmax(1), E);
+  const auto e1 = gates.detach().argmax(1);  // [T]
+  auto mask1 = torch::one_hot(e1, E);
   auto lg2 = lg.detach();
   if (opt.second_expert_sampling) lg2 = lg2 + gumbel_sample(lg.sizes(), lg.options(), gen);
-  auto mask2 = torch::one_hot(
-      lg2.masked_fill(mask1.to(torch::kBool), -std::numeric_limits<float>::infinity()).argmax(1), E);
+  const auto e2 = lg2.masked_fill(mask1.to(torch::kBool), -std::numeric_limits<float>::infinity()).argmax(1);
+  auto mask2 = torch::one_hot(e2, E);
   const auto loc1 = mask1.cumsum(0) - 1;
   const auto loc2 = mask2.cumsum(0) - 1 + mask1.sum(0, /*keepdim=*/true);
   const auto me = gates.mean(0);
@@ -142,16 +141,15 @@ GateResult top2_gating(const torch::Tensor& logits, const GateOptions& opt, std:
   }
   const auto loc1_s = (loc1 * mask1).sum(1);
   const auto loc2_s = (loc2 * mask2).sum(1);
-  const auto m1f = mask1.to(torch::kFloat), m2f = mask2.to(torch::kFloat);
-  auto g1 = (gates * m1f).sum(1);
-  auto g2 = (gates * m2f).sum(1);
+  // [Sparse Dispatch]: [T, 2], column 0 the first choice, column 1 the second.
+  const auto kept1 = mask1.sum(1), kept2 = mask2.sum(1);  // [T] 0/1
+  r.expert_index = torch::stack({e1, e2}, 1);
+  r.slot = torch::stack({loc1_s, loc2_s}, 1);
+  r.kept = torch::stack({kept1, kept2}, 1).to(torch::kBool);
+  auto g1 = gates.gather(1, e1.unsqueeze(1)).squeeze(1) * kept1.to(torch::kFloat);
+  auto g2 = gates.gather(1, e2.unsqueeze(1)).squeeze(1) * kept2.to(torch::kFloat);
   const auto denom = (g1 + g2).clamp_min(std::numeric_limits<float>::epsilon());
-  g1 = g1 / denom;
-  g2 = g2 / denom;
-  const auto oh1 = slot_one_hot(loc1_s, r.capacity), oh2 = slot_one_hot(loc2_s, r.capacity);
-  r.combine_weights = (g1.unsqueeze(1) * m1f).unsqueeze(2) * oh1.to(torch::kFloat) +
-                      (g2.unsqueeze(1) * m2f).unsqueeze(2) * oh2.to(torch::kFloat);
-  r.dispatch_mask = (mask1.unsqueeze(2) * oh1 + mask2.unsqueeze(2) * oh2).to(torch::kBool);
+  r.weights = torch::stack({g1 / denom, g2 / denom}, 1);
   return finish(std::move(r), routed, (mask1 + mask2).sum(0));
 }
 
@@ -251,28 +249,45 @@ MoEOutput MoEImpl::forward(const torch::Tensor& x) {
   MoEOutput out;
   out.gate = topk_gating(logits, g, gen_);
   out.aux_loss = out.gate.aux_loss;
-  // dispatch: [E, C, d] = sum_s dispatch[s, e, c] * x[s, :]
-  const auto dispatched = torch::einsum("sec,sm->ecm", {out.gate.dispatch_mask.to(x.dtype()), flat});
+  // [Sparse Dispatch]. The kept assignments: token, expert, slot, weight, each [N].
+  const GateResult& gr = out.gate;
+  const int64_t k = gr.expert_index.size(1), d = opt_.hidden, E = opt_.num_experts, C = gr.capacity;
+  const auto sel = gr.kept.reshape({-1}).nonzero().squeeze(1);        // assignment ids t * k + j
+  const auto tok = sel.div(k, "floor");
+  const auto ex = gr.expert_index.reshape({-1}).index_select(0, sel);
+  const auto weight = gr.weights.reshape({-1}).index_select(0, sel).to(x.dtype());
+  // Row of each assignment in the dispatch buffer: packed at ep 1, e * C + slot at ep > 1.
+  const auto kept_dev = gr.kept_per_expert.to(ex.device());
+  const auto base = ep_size_ == 1 ? kept_dev.cumsum(0) - kept_dev : torch::arange(E, ex.options()) * C;
+  const auto row = base.index_select(0, ex) + gr.slot.reshape({-1}).index_select(0, sel);
+  const int64_t R = ep_size_ == 1 ? sel.size(0) : E * C;
+  const auto dispatched = torch::zeros({R, d}, flat.options()).index_copy(0, row, flat.index_select(0, tok));
   std::vector<torch::Tensor> outs;
   outs.reserve(expert_fns.size());
-  torch::Tensor expert_out;
+  torch::Tensor expert_out;  // [R, d], rows as dispatched
   if (ep_size_ == 1) {
-    for (size_t e = 0; e < expert_fns.size(); ++e)
-      outs.push_back(expert_fns[e].forward(dispatched[static_cast<int64_t>(e)]));
-    expert_out = torch::stack(outs);  // [E, C, d]
+    int64_t off = 0;  // each expert on its contiguous slice (an empty one too, so every
+    for (size_t e = 0; e < expert_fns.size(); ++e) {  // expert gets a defined gradient)
+      const int64_t n = gr.kept_counts[e];
+      outs.push_back(expert_fns[e].forward(dispatched.narrow(0, off, n)));
+      off += n;
+    }
+    expert_out = torch::cat(outs);
   } else {
     // [Expert Parallel]: chunk j of [E, C, d] (experts of rank j) goes to rank j.
-    const int64_t P = ep_size_, El = local_experts(), C = out.gate.capacity, d = opt_.hidden;
+    const int64_t P = ep_size_, El = local_experts();
     SpanLog* sink = timing_ ? a2a_log_.get() : nullptr;  // [MoE Timing]
     const auto received = all_to_all_dim0(dispatched, opt_.ep_group, sink).view({P, El, C, d});
     for (int64_t i = 0; i < El; ++i) {
       const auto slots = received.select(1, i).reshape({P * C, d});  // every rank's slots for expert i
       outs.push_back(expert_fns[static_cast<size_t>(i)].forward(slots).view({P, C, d}));
     }
-    const auto local = torch::stack(outs, 1).reshape({P * El, C, d});  // [P, El, C, d]: back by source rank
-    expert_out = all_to_all_dim0(local, opt_.ep_group, sink);           // [E, C, d] of this rank's tokens
+    const auto local = torch::stack(outs, 1).reshape({P * El * C, d});  // [P, El, C, d]: back by source rank
+    expert_out = all_to_all_dim0(local, opt_.ep_group, sink);           // [E * C, d] of this rank's tokens
   }
-  auto y = torch::einsum("sec,ecm->sm", {out.gate.combine_weights.to(x.dtype()), expert_out}).reshape(x.sizes());
+  auto y = torch::zeros({flat.size(0), d}, expert_out.options())
+               .index_add(0, tok, expert_out.index_select(0, row) * weight.unsqueeze(1))
+               .reshape(x.sizes());
   if (opt_.use_residual) {
     const auto mlp_out = mlp.forward(x);
     const auto coef = torch::softmax(coefficient(x), -1);

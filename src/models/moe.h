@@ -26,12 +26,33 @@
 // - Each rank gates its own tokens. The capacity C is agreed across the group (the largest
 //   rank's, one all-reduce): with drop_tokens it is the same on every rank whose token
 //   count is the same, and without it DeepSpeed agrees on the largest count the same way.
-// - The dispatched [E, C, d] goes through one all-to-all: rank j receives the slots every
+// - The dispatched [E, C, d] (built by index from the kept assignments, empty slots zero:
+//   [Sparse Dispatch]) goes through one all-to-all: rank j receives the slots every
 //   rank routed to j's experts, [P, E_l, C, d]; local expert i runs once on its P*C slots;
 //   a second all-to-all returns each rank its own [E, C, d], which it combines. Backward
 //   runs the same two all-to-alls in reverse (the all-to-all of equal chunks is its own
 //   adjoint). So each rank's output equals the one-process layer's on its tokens, and an
 //   expert's gradient on its owner is the sum over every rank's tokens.
+//
+// [Sparse Dispatch] The layer moves token rows by index, never through [T, E, C] one-hot
+// tensors (DeepSpeed's einsum dispatch, which made dropless routing cost T x E x C; the
+// dense path survives as a test reference, tests/support/moe_dense_reference.h).
+// - A kept assignment (token t, expert e, slot s) gets row base[e] + s of the dispatch
+//   buffer. Kept slots of an expert are 0 .. kept_e - 1 (the gate's slot rules above), so at
+//   ep 1 base = the exclusive prefix sum of kept_per_expert and the buffer is the packed
+//   [sum_e kept_e, d]: expert e runs on its contiguous slice, no padding. At ep > 1
+//   base[e] = e * C and the buffer is [E * C, d], empty slots zero: the equal-chunk
+//   all-to-all needs every expert padded to the agreed capacity (in the exchange only).
+// - dispatch = zeros[R, d].index_copy(rows, x.index_select(tokens)); combine:
+//   y = zeros[T, d].index_add(tokens, expert_out.index_select(rows) * weight). Autograd
+//   differentiates these (index_select <-> index_add), so no custom function is needed.
+//   With k <= 2 a token's output sums at most two terms starting from 0, so index_add's
+//   order (CUDA atomics) cannot change the result.
+// - Saved for backward, beyond the experts' own activations: the N = kept assignments'
+//   gathered output rows [N, d] and weights, int64 indices [N], and the gate's [T, E]
+//   softmax; O((T k) d + T E) instead of the dense O(T E C) (C ~ T k / E with drops,
+//   dropless at least that and up to T). docs/moe.md has the formula;
+//   MoESparse.SavedBytesAreProportionalToAssignments checks it.
 #pragma once
 #include <torch/torch.h>
 
@@ -66,9 +87,15 @@ struct GateOptions {
   comm::GroupPtr ep_group;
 };
 
+// The routing of T tokens as k assignments each ([Sparse Dispatch]): column j is a token's
+// j-th choice (first, second). No [T, E, C] tensor exists; tests/support/moe_dense_reference.h
+// turns this into DeepSpeed's combine weights / dispatch mask for inspection.
 struct GateResult {
-  torch::Tensor combine_weights;     // [T, E, C] fp32, differentiable w.r.t. the logits
-  torch::Tensor dispatch_mask;       // [T, E, C] bool, one true per kept assignment
+  torch::Tensor expert_index;        // [T, k] int64: the chosen expert (global index)
+  torch::Tensor slot;                // [T, k] int64: the slot in that expert (valid where kept)
+  torch::Tensor kept;                // [T, k] bool: false = dropped (slot >= C)
+  torch::Tensor weights;             // [T, k] fp32 combine weight, 0 where dropped;
+                                     // differentiable w.r.t. the logits
   torch::Tensor aux_loss;            // scalar fp32
   torch::Tensor tokens_per_expert;   // [E] int64: assignments routed, before drops
   torch::Tensor kept_per_expert;     // [E] int64: assignments kept

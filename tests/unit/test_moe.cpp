@@ -8,11 +8,15 @@
 #include <vector>
 
 #include "models/moe.h"
+#include "support/cpu_byte_counter.h"
+#include "support/moe_dense_reference.h"
 #include "zerotrain/error.h"
 
 namespace zt_test_moe {
 
 using namespace zt::models;
+using zt::test_support::moe_dense_combine;
+using zt::test_support::moe_dense_dispatch;
 
 namespace {
 
@@ -36,7 +40,7 @@ GateOptions top1_plain(double cf, int64_t min_cap) {
 
 // The slot of token t in expert e, or -1 when it is not dispatched there.
 int64_t slot_of(const GateResult& r, int64_t t, int64_t e) {
-  auto row = r.dispatch_mask[t][e];
+  auto row = moe_dense_dispatch(r)[t][e];
   ZT_CHECK(row.sum().item<int64_t>() <= 1, "more than one slot");
   return row.any().item<bool>() ? row.to(torch::kLong).argmax().item<int64_t>() : -1;
 }
@@ -54,7 +58,7 @@ TEST(MoEGate, Top1DropsLateTokensInTokenOrder) {
   // Tokens 0,1,2,4 pick expert 0, tokens 3,5 expert 1; C = ceil(6/2 * 1.0) = 3.
   const auto r = top1_gating(two_expert_logits({0, 0, 0, 1, 0, 1}), top1_plain(1.0, 0));
   EXPECT_EQ(r.capacity, 3);
-  EXPECT_EQ(r.combine_weights.sizes(), (std::vector<int64_t>{6, 2, 3}));
+  EXPECT_EQ(moe_dense_combine(r).sizes(), (std::vector<int64_t>{6, 2, 3}));
   EXPECT_EQ(slot_of(r, 0, 0), 0);
   EXPECT_EQ(slot_of(r, 1, 0), 1);
   EXPECT_EQ(slot_of(r, 2, 0), 2);
@@ -62,10 +66,10 @@ TEST(MoEGate, Top1DropsLateTokensInTokenOrder) {
   EXPECT_EQ(slot_of(r, 4, 1), -1);
   EXPECT_EQ(slot_of(r, 3, 1), 0);
   EXPECT_EQ(slot_of(r, 5, 1), 1);
-  EXPECT_EQ(r.dispatch_mask.sum().item<int64_t>(), 5);
-  EXPECT_NEAR(r.combine_weights[2][0][2].item<float>(), 0.75, kTol);  // the gate, not normalized
-  EXPECT_NEAR(r.combine_weights[5][1][1].item<float>(), 0.75, kTol);
-  EXPECT_EQ(r.combine_weights[4].abs().sum().item<float>(), 0.0f);
+  EXPECT_EQ(moe_dense_dispatch(r).sum().item<int64_t>(), 5);
+  EXPECT_NEAR(moe_dense_combine(r)[2][0][2].item<float>(), 0.75, kTol);  // the gate, not normalized
+  EXPECT_NEAR(moe_dense_combine(r)[5][1][1].item<float>(), 0.75, kTol);
+  EXPECT_EQ(moe_dense_combine(r)[4].abs().sum().item<float>(), 0.0f);
   EXPECT_TRUE(torch::equal(r.tokens_per_expert, torch::tensor({4, 2}, torch::kLong)));
   EXPECT_TRUE(torch::equal(r.kept_per_expert, torch::tensor({3, 2}, torch::kLong)));
   EXPECT_NEAR(r.dropped_fraction, 1.0 / 6.0, 1e-12);
@@ -123,13 +127,13 @@ TEST(MoEGate, Top2SecondChoicesComeAfterAllFirstChoices) {
   EXPECT_NEAR(r.dropped_fraction, 0.25, 1e-12);
   // Normalized over the kept pair: e^2/(e^2+e^1) = e/(e+1); a lone first choice gets 1.
   const double w = std::exp(1.0) / (std::exp(1.0) + 1.0);
-  EXPECT_NEAR(r.combine_weights[0][0][0].item<float>(), w, kTol);
-  EXPECT_NEAR(r.combine_weights[0][1][1].item<float>(), 1 - w, kTol);
-  EXPECT_NEAR(r.combine_weights[2][0][1].item<float>(), w, kTol);
-  EXPECT_NEAR(r.combine_weights[2][2][1].item<float>(), 1 - w, kTol);
-  EXPECT_NEAR(r.combine_weights[1][1][0].item<float>(), 1.0, kTol);
-  EXPECT_NEAR(r.combine_weights[3][2][0].item<float>(), 1.0, kTol);
-  EXPECT_NEAR(r.combine_weights.sum().item<float>(), 4.0, 1e-5);
+  EXPECT_NEAR(moe_dense_combine(r)[0][0][0].item<float>(), w, kTol);
+  EXPECT_NEAR(moe_dense_combine(r)[0][1][1].item<float>(), 1 - w, kTol);
+  EXPECT_NEAR(moe_dense_combine(r)[2][0][1].item<float>(), w, kTol);
+  EXPECT_NEAR(moe_dense_combine(r)[2][2][1].item<float>(), 1 - w, kTol);
+  EXPECT_NEAR(moe_dense_combine(r)[1][1][0].item<float>(), 1.0, kTol);
+  EXPECT_NEAR(moe_dense_combine(r)[3][2][0].item<float>(), 1.0, kTol);
+  EXPECT_NEAR(moe_dense_combine(r).sum().item<float>(), 4.0, 1e-5);
   // aux = E * sum_e me_e ce_e, ce from first choices only = [2/4, 1/4, 1/4].
   const double z = std::exp(2.0) + std::exp(1.0) + 1.0;
   const double hi = std::exp(2.0) / z, mid = std::exp(1.0) / z, lo = 1.0 / z;
@@ -141,12 +145,12 @@ TEST(MoEGate, Top2Dropless) {
   const auto r = top2_gating(top2_logits(), top2_plain(0.01, false));
   EXPECT_EQ(r.capacity, 3);  // most assignments on one expert
   EXPECT_EQ(r.dropped_fraction, 0.0);
-  EXPECT_EQ(r.dispatch_mask.sum().item<int64_t>(), 8);
+  EXPECT_EQ(moe_dense_dispatch(r).sum().item<int64_t>(), 8);
   EXPECT_EQ(slot_of(r, 1, 0), 2);
   EXPECT_EQ(slot_of(r, 3, 1), 2);
   const double w = std::exp(1.0) / (std::exp(1.0) + 1.0);
-  EXPECT_NEAR(r.combine_weights[1][1][0].item<float>(), w, kTol);
-  EXPECT_NEAR(r.combine_weights[1][0][2].item<float>(), 1 - w, kTol);
+  EXPECT_NEAR(moe_dense_combine(r)[1][1][0].item<float>(), w, kTol);
+  EXPECT_NEAR(moe_dense_combine(r)[1][0][2].item<float>(), 1 - w, kTol);
 }
 
 TEST(MoEGate, RandomTokenSelectionIsSeededAndKeepsTokenOrderSlots) {
@@ -158,7 +162,7 @@ TEST(MoEGate, RandomTokenSelectionIsSeededAndKeepsTokenOrderSlots) {
     auto g1 = at::make_generator<at::CPUGeneratorImpl>(seed);
     auto g2 = at::make_generator<at::CPUGeneratorImpl>(seed);
     const auto a = top1_gating(l, o, g1), b = top1_gating(l, o, g2);
-    EXPECT_TRUE(torch::equal(a.dispatch_mask, b.dispatch_mask));
+    EXPECT_TRUE(torch::equal(moe_dense_dispatch(a), moe_dense_dispatch(b)));
     EXPECT_EQ(a.kept_per_expert[0].item<int64_t>(), 4);
     std::vector<int64_t> kept;
     int64_t next_slot = 0;
@@ -179,9 +183,9 @@ TEST(MoEGate, RSampleIsSeededAndKeepsSoftmaxGates) {
   const auto l = torch::zeros({64, 4});  // without noise every token would pick expert 0
   auto g1 = at::make_generator<at::CPUGeneratorImpl>(7), g2 = at::make_generator<at::CPUGeneratorImpl>(7);
   const auto a = top1_gating(l, o, g1), b = top1_gating(l, o, g2);
-  EXPECT_TRUE(torch::equal(a.combine_weights, b.combine_weights));
+  EXPECT_TRUE(torch::equal(moe_dense_combine(a), moe_dense_combine(b)));
   EXPECT_GT(a.tokens_per_expert.min().item<int64_t>(), 0);
-  EXPECT_NEAR(a.combine_weights.sum().item<float>(), 64 * 0.25, 1e-4);  // gates are softmax(logits)
+  EXPECT_NEAR(moe_dense_combine(a).sum().item<float>(), 64 * 0.25, 1e-4);  // gates are softmax(logits)
   const auto c = top1_gating(l, top1_plain(4.0, 0));
   EXPECT_EQ(c.tokens_per_expert[0].item<int64_t>(), 64);
 }
@@ -193,7 +197,7 @@ TEST(MoEGate, SecondExpertSamplingIsSeeded) {
   l.select(1, 0).fill_(1.0);  // first choice e0 always; second is a tie among e1..e3
   auto g1 = at::make_generator<at::CPUGeneratorImpl>(3), g2 = at::make_generator<at::CPUGeneratorImpl>(3);
   const auto a = top2_gating(l, o, g1), b = top2_gating(l, o, g2);
-  EXPECT_TRUE(torch::equal(a.dispatch_mask, b.dispatch_mask));
+  EXPECT_TRUE(torch::equal(moe_dense_dispatch(a), moe_dense_dispatch(b)));
   EXPECT_EQ(a.tokens_per_expert[0].item<int64_t>(), 64);
   EXPECT_GT(a.tokens_per_expert[1].item<int64_t>(), 0);
   EXPECT_GT(a.tokens_per_expert[3].item<int64_t>(), 0);
@@ -382,6 +386,187 @@ TEST(MoELayer, ParameterNames) {
   o.gate.k = 2;
   o.gate.noisy_gate_policy = NoisyGatePolicy::RSample;
   EXPECT_THROW(MoE(o, [] { return torch::nn::AnyModule(torch::nn::Linear(4, 4)); }), zt::ConfigError);
+}
+
+
+// [Sparse Dispatch] against the dense one-hot path it replaced (tests/support/
+// moe_dense_reference.h, the old code verbatim).
+namespace {
+
+struct SparseCase {
+  const char* name;
+  int64_t k;
+  bool drop;       // capacity factor 1.0 with drops, or dropless
+  bool noise;      // top-1: random token selection + RSample; top-2: jitter + 2nd-expert sampling
+  bool residual;
+};
+
+MoEOptions sparse_case_options(const SparseCase& c) {
+  MoEOptions o;
+  o.hidden = 8;
+  o.num_experts = 4;
+  o.gate.k = c.k;
+  o.gate.capacity_factor = 1.0;
+  o.gate.min_capacity = 0;
+  o.gate.drop_tokens = c.drop;
+  o.gate.use_rts = c.noise && c.k == 1;
+  o.gate.second_expert_sampling = c.noise && c.k == 2;
+  o.gate.noisy_gate_policy = !c.noise ? NoisyGatePolicy::None
+                             : c.k == 1 ? NoisyGatePolicy::RSample
+                                        : NoisyGatePolicy::Jitter;
+  o.use_residual = c.residual;
+  return o;
+}
+
+double sparse_max_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  const auto da = a.defined() ? a : torch::zeros_like(b), db = b.defined() ? b : torch::zeros_like(a);
+  return (da - db).abs().max().item<double>();
+}
+
+}  // namespace
+
+// Same gate decisions: the sparse routing, densified, is the dense gate's [T, E, C]
+// tensors exactly (same tokens dropped, same slots, same weights), for random logits.
+TEST(MoESparse, GateEqualsTheDenseGate) {
+  for (int64_t k : {1, 2})
+    for (bool drop : {true, false})
+      for (bool rts : {false, true}) {
+        GateOptions o;
+        o.k = k;
+        o.capacity_factor = 0.75;
+        o.min_capacity = 0;
+        o.drop_tokens = drop;
+        o.use_rts = rts;
+        o.second_expert_sampling = rts;
+        auto lg = torch::randn({40, 5}, at::make_generator<at::CPUGeneratorImpl>(21));
+        lg.select(1, 2).add_(1.0);  // one popular expert, so drops happen
+        auto g1 = at::make_generator<at::CPUGeneratorImpl>(4), g2 = at::make_generator<at::CPUGeneratorImpl>(4);
+        const auto s = topk_gating(lg, o, g1);
+        const auto d = zt::test_support::moe_dense_gating(lg, o, g2);
+        SCOPED_TRACE("k=" + std::to_string(k) + " drop=" + std::to_string(drop) + " rts=" + std::to_string(rts));
+        ASSERT_EQ(s.capacity, d.capacity);
+        if (drop) EXPECT_GT(s.dropped_fraction, 0.0);
+        EXPECT_TRUE(torch::equal(moe_dense_dispatch(s), d.dispatch_mask));
+        EXPECT_TRUE(torch::equal(moe_dense_combine(s), d.combine_weights));
+        EXPECT_TRUE(torch::equal(s.aux_loss, d.aux_loss));
+      }
+}
+
+// The layer against the dense layer with the same parameters and generator: output, aux
+// loss, and the gradients of the input, the gate and every expert (and the PR-MoE parts)
+// within 1e-6 (fp32; the only differences are summation order: the dense combine is a GEMM
+// over E x C slots, mostly zeros). Training mode, capacity factor 1.0 (C = ceil(T/E) top-1,
+// 2 ceil(T/E) top-2, tokens drop) and dropless.
+TEST(MoESparse, LayerEqualsTheDensePath) {
+  const SparseCase cases[] = {
+      {"top1 cf1", 1, true, false, false},   {"top1 dropless", 1, false, false, false},
+      {"top2 cf1", 2, true, false, false},   {"top2 dropless", 2, false, false, false},
+      {"top1 cf1 rts+rsample", 1, true, true, false}, {"top2 cf1 jitter+sampling", 2, true, true, true},
+      {"top2 dropless pr-moe", 2, false, false, true},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    torch::manual_seed(3);
+    MoE m(sparse_case_options(c), mlp_expert(8));
+    m->train();
+    auto gx = at::make_generator<at::CPUGeneratorImpl>(8);
+    auto x = torch::randn({4, 12, 8}, gx);
+    x.select(2, 0).add_(1.5);  // skews the gate: uneven counts, an expert may get none
+    const auto w = torch::randn({4, 12, 8}, gx);
+    auto run = [&](bool sparse, double& aux, double& dropped) {
+      m->zero_grad();
+      auto xi = x.clone().requires_grad_(true);
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(77);
+      torch::Tensor y, a;
+      if (sparse) {
+        m->set_generator(gen);
+        const auto out = m->forward(xi);
+        y = out.output;
+        a = out.aux_loss;
+        dropped = out.gate.dropped_fraction;
+      } else {
+        const auto out = zt::test_support::moe_dense_forward(*m, xi, gen);
+        y = out.output;
+        a = out.aux_loss;
+      }
+      ((y * w).sum() + a).backward();
+      aux = a.item<double>();
+      std::vector<torch::Tensor> got{y.detach(), xi.grad()};
+      for (const auto& p : m->parameters()) got.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
+      return got;
+    };
+    double aux_s = 0, aux_d = 0, dropped = 0, unused = 0;
+    const auto s = run(true, aux_s, dropped);
+    const auto d = run(false, aux_d, unused);
+    if (c.drop) EXPECT_GT(dropped, 0.0);
+    else EXPECT_EQ(dropped, 0.0);
+    EXPECT_NEAR(aux_s, aux_d, 1e-6);
+    ASSERT_EQ(s.size(), d.size());
+    const auto names = m->named_parameters();
+    for (size_t i = 0; i < s.size(); ++i) {
+      const std::string what = i == 0 ? "output" : i == 1 ? "input grad" : names[i - 2].key() + " grad";
+      ASSERT_TRUE(s[i].defined() || d[i].defined()) << what;
+      EXPECT_LE(sparse_max_diff(s[i], d[i]), 1e-6) << what;
+      if (i >= 2) EXPECT_TRUE(s[i].defined()) << what << ": every expert gets a gradient, as in the dense path";
+    }
+  }
+}
+
+// What the forward keeps for backward (live CPU bytes after forward minus before; the
+// graph is freed by backward), dropless top-2, T = 2048 tokens, E = 8, d = 16: the dense
+// path keeps [T, E, C] tensors (C = the most assignments on one expert, >= T k / E), the
+// sparse one O(N d + T E) with N = T k kept assignments. Bound for the sparse path
+// (fp32, TwoLayer experts d -> 2d -> d):
+//   experts:  N (d + 2d) 4            fc1's input slice, ReLU's output (fc2 reuses it)
+//   combine:  N (d + 1) 4 + 3 N 8     gathered expert rows and weights; token/row indices
+//   gate:     2 T E 4 + 4 T k 8       logits/softmax; [T, k] expert, slot, kept, index
+//   output:   T d 4                   the layer's output (alive while measured)
+// times 1.5 for the small tensors the formula leaves out (kept flags, counts, the loss).
+// Measured: C 636, sparse 1.84 MB (bound 2.33 MB), dense 95.3 MB.
+TEST(MoESparse, SavedBytesAreProportionalToAssignments) {
+  static zt::test_support::CpuByteCounter counter;
+  const int64_t T = 2048, E = 8, d = 16, k = 2, N = T * k;
+  MoEOptions o;
+  o.hidden = d;
+  o.num_experts = E;
+  o.gate.k = k;
+  o.gate.drop_tokens = false;
+  o.gate.second_expert_sampling = false;
+  torch::manual_seed(5);
+  MoE m(o, mlp_expert(d));
+  const auto x = torch::randn({T, d}, at::make_generator<at::CPUGeneratorImpl>(6)).requires_grad_(true);
+  int64_t C = 0;
+  auto held = [&](bool sparse) {
+    int64_t bytes = 0;
+    {
+      zt::test_support::CpuByteCounter::Scope scope(counter);
+      const int64_t before = counter.live();
+      torch::Tensor y;
+      if (sparse) {
+        auto out = m->forward(x);
+        C = out.gate.capacity;
+        y = out.output.sum() + out.aux_loss;
+      } else {
+        auto out = zt::test_support::moe_dense_forward(*m, x);
+        y = out.output.sum() + out.aux_loss;
+      }
+      bytes = counter.live() - before;
+      y.backward();
+    }
+    return bytes;
+  };
+  const int64_t sparse = held(true), dense = held(false);
+  const double bound = 1.5 * static_cast<double>(N * 3 * d * 4 + N * (d + 1) * 4 + 3 * N * 8 + 2 * T * E * 4 + 4 * T * k * 8 + T * d * 4);
+  const double dense_floor = 2.0 * static_cast<double>(T * E * C) * 4;  // dispatch + combine, fp32
+  RecordProperty("sparse_bytes", std::to_string(sparse));
+  RecordProperty("dense_bytes", std::to_string(dense));
+  std::printf("[ saved    ] C %lld: sparse %lld bytes (bound %.0f), dense %lld bytes (2 T E C 4 = %.0f)\n",
+              static_cast<long long>(C), static_cast<long long>(sparse), bound, static_cast<long long>(dense),
+              dense_floor);
+  EXPECT_GE(C, T * k / E);
+  EXPECT_LE(static_cast<double>(sparse), bound);
+  EXPECT_GE(static_cast<double>(dense), dense_floor);  // the dense path would fail the bound
+  EXPECT_GT(static_cast<double>(dense), bound);
 }
 
 }  // namespace zt_test_moe
