@@ -98,6 +98,13 @@ struct EngineOptions {
   // at any ep loads at any other. Needed for save/load_checkpoint with experts at ep > 1
   // (ConfigError otherwise); unused without.
   std::function<std::string(const std::string& name)> expert_global_name;
+  // The ranks a checkpoint spans when this engine's model is one part of a model cut by
+  // layers, with its parameters under the whole model's names (a pipeline stage: every rank
+  // of the pipeline, parallel::Topology::parent(); [Pipeline Checkpoints] in
+  // src/ckpt/engine_checkpoint.cpp). save/load_checkpoint are then collective over it and
+  // write or read one checkpoint of the whole model, as a non-pipelined run does. It must
+  // contain `group`. Null: the engine's group (or, for a tensor-parallel model, the world).
+  comm::GroupPtr checkpoint_group;
   // Device; unset = cuda:LOCAL_RANK when CUDA is available, else CPU.
   std::optional<torch::Device> device;
   // Where JSON-lines metrics go (one object per step); empty = none.

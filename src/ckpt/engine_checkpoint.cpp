@@ -180,6 +180,23 @@ nlohmann::json tensor_meta(const torch::Tensor& t) {
 //  * Load: each rank asks for its experts by their global names; the union of the names the
 //    ranks read must be the checkpoint's names (no expert left unread, none read twice).
 
+// [Pipeline Checkpoints] (EngineParts::model_part; docs/checkpoints.md, docs/pipeline.md)
+//  * A pipeline stage's engine holds its layers under the whole model's names ("h.3..." for
+//    stage 1's first block, [Pipeline Tied Weights] in pipe/gpt2_pipe.h) and saves over a
+//    group spanning every stage (EngineParts::group; its dp group is the ZeRO shard group).
+//    The checkpoint is the one a non-pipelined run of the same model writes: each parameter
+//    once, whole, at the default shard coordinates, so it loads at any pp (1 included) and
+//    any dp and ZeRO stage 0-3, and a non-pipelined checkpoint loads into any pp.
+//  * Save: rank r of a stage's dp group writes shard r of every bucket of its stage, as any
+//    engine does, into the file of its rank in `group`; the manifest's params are the union of
+//    every rank's list merged as the experts' are (one all-gather), so the stages' lists join
+//    in the whole model's order. The last stage's tied copy of wte is not a parameter, so the
+//    tied embedding is stored once (the first stage's). A part with unmanaged tensors
+//    (buffers, frozen parameters) is refused: only rank 0's would be stored.
+//  * Load: each rank reads its own parameters by name; the union of the names the ranks read
+//    must be the checkpoint's names. The pipeline engine then sends the loaded wte to the
+//    tied copy (PipeEngine::load_checkpoint).
+
 // The trained parameters of an engine by shard group: [0] dense (EngineParts::zero), [1] the
 // experts (EngineParts::expert, when set), with the names the checkpoint stores them under.
 struct Trained {
@@ -225,6 +242,10 @@ Trained trained_params(EngineParts& e) {
     }
     t.stored.push_back(std::move(stored));
   }
+  // [Pipeline Checkpoints]: only rank 0's unmanaged tensors would be stored.
+  ZT_CHECK_T(!e.model_part || t.names.extra.empty(), CheckpointError, "checkpoint of one pipeline stage with the ",
+             "unmanaged tensor '", t.names.extra.empty() ? "" : t.names.extra.front().first,
+             "' (a buffer or frozen parameter) is not supported yet: a pipeline checkpoint stores trained parameters");
   std::map<std::string, size_t> pos;
   for (const auto& item : e.model.named_parameters(/*recurse=*/true)) pos.emplace(item.key(), pos.size());
   std::vector<std::pair<size_t, std::pair<size_t, size_t>>> order;
@@ -532,8 +553,9 @@ std::unique_ptr<Snapshot> take_snapshot(EngineParts& e, const std::string& dir, 
   });
   // [Expert Checkpoints]: the params of every rank (rank 0 holds only its own experts).
   nlohmann::json params = entries;
-  // [TP Reshard]: likewise every tp rank's shards of the split parameters.
-  if (e.expert != nullptr || layout.tp_size > 1) {
+  // [TP Reshard]: likewise every tp rank's shards of the split parameters, and every
+  // stage's parameters ([Pipeline Checkpoints]).
+  if (e.expert != nullptr || layout.tp_size > 1 || e.model_part) {
     const auto all = all_gather_strings(g, entries.dump());
     collective(g, [&] { params = merge_rank_entries(all); });
   }
@@ -900,14 +922,16 @@ nlohmann::json load_checkpoint(EngineParts& e, const std::string& dir, const std
   std::vector<std::vector<ParamRead>> reads;  // and how it is read ([TP Reshard])
   collective(g, [&] { tr = trained_params(e); });
   // The names the ranks of this run read ([Expert Checkpoints]: with experts, the union of
-  // every rank's; without, this rank's, which every rank shares).
+  // every rank's; likewise the stages' of a pipeline, [Pipeline Checkpoints]; otherwise this
+  // rank's, which every rank shares).
   std::set<std::string> run_names;
   {
     std::string mine;
     for (const auto& st : tr.stored) {
       for (const auto& n : st) mine += n + "\n";
     }
-    const auto all = e.expert != nullptr ? all_gather_strings(g, mine) : std::vector<std::string>{mine};
+    const bool union_of_ranks = e.expert != nullptr || e.model_part;
+    const auto all = union_of_ranks ? all_gather_strings(g, mine) : std::vector<std::string>{mine};
     for (const auto& list : all) {
       for (size_t b = 0, nl; (nl = list.find('\n', b)) != std::string::npos; b = nl + 1) run_names.insert(list.substr(b, nl - b));
     }
@@ -940,18 +964,21 @@ nlohmann::json load_checkpoint(EngineParts& e, const std::string& dir, const std
     }
     std::set<std::string> saved_names;  // a name held at several coordinates counts once
     for (const auto& p : params) saved_names.insert(p.at("name").get<std::string>());
-    if (e.expert == nullptr) {
+    if (e.expert == nullptr && !e.model_part) {
       ZT_CHECK_T(saved_names.size() == tr.count(), CheckpointError, "checkpoint '", cdir, "' holds ",
                  saved_names.size(), " trained parameters but this model trains ", tr.count());
     } else {
+      const char* how = e.expert != nullptr ? "experts split over ep are read by their global names: check the "
+                                              "number of experts and EngineOptions.expert_global_name"
+                                            : "pipeline stages read their layers by the whole model's names: "
+                                              "check the model's shape (layers, width, vocabulary)";
       for (const auto& n : saved_names) {
         ZT_CHECK_T(run_names.count(n), CheckpointError, "checkpoint '", cdir, "' holds parameter '", n,
-                   "' but no rank of this run trains it (experts split over ep are read by their global names: ",
-                   "check the number of experts and EngineOptions.expert_global_name)");
+                   "' but no rank of this run trains it (", how, ")");
       }
       ZT_CHECK_T(saved_names.size() == run_names.size(), CheckpointError, "checkpoint '", cdir, "' holds ",
-                 saved_names.size(), " trained parameters but the ranks of this run train ", run_names.size(),
-                 " (experts by global name)");
+                 saved_names.size(), " trained parameters but the ranks of this run train ", run_names.size(), " (",
+                 how, ")");
     }
     const auto saved_kinds = m.at("state_kinds").get<std::vector<std::string>>();
     for (const auto& k : kinds) {

@@ -56,6 +56,11 @@ struct EngineParts {
   // ep-1 name (global expert index); null: every trained parameter is in `zero`.
   zero::ZeroOptimizer* expert = nullptr;
   std::function<std::string(const std::string& model_name)> expert_name = nullptr;
+  // [Pipeline Checkpoints] (engine_checkpoint.cpp) This rank's model is one part of a model
+  // cut by layers (a pipeline stage) holding its parameters under the whole model's names,
+  // and `group` spans every part (all stages and their dp ranks): one checkpoint of the whole
+  // model, as a non-pipelined run writes it. false: `model` is the whole model.
+  bool model_part = false;
 };
 
 // Collective. Writes DIR/TAG/ and then DIR/latest (see [Checkpoint Protocol] in the .cpp).

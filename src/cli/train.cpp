@@ -398,7 +398,7 @@ void check_tensor_parallel_args(const TrainArgs& a, const Config& cfg, const con
 // gradient_accumulation_steps micro-batches through the pipeline, then the optimizer step on
 // every stage; every dp replica reads its own part of the data, and the printed loss is the
 // mean over the replicas (as DeepSpeed's PipelineEngine reports it). What the pipeline does not
-// do yet is named before the first step: checkpoints (--save, --load, --init-from),
+// do yet is named before the first step: --init-from (checkpoints: [Pipeline Checkpoints]),
 // --lora/--qlora, --val-data, Llama models, ZeRO-3, tensor or expert parallelism.
 int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::GroupPtr& group) {
   const int rank = group->rank(), world = group->size();
@@ -406,17 +406,18 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
     ZT_CHECK_T(!given, ConfigError, "train: ", what, " is not supported with pipeline parallelism (--pp) yet; "
                "run without it, or without --pp (docs/pipeline.md)");
   };
-  refuse(!a.save.empty() || !a.load.empty() || a.save_every > 0, "--save/--load (checkpoints per pipeline stage)");
   refuse(!a.init_from.empty(), "--init-from");
   refuse(!a.lora.empty() || a.qlora, "--lora/--qlora");
   refuse(!a.val_data.empty(), "--val-data");
   refuse(a.sft_attention != "causal", "--sft-attention per-example");
   refuse(a.profile_step >= 0, "--profile");
-  refuse(!a.metrics.empty() || !a.summary.empty(), "--metrics/--summary");
   ZT_CHECK_T(!a.checkpoint, ConfigError, "train: --checkpoint-activations with --pp: set "
              "pipeline.activation_checkpoint_interval in the config instead (the pipeline's own checkpointing)");
   pipe::PipeConfig pc = pipe::pipeline_config(j, world, a.config);
   const Config& cfg = pc.config;
+  // [Pipeline Checkpoints] hold whole layers: tp shards of stages are not stored yet.
+  refuse(cfg.tp_size() > 1 && (!a.save.empty() || !a.load.empty() || a.save_every > 0),
+         "--save/--load with --tp (tensor-parallel shards of pipeline stages)");
   const int pp = static_cast<int>(pc.pipeline.stages);
   ZT_CHECK_T(pp >= 1 && world % pp == 0, ConfigError, "train: pipeline.stages = ", pp, " does not divide the ", world,
              " ranks");
@@ -436,6 +437,7 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
   if (rank == 0) log::info("%s", topo.describe().c_str());
   pipe::PipeOptions po;
   po.device = train_device(a);
+  po.metrics_path = rank == 0 ? a.metrics : "";  // one PipeReport per step
   pipe::PipeEngine engine(models::GPT2(impl), pc, topo, po);
   model.module.reset();
   impl.reset();  // each stage keeps its own layers
@@ -451,21 +453,72 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
               schedule_name(engine.schedule().spec.kind), static_cast<long long>(cfg.gradient_accumulation_steps),
               static_cast<long long>(cfg.train_micro_batch_size_per_gpu), static_cast<long long>(seq), dp);
   }
+  // [Pipeline Checkpoints]: one checkpoint of the whole GPT-2 over every stage, with the
+  // client state of the non-pipelined path (data position, model shape, seq), so it loads
+  // with or without --pp, at any pp and dp, and `zerotrain convert` reads it.
+  nlohmann::json saves = nlohmann::json::array();
+  auto collect_saves = [&] {
+    const CheckpointSaveReport& r = engine.engine().last_checkpoint_save();
+    if (r.index == 0 || static_cast<int64_t>(saves.size()) >= r.index) return;
+    saves.push_back({{"tag", r.tag}, {"async", r.async}, {"step", r.step}, {"published_step", r.published_step},
+                     {"stall_ms", r.stall_ms}, {"write_ms", r.write_ms}, {"bytes", r.bytes}});
+  };
+  auto save = [&] {
+    const auto pos = loader.state();
+    engine.save_checkpoint(a.save, "",
+                           {{"data", {{"epoch", pos.epoch}, {"batch", pos.batch}, {"samples", ds->size()}}},
+                            {"model", model.model_json},
+                            {"seq", seq}},
+                           a.save_async);
+    collect_saves();
+  };
+  // A failed periodic save is reported, training goes on, and the run exits with code 3 (as
+  // without --pp); the last save of the run must succeed.
+  std::vector<std::string> failed_saves;
+  auto periodic = [&](const std::function<void()>& fn, int64_t step) {
+    try {
+      fn();
+    } catch (const CheckpointError& e) {
+      failed_saves.push_back(detail::cat("step ", step, ": ", e.what()));
+      if (rank == 0) {
+        log::error("checkpoint save at step %lld failed: %s -- training goes on; the next save point tries again",
+                   static_cast<long long>(step), e.what());
+      }
+    }
+  };
+  int64_t start = 0;
+  if (!a.load.empty()) {
+    const nlohmann::json client = engine.load_checkpoint(a.load);
+    if (client.contains("data")) {
+      const nlohmann::json& d = client["data"];
+      ZT_CHECK_T(!d.contains("samples") || d["samples"].get<int64_t>() == ds->size(), ConfigError, "train: the "
+                 "checkpoint in ", a.load, " was saved at a data position over ", d["samples"].get<int64_t>(),
+                 " windows of ", seq, " tokens, but --data '", a.data, "' gives ", ds->size(),
+                 " (resume with the same --data and --seq)");
+      loader.set_state({d.at("epoch").get<int64_t>(), d.at("batch").get<int64_t>()});
+    }
+    start = engine.engine().global_steps();
+    if (rank == 0) {
+      log::info("resuming at step %lld of %lld", static_cast<long long>(start), static_cast<long long>(a.steps));
+    }
+  }
   const int64_t print_every = a.print_every > 0 ? a.print_every : std::max<int64_t>(1, cfg.steps_per_print);
   const double tokens_per_step = static_cast<double>(cfg.train_batch_size * seq);
   double first = 0, last = 0, timed_ms = 0;
   int64_t timed = 0;
-  for (int64_t s = 1; s <= a.steps; ++s) {
+  for (int64_t s = start + 1; s <= a.steps; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
-    last = engine.train_batch(next);  // this dp replica's mean: averaged over the replicas below
+    // A failed asynchronous save surfaces here, after the batch is done ([Pipeline Checkpoints]).
+    periodic([&] { engine.train_batch(next); }, s);
+    last = engine.last_report().loss;  // this dp replica's mean: averaged over the replicas below
     if (dp > 1) {
       auto l = torch::tensor({last}, torch::kDouble);
       topo.dp()->all_reduce(l, comm::ReduceOp::kSum);
       last = l.item<double>() / dp;
     }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (s == 1) first = last;
-    if (s > a.warmup) timed_ms += ms, ++timed;
+    if (s == start + 1) first = last;
+    if (s > start + a.warmup) timed_ms += ms, ++timed;
     ZT_CHECK_T(std::isfinite(last), TrainingError, "train: the pipeline's loss is not finite at step ", s);
     if (rank == 0 && (s % print_every == 0 || s == a.steps)) {
       const auto& r = engine.last_report();
@@ -474,11 +527,58 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
                   last, ms, tokens_per_step / (ms / 1000.0), r.bubble, r.bubble_formula);
       std::fflush(stdout);
     }
+    collect_saves();  // an asynchronous save may have been published by this step
+    // Periodic saves (not in the step's time). An asynchronous save still in flight is
+    // settled on its own first, as without --pp.
+    if (a.save_every > 0 && s % a.save_every == 0 && s < a.steps) {
+      if (engine.engine().checkpoint_pending()) periodic([&] { engine.wait_checkpoint(); }, s);
+      periodic(save, s);
+    }
+  }
+  if (!a.save.empty()) {
+    if (engine.engine().checkpoint_pending()) periodic([&] { engine.wait_checkpoint(); }, a.steps);
+    save();
+    engine.wait_checkpoint();  // the run's last checkpoint is published before exit
+    collect_saves();
   }
   if (rank == 0) {
     std::printf("pipeline: loss %.4f -> %.4f", first, last);
     if (timed > 0) std::printf(", %.1f ms/step, %.0f tokens/s", timed_ms / timed, tokens_per_step * timed / (timed_ms / 1000.0));
     std::printf("\n");
+    if (!a.summary.empty()) {
+      const auto& r = engine.last_report();
+      nlohmann::json sj = {{"framework", "zerotrain"},
+                           {"model", model.name},
+                           {"world", world},
+                           {"dp", dp},
+                           {"tp", cfg.tp_size()},
+                           {"pp", pp},
+                           {"schedule", r.schedule},
+                           {"stage", cfg.zero_optimization.stage},
+                           {"micro_batch", cfg.train_micro_batch_size_per_gpu},
+                           {"grad_accum", cfg.gradient_accumulation_steps},
+                           {"seq", seq},
+                           {"steps", a.steps},
+                           {"timed_steps", timed},
+                           {"ms_per_iter", timed > 0 ? timed_ms / timed : 0.0},
+                           {"tokens_per_s", timed > 0 ? tokens_per_step * timed / (timed_ms / 1000.0) : 0.0},
+                           {"loss_first", first},
+                           {"loss_last", last},
+                           {"last_step", r.to_json()}};  // per-stage timing and the bubble
+      if (!saves.empty()) sj["checkpoint_saves"] = saves;
+      std::ofstream f(a.summary, std::ios::app);
+      ZT_CHECK(f.good(), "cannot write ", a.summary);
+      f << sj.dump() << "\n";
+    }
+  }
+  if (!failed_saves.empty()) {
+    if (rank == 0) {
+      std::string text = detail::cat(failed_saves.size(), " checkpoint save(s) failed during the run (the last one "
+                                     "succeeded):");
+      for (const auto& f : failed_saves) text += "\n  " + f;
+      log::write(log::Level::kError, text);
+    }
+    return 3;
   }
   return 0;
 }

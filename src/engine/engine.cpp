@@ -577,6 +577,7 @@ class EngineImpl : public Engine {
     ckpt::Counters c{micro_, global_steps_, applied_steps_, skipped_};
     ckpt::EngineParts parts{*model_, *zero_, *scaler_, cfg_, ckpt_group(), device_, dtype_, c};
     parts.layout = ckpt_layout();
+    parts.model_part = static_cast<bool>(opts_.checkpoint_group);  // [Pipeline Checkpoints]
     add_experts(parts, "save_checkpoint");
     saver_.save(parts, dir, tag, client_state, async);
   }
@@ -590,6 +591,7 @@ class EngineImpl : public Engine {
     ckpt::Counters c{micro_, global_steps_, applied_steps_, skipped_};
     ckpt::EngineParts parts{*model_, *zero_, *scaler_, cfg_, ckpt_group(), device_, dtype_, c};
     parts.layout = ckpt_layout();
+    parts.model_part = static_cast<bool>(opts_.checkpoint_group);  // [Pipeline Checkpoints]
     add_experts(parts, "load_checkpoint");
     nlohmann::json client = ckpt::load_checkpoint(parts, dir, tag);
     // A checkpoint is saved at a step boundary (save_checkpoint refuses otherwise), so the
@@ -614,6 +616,17 @@ class EngineImpl : public Engine {
     if (ckpt_group_) return;
     auto layout = tp_checkpoint_layout(zero_model_, names_, param_shapes_);
     ckpt_group_ = group_;
+    if (opts_.checkpoint_group) {
+      // [Pipeline Checkpoints]: one part of a model cut by layers, saved with the other parts.
+      ZT_CHECK_T(layout.tp_size <= 1 && !expert_, ConfigError, "checkpoints of a pipeline stage whose layers are ",
+                 layout.tp_size > 1 ? "split over tensor-parallel ranks" : "experts split over ep",
+                 " are not supported yet: save without pipeline parallelism");
+      ZT_CHECK_T(opts_.checkpoint_group->size() % group_->size() == 0, ConfigError,
+                 "EngineOptions.checkpoint_group (", opts_.checkpoint_group->size(),
+                 " ranks) must contain the engine's data-parallel group (", group_->size(), " ranks)");
+      ckpt_group_ = opts_.checkpoint_group;
+      return;
+    }
     if (layout.tp_size > 1) {
       auto world = comm::world_group();
       const int mp = opts_.model_parallel ? opts_.model_parallel->size() : 1;

@@ -10,6 +10,7 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <cstdio>
 #include <fstream>
 
@@ -247,6 +248,7 @@ PipeEngine::PipeEngine(const models::GPT2& full, const PipeConfig& cfg, parallel
   eo.model_parallel = mp;
   eo.device = opts_.device;
   eo.print = false;
+  eo.checkpoint_group = world_;  // [Pipeline Checkpoints]: one checkpoint over every stage
   engine_ = initialize(module_.ptr(), stage_cfg, eo);
   module_->place_tied_copy(engine_->device(), engine_->compute_dtype());
   for (const auto& p : module_->parameters()) params_.push_back(p);
@@ -407,7 +409,15 @@ void PipeEngine::run(const Instr& in, std::vector<MicroBatch>& mbs, std::vector<
     case Op::kOptimizerStep: {
       finish_sends();
       ZT_ASSERT(!tied_grad_ready_, "the tied gradient was received but not used");
-      const bool boundary = engine_->step();
+      bool boundary = true;
+      try {
+        boundary = engine_->step();
+      } catch (const CheckpointError&) {
+        // [Pipeline Checkpoints]: an asynchronous save's failure, thrown on every rank by the
+        // step that publishes it (the step itself is done). The rest of the schedule (the
+        // tied weight's exchange) still runs; train_batch rethrows it at its end.
+        step_error_ = std::current_exception();
+      }
       ZT_ASSERT(boundary, "the pipeline's optimizer step is not at an accumulation boundary");
       break;
     }
@@ -512,8 +522,51 @@ double PipeEngine::train_batch(const std::function<MicroBatch()>& next) {
                   spec.micro_batches, spec.virtual_stages, report_.bubble, report_.bubble_formula);
     }
   }
+  if (step_error_) std::rethrow_exception(std::exchange(step_error_, nullptr));
   return report_.loss;
 }
+
+namespace {
+// [Pipeline Checkpoints] are of pp x dp pipelines: the stages' tensor-parallel shards would
+// need the tp coordinates and cut of [TP Reshard] as well.
+void refuse_tp_pipeline_checkpoint(const comm::GroupPtr& world, int stages, const Engine& e, const char* what) {
+  const int tp = world->size() / (stages * e.group()->size());
+  ZT_CHECK_T(tp == 1, ConfigError, what, " of a pipeline with tensor parallelism (tp ", tp,
+             ") is not supported yet: checkpoints of pipeline stages hold whole layers (pp x dp only)");
+}
+}  // namespace
+
+void PipeEngine::save_checkpoint(const std::string& dir, const std::string& tag, const nlohmann::json& client_state,
+                                 bool async) {
+  refuse_tp_pipeline_checkpoint(world_, stages(), *engine_, "save_checkpoint");
+  nlohmann::json cs = client_state.is_null() ? nlohmann::json::object() : client_state;
+  if (cs.is_object() && !cs.contains("pipeline")) {
+    cs["pipeline"] = {{"stages", schedule_.spec.stages},
+                      {"virtual_stages", schedule_.spec.virtual_stages},
+                      {"schedule", schedule_name(schedule_.spec.kind)},
+                      {"partition", bounds_}};
+  }
+  engine_->save_checkpoint(dir, tag, cs, async);
+}
+
+nlohmann::json PipeEngine::load_checkpoint(const std::string& dir, const std::string& tag) {
+  refuse_tp_pipeline_checkpoint(world_, stages(), *engine_, "load_checkpoint");
+  nlohmann::json client = engine_->load_checkpoint(dir, tag);
+  // [Pipeline Tied Weights]: the checkpoint holds wte once; the last stage's copy takes the
+  // first stage's loaded value (as after every step).
+  if (module_->holds_embedding() && stages() > 1) post_send(pp_, module_->embedding_weight().detach().clone(), stages() - 1);
+  if (module_->holds_tied_copy()) {
+    auto w = torch::empty_like(module_->tied_copy());
+    pp_->recv(w, 0);
+    torch::NoGradGuard ng;
+    module_->tied_copy().copy_(w);
+  }
+  finish_sends();
+  steps_ = engine_->global_steps();
+  return client;
+}
+
+void PipeEngine::wait_checkpoint() { engine_->wait_checkpoint(); }
 
 double PipeEngine::eval_batch(const std::function<MicroBatch()>& next) {
   const auto& spec = schedule_.spec;

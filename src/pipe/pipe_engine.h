@@ -49,6 +49,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -118,11 +119,30 @@ class PipeEngine {
 
   // One batch: gradient_accumulation_steps micro-batches through the schedule, then the
   // optimizer step on every stage. Collective over the world. Returns the batch's mean loss
-  // (on every rank).
+  // (on every rank). When the step publishes a failed asynchronous save, the batch completes
+  // (last_report() holds it) and CheckpointError is thrown on every rank at the end.
   double train_batch(const std::function<MicroBatch()>& next);
   // Forward only, no gradients, no step: the mean loss over gradient_accumulation_steps
   // micro-batches (on every rank). Collective.
   double eval_batch(const std::function<MicroBatch()>& next);
+
+  // [Pipeline Checkpoints] (src/ckpt/engine_checkpoint.cpp; docs/pipeline.md#checkpoints)
+  // Collective over every rank of the pipeline, between batches. Every stage's engine saves
+  // its parameters, optimizer state and counters into ONE checkpoint under the whole GPT-2's
+  // names ("h.3..." for stage 1's first block at pp 2 of 6 blocks), each parameter once
+  // (the last stage's tied copy of wte is not stored): the files a non-pipelined engine
+  // writes, so it loads at any pp (and without a pipeline) and any dp / ZeRO stage 0-2; a
+  // non-pipelined GPT-2 checkpoint loads here. Same pp, dp and schedule: the resume is
+  // bit-exact. `client_state` (world rank 0's) is stored with a "pipeline" entry added
+  // (stages, virtual stages, partition; informational). async: Engine::save_checkpoint's
+  // asynchronous save, published at a later train_batch or wait_checkpoint().
+  void save_checkpoint(const std::string& dir, const std::string& tag = "", const nlohmann::json& client_state = {},
+                       bool async = false);
+  // Restores every stage's engine from `dir` (tag "" = latest), then sends the loaded wte to
+  // the last stage's tied copy. Returns the client state.
+  nlohmann::json load_checkpoint(const std::string& dir, const std::string& tag = "");
+  // Publishes an asynchronous save in flight (collective).
+  void wait_checkpoint();
 
   const Schedule& schedule() const { return schedule_; }
   int stage() const { return stage_; }
@@ -158,6 +178,7 @@ class PipeEngine {
   torch::Tensor loss_sum_;  // the head's losses of this batch, summed on the device (double)
   PipeReport report_;
   int64_t steps_ = 0;
+  std::exception_ptr step_error_;  // an asynchronous save's failure, rethrown by train_batch
 };
 
 }  // namespace zt::pipe
