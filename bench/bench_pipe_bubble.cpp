@@ -13,8 +13,10 @@
 // small CPU model), --micro-batch B, --seq T, --micro-batches m (default 8), --batches N
 // timed batches (default 5) after --warmup N (default 2), --dtype fp32|bf16,
 // --schedules LIST (default gpipe,1f1b,interleaved,zb-h1), --ckpt-interval K (activation
-// checkpoint interval, default 0), --pp N (default: world size; dp = world / N),
-// --zero-stage S (0, 1 or 2 over dp; default 0).
+// checkpoint interval, default 0), --pp N (default: world size / tp; dp = world / (tp x N)),
+// --zero-stage S (0, 1 or 2 over dp; default 0), --tp M (default 1: each stage's layers
+// cut over M tensor-parallel ranks, GPT2TP from the same weights; [Pipeline x Tensor
+// Parallel] in pipe/gpt2_pipe.h).
 //
 // Per schedule: the median measured bubble ((max stage wall - max stage busy) / max stage
 // busy), the published formula, the bubble the simulator predicts from the measured
@@ -28,6 +30,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -36,6 +39,7 @@
 #endif
 
 #include "models/gpt2.h"
+#include "models/gpt2_tp.h"
 #include "parallel/topology.h"
 #include "pipe/pipe_engine.h"
 #include "zerotrain/comm.h"
@@ -49,7 +53,7 @@ double median(std::vector<double> v) {
 
 struct Args {
   std::string device = "cpu", model, dtype = "fp32", schedules = "gpipe,1f1b,interleaved,zb-h1";
-  int64_t micro = 4, seq = 128, m = 8, batches = 5, warmup = 2, ckpt = 0, pp = 0, zero = 0;
+  int64_t micro = 4, seq = 128, m = 8, batches = 5, warmup = 2, ckpt = 0, pp = 0, zero = 0, tp = 1;
 };
 
 Args parse(int argc, char** argv) {
@@ -70,6 +74,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--ckpt-interval") a.ckpt = std::stoll(v);
     else if (f == "--pp") a.pp = std::stoll(v);
     else if (f == "--zero-stage") a.zero = std::stoll(v);
+    else if (f == "--tp") a.tp = std::stoll(v);
     else throw std::runtime_error("unknown flag " + f);
   }
   if (a.device != "cpu" && a.device != "cuda") throw std::runtime_error("--device is cpu or cuda");
@@ -105,10 +110,12 @@ int main(int argc, char** argv) {
     const Args a = parse(argc, argv);
     if (a.device == "cpu") torch::set_num_threads(1);
     auto world = zt::comm::world_group();
-    const int pp = a.pp > 0 ? static_cast<int>(a.pp) : world->size();
-    if (world->size() % pp != 0) throw std::runtime_error("--pp must divide the world size");
+    const int tp = static_cast<int>(a.tp);
+    if (tp < 1 || world->size() % tp != 0) throw std::runtime_error("--tp must divide the world size");
+    const int pp = a.pp > 0 ? static_cast<int>(a.pp) : world->size() / tp;
+    if (world->size() % (pp * tp) != 0) throw std::runtime_error("--pp x --tp must divide the world size");
     if (a.zero < 0 || a.zero > 2) throw std::runtime_error("--zero-stage is 0, 1 or 2 (the pipeline's ZeRO over dp)");
-    const int dp = world->size() / pp;
+    const int dp = world->size() / (pp * tp);
     zt::models::GPT2Config cfg;
     if (a.model.empty()) {
       cfg.n_layer = 4;
@@ -134,19 +141,31 @@ int main(int argc, char** argv) {
                             {"partition", a.model.empty() ? "uniform" : "parameters"},
                             {"activation_checkpoint_interval", a.ckpt}}}};
       if (a.dtype == "bf16") j["bf16"] = {{"enabled", true}};
+      if (tp > 1) j["tensor_parallel"] = {{"autotp_size", tp}};
       if (sched == "interleaved") {
         if (pp < 2 || m % pp != 0) continue;
         j["pipeline"]["virtual_stages"] = 2;
       }
       auto pc = zt::pipe::pipeline_config(j, world->size());
-      zt::parallel::Topology topo(world, zt::parallel::ParallelDims::make(world->size(), dp, 1, pp));
+      zt::parallel::Topology topo(world, zt::parallel::ParallelDims::make(world->size(), dp, tp, pp));
       zt::pipe::PipeOptions po;
       if (a.device == "cpu") po.device = torch::Device(torch::kCPU);
       std::unique_ptr<zt::pipe::PipeEngine> pipe;
       {
         torch::manual_seed(1);
         zt::models::GPT2 full(cfg);  // freed once the stage has copied its layers
-        pipe = std::make_unique<zt::pipe::PipeEngine>(full, pc, topo, po);
+        if (tp > 1) {
+          auto tp_group = topo.tp();  // before the engine's groups, on every rank
+          zt::models::GPT2Config tc = cfg;
+          tc.deferred_init = false;
+          zt::models::GPT2TP cut(tc, tp_group);
+          std::map<std::string, torch::Tensor> weights;  // by name, not copied
+          for (const auto& kv : full->named_parameters()) weights[kv.key()] = kv.value().detach();
+          cut->load_full(weights);
+          pipe = std::make_unique<zt::pipe::PipeEngine>(cut, pc, topo, po);
+        } else {
+          pipe = std::make_unique<zt::pipe::PipeEngine>(full, pc, topo, po);
+        }
       }
       const torch::Device dev = pipe->engine().device();
       auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
@@ -196,11 +215,11 @@ int main(int argc, char** argv) {
         const double tokens_per_s = static_cast<double>(dp) * static_cast<double>(m * B * T) / (batch / 1000.0);
         std::printf(
             "{\"bench\": \"pipe_bubble\", \"device\": \"%s\", \"model\": \"%s\", \"dtype\": \"%s\", \"schedule\": \"%s\", "
-            "\"stages\": %d, \"dp\": %d, \"zero_stage\": %d, \"micro_batches\": %d, \"micro_batch\": %lld, \"seq\": %lld, \"virtual_stages\": %d, "
+            "\"stages\": %d, \"tp\": %d, \"dp\": %d, \"zero_stage\": %d, \"micro_batches\": %d, \"micro_batch\": %lld, \"seq\": %lld, \"virtual_stages\": %d, "
             "\"bubble_measured\": %.4f, \"bubble_formula\": %.4f, \"bubble_simulated_from_measured_times\": %.4f, "
             "\"stage_busy_fraction\": [%s], \"ms_per_batch\": %.2f, \"tokens_per_s\": %.1f, \"peak_gib_per_stage\": [%s], "
             "\"loss_last\": %.4f, \"last_stage_ms\": {\"F\": %.2f, \"B\": %.2f, \"W\": %.2f, \"step\": %.2f}}\n",
-            a.device.c_str(), a.model.empty() ? "tiny" : a.model.c_str(), a.dtype.c_str(), sched.c_str(), pp, dp, static_cast<int>(a.zero), m,
+            a.device.c_str(), a.model.empty() ? "tiny" : a.model.c_str(), a.dtype.c_str(), sched.c_str(), pp, tp, dp, static_cast<int>(a.zero), m,
             static_cast<long long>(B), static_cast<long long>(T), pipe->schedule().spec.virtual_stages,
             median(bubbles), r.bubble_formula, median(predicted), fr.c_str(), batch, tokens_per_s, pk.c_str(), r.loss,
             r.timing.back().forward_ms, r.timing.back().backward_ms, r.timing.back().weight_ms,

@@ -125,16 +125,10 @@ int cmd_check_config(int argc, char** argv) {
     for (const auto& n : notes) std::fprintf(stderr, "  - %s\n", n.c_str());
   }
   // A pipeline config is train's (its pipeline path, [Pipeline Train]), and so is a
-  // tensor-parallel one ([Tensor-Parallel Train]); both at once train does not take.
-  const bool tp_and_pp = c.tp_size() > 1 && c.pp_size() > 1;
+  // tensor-parallel one ([Tensor-Parallel Train]), and both at once (GPT-2 in tp x pp,
+  // [Pipeline x Tensor Parallel] in pipe/gpt2_pipe.h).
   config::drop_pipeline_stages_note(c.not_supported_yet);
   config::drop_tensor_parallel_note(c.not_supported_yet);
-  if (tp_and_pp) {
-    c.not_supported_yet.push_back("tensor_parallel.autotp_size = " + std::to_string(c.tp_size()) +
-                                  " with pipeline.stages = " + std::to_string(c.pp_size()) +
-                                  " (tensor x pipeline parallelism) is not supported yet by zerotrain train: use one "
-                                  "of them");
-  }
   if (!c.not_supported_yet.empty()) {
     std::fprintf(stderr, "%s: %zu setting%s not supported yet by zerotrain:\n", path.c_str(),
                  c.not_supported_yet.size(), c.not_supported_yet.size() == 1 ? "" : "s");

@@ -85,6 +85,7 @@ const char* kTrainUsage =
     "                      (pipeline.schedule, docs/pipeline.md); --tp N > 1 splits every layer of GPT-2\n"
     "                      or Llama over N ranks (Megatron-style; sequence parallelism with\n"
     "                      --set tensor_parallel.sequence_parallel=true; docs/tensor-parallel.md);\n"
+    "                      --tp M --pp N together: GPT-2 in N stages of M-way tensor-parallel layers\n"
     "                      --ep N > 1 splits the experts of an MoE model (--model gpt2-tiny-moe) over\n"
     "                      N ranks, ZeRO 1-3 over dp for the dense part and over expert-dp = dp / N\n"
     "                      for the experts (docs/moe.md; checkpoints store experts by global index and\n"
@@ -399,7 +400,11 @@ void check_tensor_parallel_args(const TrainArgs& a, const Config& cfg, const con
 // every stage; every dp replica reads its own part of the data, and the printed loss is the
 // mean over the replicas (as DeepSpeed's PipelineEngine reports it). What the pipeline does not
 // do yet is named before the first step: --init-from (checkpoints: [Pipeline Checkpoints]),
-// --lora/--qlora, --val-data, Llama models, ZeRO-3, tensor or expert parallelism.
+// --lora/--qlora, --val-data, Llama models, ZeRO-3, expert parallelism.
+// With --tp M too (tensor x pipeline parallelism, [Pipeline x Tensor Parallel] in
+// pipe/gpt2_pipe.h): dp = ranks / (M x N); the whole GPT-2 from --seed is cut into GPT2TP over
+// the tp group (tensor_parallel.sequence_parallel as with --tp alone), and each stage keeps its
+// layers of its tp slice; the tp ranks of a replica read the replica's data.
 int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::GroupPtr& group) {
   const int rank = group->rank(), world = group->size();
   auto refuse = [](bool given, const char* what) {
@@ -419,9 +424,13 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
   refuse(cfg.tp_size() > 1 && (!a.save.empty() || !a.load.empty() || a.save_every > 0),
          "--save/--load with --tp (tensor-parallel shards of pipeline stages)");
   const int pp = static_cast<int>(pc.pipeline.stages);
-  ZT_CHECK_T(pp >= 1 && world % pp == 0, ConfigError, "train: pipeline.stages = ", pp, " does not divide the ", world,
-             " ranks");
-  const int dp = world / pp;
+  const config::TensorParallelOptions tpo = config::tensor_parallel_options(j);
+  const int tp = cfg.tp_size();
+  ZT_CHECK_T(pp >= 1 && world % (pp * tp) == 0, ConfigError, "train: pipeline.stages = ", pp, " x tp ", tp,
+             " does not divide the ", world, " ranks");
+  refuse(tp > 1 && cfg.zero_optimization.offload_optimizer.device != OffloadDevice::none,
+         "zero_optimization.offload_optimizer with --tp and --pp");
+  const int dp = world / (pp * tp);
   torch::manual_seed(static_cast<uint64_t>(a.seed));
   TrainModel model = build_train_model({a.model, "", a.layers, a.embd, a.heads, a.vocab, false, rank, std::nullopt, false, a.moe}, cfg);
   auto impl = std::dynamic_pointer_cast<models::GPT2Impl>(model.module);
@@ -432,13 +441,33 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
   const int64_t seq = a.seq > 0 ? a.seq : std::min<int64_t>(1024, model.max_seq);
   ZT_CHECK_T(seq <= model.max_seq, ConfigError, "train: --seq ", seq, " exceeds the model's ", model.max_seq,
              " positions");
+  ZT_CHECK_T(!tpo.sequence_parallel || seq % tp == 0, ConfigError, "train: --seq ", seq, " does not divide by --tp ",
+             tp, ": tensor_parallel.sequence_parallel splits the sequence over the tensor-parallel ranks; choose --seq "
+             "a multiple of ", tp, " or turn sequence_parallel off");
   std::shared_ptr<const data::Dataset> ds = open_train_data(a, model.vocab_size, seq, rank);
-  parallel::Topology topo(group, parallel::ParallelDims::make(world, dp, 1, pp));
+  parallel::Topology topo(group, parallel::ParallelDims::make(world, dp, tp, pp));
   if (rank == 0) log::info("%s", topo.describe().c_str());
   pipe::PipeOptions po;
   po.device = train_device(a);
   po.metrics_path = rank == 0 ? a.metrics : "";  // one PipeReport per step
-  pipe::PipeEngine engine(models::GPT2(impl), pc, topo, po);
+  std::unique_ptr<pipe::PipeEngine> engine_ptr;
+  if (tp > 1) {
+    // [Pipeline x Tensor Parallel]: the whole model's weights cut over the tp group (the
+    // group first: every rank builds the topology's groups in the same order).
+    auto tp_group = topo.tp();
+    models::GPT2Config mc = impl->config();
+    mc.deferred_init = false;
+    models::GPT2TP cut(mc, tp_group, tpo.sequence_parallel);
+    std::map<std::string, torch::Tensor> weights;  // by name, not copied: load_full copies the slices
+    for (const auto& kv : impl->named_parameters()) weights[kv.key()] = kv.value().detach();
+    cut->load_full(weights);
+    model.module.reset();
+    impl.reset();
+    engine_ptr = std::make_unique<pipe::PipeEngine>(cut, pc, topo, po);
+  } else {
+    engine_ptr = std::make_unique<pipe::PipeEngine>(models::GPT2(impl), pc, topo, po);
+  }
+  pipe::PipeEngine& engine = *engine_ptr;
   model.module.reset();
   impl.reset();  // each stage keeps its own layers
   data::DistributedSampler sampler(ds->size(), topo.coords().dp, dp, /*shuffle=*/true, static_cast<uint64_t>(a.seed));
@@ -449,9 +478,10 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
   };
   if (rank == 0) {
     log::info("pipeline: GPT-2 %s in %d stages (layers %s), schedule %s, %lld micro-batches of %lld x %lld per step, "
-              "dp %d", model.name.c_str(), pp, nlohmann::json(engine.partition()).dump().c_str(),
+              "dp %d%s", model.name.c_str(), pp, nlohmann::json(engine.partition()).dump().c_str(),
               schedule_name(engine.schedule().spec.kind), static_cast<long long>(cfg.gradient_accumulation_steps),
-              static_cast<long long>(cfg.train_micro_batch_size_per_gpu), static_cast<long long>(seq), dp);
+              static_cast<long long>(cfg.train_micro_batch_size_per_gpu), static_cast<long long>(seq), dp,
+              tp > 1 ? detail::cat(", tp ", tp, tpo.sequence_parallel ? " with sequence parallelism" : "").c_str() : "");
   }
   // [Pipeline Checkpoints]: one checkpoint of the whole GPT-2 over every stage, with the
   // client state of the non-pipelined path (data position, model shape, seq), so it loads
@@ -665,12 +695,6 @@ int cmd_train(int argc, char** argv) {
   ZT_CHECK_T(a.sft_attention == "causal" || (!tensor_parallel && !expert_parallel), ConfigError,
              "train: --sft-attention per-example with ", tensor_parallel ? "--tp" : "--ep",
              " is not supported yet (only the plain Llama model takes position ids); run without it");
-  if (tensor_parallel && j.contains("pipeline") && j["pipeline"].is_object() && j["pipeline"].contains("stages") &&
-      j["pipeline"]["stages"].is_number_integer() && j["pipeline"]["stages"].get<int64_t>() > 1) {
-    throw ConfigError(detail::cat("train: --tp ", tpo.size, " with --pp ", j["pipeline"]["stages"].get<int64_t>(),
-                                  " (tensor x pipeline parallelism) is not supported yet; use one of them "
-                                  "(docs/tensor-parallel.md, docs/pipeline.md)"));
-  }
   if (j.contains("pipeline") && j["pipeline"].is_object() && j["pipeline"].contains("stages") &&
       j["pipeline"]["stages"].is_number_integer() && j["pipeline"]["stages"].get<int64_t>() > 1) {
     const int rc = train_pipeline(a, j, group);  // [Pipeline Train]; its engine is gone on return

@@ -19,6 +19,21 @@
 //  all-reduces the tied gradients of both ends (ReduceTiedGrads) and steps both copies;
 //  that all-reduce would have to happen inside ZeRO-2's backward, which is why DeepSpeed
 //  refuses pipeline + ZeRO-2.
+//
+// [Pipeline x Tensor Parallel]
+//  A stage cut from a GPT2TP (models/gpt2_tp.h) holds the same layers as tensor-parallel
+//  modules over the model's tp group: the vocab-parallel wte, TPBlocks, and a head that
+//  runs the tied weight's slice as a column-parallel LM head into the vocab-parallel cross
+//  entropy (GPT2TP::loss's math). Every tp rank of a stage holds the same layers and runs
+//  the same schedule, so the collectives inside a layer (and its backward) meet in the
+//  same order on every tp rank. Between stages each tp rank talks to the same tp rank of
+//  the next stage (the pp group holds one tp coordinate): the hidden state is the whole
+//  (B, T, C), replicated over tp, or under sequence parallelism this rank's (B, T/tp, C)
+//  slice; without sequence parallelism each tp rank sends only its 1/tp part and the
+//  receiver all-gathers (DeepSpeed's pipe_partitioned / grad_partitioned, see
+//  PipeEngine::send_p2p). The tied copy on the last stage is this tp rank's (Vp/tp, C)
+//  slice of wte and travels to and from the same tp rank of the first stage. In the model-parallel norm a
+//  replicated parameter (wpe, LayerNorms, row-parallel biases) weighs 1/tp (norm_weight).
 #pragma once
 
 #include <torch/torch.h>
@@ -28,6 +43,7 @@
 #include <vector>
 
 #include "models/gpt2.h"
+#include "models/gpt2_tp.h"
 #include "pipe/partition.h"
 
 namespace zt::pipe {
@@ -43,6 +59,9 @@ class GPT2StageImpl : public torch::nn::Module {
   // Takes (shares) those layers' modules from `full`. `checkpoint_interval` > 0 checkpoints
   // the blocks of each range of that many layers (DeepSpeed's activation_checkpoint_interval).
   GPT2StageImpl(const models::GPT2& full, std::vector<std::pair<int, int>> chunks, int64_t checkpoint_interval);
+  // The same from a tensor-parallel GPT-2: the layers of this rank's tp slice, see
+  // [Pipeline x Tensor Parallel].
+  GPT2StageImpl(const models::GPT2TP& full, std::vector<std::pair<int, int>> chunks, int64_t checkpoint_interval);
 
   int num_chunks() const { return static_cast<int>(chunks_.size()); }
   const std::pair<int, int>& chunk_layers(int chunk) const { return chunks_.at(static_cast<size_t>(chunk)); }
@@ -50,7 +69,18 @@ class GPT2StageImpl : public torch::nn::Module {
   bool has_head(int chunk) const { return chunk_layers(chunk).second == num_layers_; }
   // Holds the head but not the embedding: keeps the tied copy (see [Pipeline Tied Weights]).
   bool holds_tied_copy() const { return tied_copy_.defined(); }
-  bool holds_embedding() const { return !wte_.is_empty(); }
+  bool holds_embedding() const { return has_embedding_; }
+  // The tensor-parallel size of the layers (1 for a stage cut from GPT2).
+  int tp_size() const { return tp_ ? tp_->size() : 1; }
+  bool sequence_parallel() const { return sp_; }
+  const comm::GroupPtr& tp_group() const { return tp_; }  // null for a stage cut from GPT2
+  int tp_rank() const { return tp_ ? tp_->rank() : 0; }
+  // The sequence length of the hidden state between stages for a (B, T) micro-batch:
+  // T, or T / tp under sequence parallelism.
+  int64_t hidden_len(int64_t T) const { return sp_ ? T / tp_size() : T; }
+  // The weight of a parameter's gradient in the model-parallel norm: 1/tp for a parameter
+  // replicated over tp, else 1 (models::GPT2TPImpl::norm_weight).
+  double norm_weight(const std::string& name) const;
 
   // Chunk `chunk` on `x`: token ids (B, T) int64 when it has the embedding, else the
   // hidden state (B, T, C). Returns the hidden state, or the scalar fp32 mean loss against
@@ -59,7 +89,7 @@ class GPT2StageImpl : public torch::nn::Module {
 
   // The embedding's weight (on the stage holding layer 0) or the tied copy.
   torch::Tensor& tied_copy() { return tied_copy_; }
-  torch::Tensor embedding_weight() const { return wte_->weight; }
+  torch::Tensor embedding_weight() const { return tp_model_ ? tp_wte_->weight : wte_->weight; }
   // Moves the tied copy to `device` / `dtype` (the engine moves only parameters).
   void place_tied_copy(torch::Device device, at::ScalarType dtype);
 
@@ -68,6 +98,8 @@ class GPT2StageImpl : public torch::nn::Module {
  private:
   torch::Tensor run_blocks(int first, int last, const torch::Tensor& x);  // blocks [first, last) of h
   torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& targets);
+  torch::Tensor embed(const torch::Tensor& idx);
+  torch::Tensor final_norm(const torch::Tensor& x);
 
   models::GPT2Config cfg_;
   int num_layers_ = 0;  // pipeline layers: n_layer + 2
@@ -78,6 +110,13 @@ class GPT2StageImpl : public torch::nn::Module {
   std::vector<models::Block> blocks_;  // index = block number; null where not held
   torch::nn::LayerNorm ln_f_{nullptr};
   torch::Tensor tied_copy_;
+  bool has_embedding_ = false;
+  // Tensor-parallel stages only ([Pipeline x Tensor Parallel]).
+  bool tp_model_ = false;  // cut from a GPT2TP
+  comm::GroupPtr tp_;
+  bool sp_ = false;
+  tp::VocabParallelEmbedding tp_wte_{nullptr};
+  std::vector<models::TPBlock> tp_blocks_;  // index = block number; null where not held
 };
 TORCH_MODULE(GPT2Stage);
 

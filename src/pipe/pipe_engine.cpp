@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "config/tensor_parallel_options.h"
 #include "zerotrain/error.h"
 #include "log/log.h"
 
@@ -34,6 +35,7 @@ double ms_since(Clock::time_point t0, Clock::time_point t1) {
 PipeConfig pipeline_config(const nlohmann::json& ds_config, int world_size, const std::string& origin) {
   PipeConfig pc{Config::parse(ds_config, world_size, origin), config::pipeline_options(ds_config)};
   config::drop_pipeline_stages_note(pc.config.not_supported_yet);  // what this engine implements
+  config::drop_tensor_parallel_note(pc.config.not_supported_yet);  // with a GPT2TP
   std::string rest;
   for (const auto& m : pc.config.not_supported_yet) rest += "\n  " + m;
   if (!rest.empty()) throw ConfigError(origin + ": settings zerotrain does not support yet:" + rest);
@@ -186,6 +188,24 @@ struct PipeEngine::Slot {
 };
 
 PipeEngine::PipeEngine(const models::GPT2& full, const PipeConfig& cfg, parallel::Topology& topo, PipeOptions opts)
+    : PipeEngine(
+          full->config(), 1,
+          [&full](std::vector<std::pair<int, int>> chunks, int64_t interval) {
+            return GPT2Stage(full, std::move(chunks), interval);
+          },
+          cfg, topo, std::move(opts)) {}
+
+PipeEngine::PipeEngine(const models::GPT2TP& full, const PipeConfig& cfg, parallel::Topology& topo, PipeOptions opts)
+    : PipeEngine(
+          full->config(), full->tp_size(),
+          [&full](std::vector<std::pair<int, int>> chunks, int64_t interval) {
+            return GPT2Stage(full, std::move(chunks), interval);
+          },
+          cfg, topo, std::move(opts)) {}
+
+PipeEngine::PipeEngine(const models::GPT2Config& model_cfg, int model_tp,
+                       const std::function<GPT2Stage(std::vector<std::pair<int, int>>, int64_t)>& make_stage,
+                       const PipeConfig& cfg, parallel::Topology& topo, PipeOptions opts)
     : cfg_(cfg), opts_(std::move(opts)) {
   const auto& d = topo.dims();
   const auto& po = cfg_.pipeline;
@@ -193,8 +213,28 @@ PipeEngine::PipeEngine(const models::GPT2& full, const PipeConfig& cfg, parallel
   // alike before the first collective.
   ZT_CHECK_T(d.pp == po.stages, ConfigError, "pipeline.stages = ", po.stages, " but the topology has pp ", d.pp,
              ": build the Topology with pp = pipeline.stages");
-  ZT_CHECK_T(d.tp == 1 && d.ep == 1, ConfigError, "the pipeline engine runs pp x dp only (topology ", d.to_string(),
-             "): tensor and expert parallelism are not implemented yet");
+  ZT_CHECK_T(d.ep == 1, ConfigError, "the pipeline engine runs dp x tp x pp (topology ", d.to_string(),
+             "): expert parallelism with a pipeline is not implemented yet");
+  ZT_CHECK_T(d.tp == model_tp, ConfigError, "the topology has tp ", d.tp, " but the model is cut over ", model_tp,
+             " tensor-parallel ranks: ",
+             model_tp == 1 ? "pass a GPT2TP built over topo.tp() for tp > 1" : "build the GPT2TP over topo.tp()");
+  ZT_CHECK_T(cfg_.config.tp_size() == d.tp, ConfigError, "tensor_parallel.autotp_size = ",
+             cfg_.config.tensor_parallel.autotp_size, " but the topology has tp ", d.tp,
+             ": set tensor_parallel.autotp_size to the topology's tp");
+  // The activation_checkpointing section describes the engine's (and GPT2TP's) checkpoints;
+  // the stages checkpoint with pipeline.activation_checkpoint_interval only, so a key set
+  // there would be accepted and ignored.
+  const auto& ac = cfg_.config.activation_checkpointing;
+  const char* ac_key = ac.partition_activations            ? "partition_activations"
+                       : ac.cpu_checkpointing              ? "cpu_checkpointing"
+                       : ac.contiguous_memory_optimization ? "contiguous_memory_optimization"
+                       : ac.number_checkpoints             ? "number_checkpoints"
+                       : ac.synchronize_checkpoint_boundary ? "synchronize_checkpoint_boundary"
+                       : ac.profile                         ? "profile"
+                                                            : nullptr;
+  ZT_CHECK_T(ac_key == nullptr, ConfigError, "activation_checkpointing.", ac_key ? ac_key : "",
+             " with pipeline.stages > 1 is not supported: the pipeline stages checkpoint with "
+             "pipeline.activation_checkpoint_interval; remove activation_checkpointing.", ac_key ? ac_key : "");
   ZT_CHECK_T(cfg_.config.zero_optimization.stage <= 2, ConfigError, "zero_optimization.stage = ",
              cfg_.config.zero_optimization.stage,
              " with pipeline.stages > 1 is not supported: use ZeRO stage 0, 1 or 2 over the data-parallel ranks "
@@ -218,7 +258,7 @@ PipeEngine::PipeEngine(const models::GPT2& full, const PipeConfig& cfg, parallel
              " data-parallel GPUs is not supported yet (it hangs under NCCL); use zero_optimization.stage 1, "
              "or the 1f1b / zb-h1 schedule");
   const int chunks = spec.stages * spec.virtual_stages;
-  bounds_ = partition_layers(gpt2_layers(full->config()), chunks, po.partition,
+  bounds_ = partition_layers(gpt2_layers(model_cfg), chunks, po.partition,
                              spec.virtual_stages > 1 ? "pipeline.stages x virtual_stages" : "pipeline.stages");
   stage_ = topo.coords().pp;
   std::vector<std::pair<int, int>> mine;
@@ -226,7 +266,7 @@ PipeEngine::PipeEngine(const models::GPT2& full, const PipeConfig& cfg, parallel
     const size_t part = static_cast<size_t>(c * spec.stages + stage_);
     mine.emplace_back(bounds_[part], bounds_[part + 1]);
   }
-  module_ = GPT2Stage(full, mine, po.activation_checkpoint_interval);
+  module_ = make_stage(mine, po.activation_checkpoint_interval);
 
   // Groups, in the same order on every rank (the splits are collective).
   world_ = topo.parent();
@@ -246,6 +286,7 @@ PipeEngine::PipeEngine(const models::GPT2& full, const PipeConfig& cfg, parallel
   EngineOptions eo;
   eo.group = dp;
   eo.model_parallel = mp;
+  if (module_->tp_size() > 1) eo.norm_weight = [m = module_.ptr()](const std::string& name) { return m->norm_weight(name); };
   eo.device = opts_.device;
   eo.print = false;
   eo.checkpoint_group = world_;  // [Pipeline Checkpoints]: one checkpoint over every stage
@@ -275,6 +316,34 @@ void PipeEngine::post_send(const comm::GroupPtr& g, const torch::Tensor& t, int 
   }
 }
 
+bool PipeEngine::partitioned_p2p() const { return module_->tp_size() > 1 && !module_->sequence_parallel(); }
+
+void PipeEngine::send_p2p(const comm::GroupPtr& g, const torch::Tensor& t, int peer) {
+  auto flat = t.contiguous().view(-1);
+  if (partitioned_p2p()) {
+    const int64_t n = flat.numel() / module_->tp_size();  // C divides by n_head, which divides by tp
+    flat = flat.narrow(0, module_->tp_rank() * n, n);
+  }
+  p2p_bytes_ += flat.numel() * static_cast<int64_t>(flat.element_size());
+  post_send(g, flat, peer);
+}
+
+torch::Tensor PipeEngine::recv_p2p(const comm::GroupPtr& g, std::vector<int64_t> shape, int peer) {
+  const auto opts = torch::TensorOptions().dtype(engine_->compute_dtype()).device(engine_->device());
+  auto whole = torch::empty(shape, opts);
+  if (!partitioned_p2p()) {
+    g->recv(whole, peer);
+    return whole;
+  }
+  const int n = module_->tp_size();
+  ZT_ASSERT(whole.numel() % n == 0, "pipeline p2p: ", whole.numel(), " elements do not divide by tp ", n);
+  auto part = torch::empty({whole.numel() / n}, opts);
+  g->recv(part, peer);
+  auto flat = whole.view(-1);
+  module_->tp_group()->all_gather(flat, part);
+  return whole;
+}
+
 void PipeEngine::finish_sends() {
   if (progress_) progress_->drain();
   for (auto& w : pending_) w->wait();
@@ -289,9 +358,9 @@ void PipeEngine::run(const Instr& in, std::vector<MicroBatch>& mbs, std::vector<
   const bool first_vs = slot && schedule_.virtual_stage(stage_, in.chunk) == 0;
   const int64_t C = module_->config().n_embd;
   auto hidden_shape = [&] {
-    return std::vector<int64_t>{mbs[static_cast<size_t>(in.mb)].idx.size(0), mbs[static_cast<size_t>(in.mb)].idx.size(1), C};
+    const auto& idx = mbs[static_cast<size_t>(in.mb)].idx;
+    return std::vector<int64_t>{idx.size(0), module_->hidden_len(idx.size(1)), C};
   };
-  auto act_options = torch::TensorOptions().dtype(engine_->compute_dtype()).device(engine_->device());
   // What a backward of `slot` starts from: the loss (gradient = the engine's scale) on the
   // head chunk, else the output with the gradient the next stage sent.
   auto roots = [&](std::vector<torch::Tensor>& outs, std::vector<torch::Tensor>& grads) {
@@ -317,8 +386,7 @@ void PipeEngine::run(const Instr& in, std::vector<MicroBatch>& mbs, std::vector<
   };
   switch (in.op) {
     case Op::kRecvAct: {
-      auto x = torch::empty(hidden_shape(), act_options);
-      act_->recv(x, prev);
+      auto x = recv_p2p(act_, hidden_shape(), prev);
       slot->input = x.requires_grad_(true);
       break;
     }
@@ -336,12 +404,10 @@ void PipeEngine::run(const Instr& in, std::vector<MicroBatch>& mbs, std::vector<
       break;
     }
     case Op::kSendAct:
-      post_send(act_, slot->output.detach().contiguous(), next);
+      send_p2p(act_, slot->output.detach(), next);
       break;
     case Op::kRecvGrad: {
-      auto g = torch::empty(hidden_shape(), act_options);
-      grad_->recv(g, next);
-      slot->out_grad = g;
+      slot->out_grad = recv_p2p(grad_, hidden_shape(), next);
       break;
     }
     case Op::kBackward: {
@@ -385,7 +451,7 @@ void PipeEngine::run(const Instr& in, std::vector<MicroBatch>& mbs, std::vector<
     }
     case Op::kSendGrad:
       ZT_ASSERT(slot->in_grad.defined(), "no input gradient to send for micro-batch ", in.mb);
-      post_send(grad_, slot->in_grad.contiguous(), prev);
+      send_p2p(grad_, slot->in_grad, prev);
       slot->in_grad = torch::Tensor();
       slot->input = torch::Tensor();
       break;
@@ -574,7 +640,6 @@ double PipeEngine::eval_batch(const std::function<MicroBatch()>& next) {
   const int nxt = (stage_ + 1) % p, prv = (stage_ + p - 1) % p;
   torch::NoGradGuard ng;
   double loss_sum = 0;
-  const auto opts = torch::TensorOptions().dtype(engine_->compute_dtype()).device(engine_->device());
   for (int i = 0; i < spec.micro_batches; ++i) {
     MicroBatch mb = next();
     auto idx = mb.idx.to(engine_->device());
@@ -585,14 +650,13 @@ double PipeEngine::eval_batch(const std::function<MicroBatch()>& next) {
       const int vs = schedule_.virtual_stage(stage_, c);
       torch::Tensor x = idx;
       if (vs > 0) {
-        x = torch::empty({idx.size(0), idx.size(1), module_->config().n_embd}, opts);
-        act_->recv(x, prv);
+        x = recv_p2p(act_, {idx.size(0), module_->hidden_len(idx.size(1)), module_->config().n_embd}, prv);
       }
       auto y = module_->forward(c, x, module_->has_head(c) ? targets : torch::Tensor());
       if (module_->has_head(c)) {
         loss_sum += y.item<double>();
       } else {
-        post_send(act_, y.contiguous(), nxt);
+        send_p2p(act_, y, nxt);
       }
     }
   }

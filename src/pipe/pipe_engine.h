@@ -33,8 +33,10 @@
 //    the stage's next receive, and the stages ran one after the other (measured bubble
 //    ~1.0 for 1f1b at p 2, m 8). Needs MPI_THREAD_MULTIPLE (else sends complete at the
 //    next MPI call, as before).
-//  * The gradient norm (clipping, overflow) is summed over the model-parallel group, so
-//    every stage clips and skips alike. Tied weights: see [Pipeline Tied Weights].
+//  * The gradient norm (clipping, overflow) is summed over the model-parallel group (the
+//    tp x pp ranks of one replica), so every stage and tp rank clips and skips alike.
+//    Tied weights: see [Pipeline Tied Weights]; tensor parallelism: see [Pipeline x Tensor
+//    Parallel] in pipe/gpt2_pipe.h.
 //  * Timing: the batch starts after a barrier over the pp group; a stage's wall time runs
 //    to the end of its last forward/backward, its busy time sums them. On CPU ranks both
 //    are host wall clock. On CUDA they are CUDA events on the stage's compute stream
@@ -71,8 +73,9 @@ struct PipeConfig {
   config::PipelineOptions pipeline;  // the pipeline section
 };
 // Config::parse of a DeepSpeed config for `world_size` ranks with the pipeline section
-// read as well; pipeline.stages > 1 is accepted here (it is "not supported" for
-// zt::initialize), any other not-supported setting throws ConfigError as from_json does.
+// read as well; pipeline.stages > 1 and tensor_parallel.autotp_size > 1 are accepted here
+// (they are "not supported" for zt::initialize; a tensor-parallel pipeline takes a GPT2TP),
+// any other not-supported setting throws ConfigError as from_json does.
 PipeConfig pipeline_config(const nlohmann::json& ds_config, int world_size, const std::string& origin = "<json>");
 
 struct MicroBatch {
@@ -112,9 +115,17 @@ class PipeEngine {
   // seed on every rank); this rank keeps the layers of its stage's chunks
   // (pipeline.partition over gpt2_layers; interleaved: pp x virtual_stages chunks, chunk c
   // of stage s = part c*pp + s). ConfigError, before any step, for: topology pp !=
-  // pipeline.stages, tp or ep > 1, ZeRO stage 3, fewer pipeline layers than chunks, and a
-  // schedule that does not fit the micro-batches.
+  // pipeline.stages, tp > 1 (the GPT2TP overload below), ep > 1, ZeRO stage 3, fewer
+  // pipeline layers than chunks, a schedule that does not fit the micro-batches, and an
+  // activation_checkpointing key (the stages use pipeline.activation_checkpoint_interval).
   PipeEngine(const models::GPT2& full, const PipeConfig& cfg, parallel::Topology& topo, PipeOptions opts = {});
+  // Tensor x pipeline parallelism ([Pipeline x Tensor Parallel] in pipe/gpt2_pipe.h): `full`
+  // is GPT2TP over topo.tp() (built, e.g. with load_full, from the same whole GPT-2 on every
+  // rank); each rank keeps its stage's layers of its tp slice. The topology's tp must be the
+  // model's and the config's (tensor_parallel.autotp_size); the partition is the one of the
+  // whole GPT-2 (the same stage boundaries at every tp). The norm sums over the
+  // model-parallel group (tp x pp ranks of one replica), replicated parameters weighing 1/tp.
+  PipeEngine(const models::GPT2TP& full, const PipeConfig& cfg, parallel::Topology& topo, PipeOptions opts = {});
   ~PipeEngine();
 
   // One batch: gradient_accumulation_steps micro-batches through the schedule, then the
@@ -152,8 +163,15 @@ class PipeEngine {
   // [first, last) pipeline layers of each stage's chunks: parts()[c * pp + s].
   const std::vector<int>& partition() const { return bounds_; }
   const PipeReport& last_report() const { return report_; }
+  // Bytes of activations and activation gradients this rank has sent to its pipeline
+  // neighbours so far (not the tied weight's messages): with tp, 1/tp of the hidden state
+  // per message ([Pipeline x Tensor Parallel]).
+  int64_t p2p_bytes_sent() const { return p2p_bytes_; }
 
  private:
+  PipeEngine(const models::GPT2Config& model_cfg, int model_tp,
+             const std::function<GPT2Stage(std::vector<std::pair<int, int>>, int64_t)>& make_stage,
+             const PipeConfig& cfg, parallel::Topology& topo, PipeOptions opts);
   struct Slot;  // one (micro-batch, chunk)'s tensors
   class SendProgress;  // see [Pipeline Execution]: completes CPU sends while the stage computes
   class EventTimer;    // see [Pipeline Execution]: the CUDA-event timing of a batch
@@ -173,6 +191,14 @@ class PipeEngine {
   std::unique_ptr<SendProgress> progress_;  // CPU ranks with MPI_THREAD_MULTIPLE only
   std::unique_ptr<EventTimer> events_;      // CUDA stages only
   void post_send(const comm::GroupPtr& g, const torch::Tensor& t, int peer);
+  // [Pipeline x Tensor Parallel] DeepSpeed's pipe_partitioned / grad_partitioned (true, the
+  // only value the config takes): under tp without sequence parallelism the activation and
+  // its gradient are the same on every tp rank, so each sends its 1/tp part of the
+  // flattened tensor and the receiver all-gathers the parts over tp (1/tp of the p2p bytes).
+  bool partitioned_p2p() const;
+  void send_p2p(const comm::GroupPtr& g, const torch::Tensor& t, int peer);
+  torch::Tensor recv_p2p(const comm::GroupPtr& g, std::vector<int64_t> shape, int peer);
+  int64_t p2p_bytes_ = 0;
   torch::Tensor tied_grad_;      // last stage: accumulated tied-copy gradient (zb-h1); first: received
   bool tied_grad_ready_ = false;  // first stage: received, not yet added
   torch::Tensor loss_sum_;  // the head's losses of this batch, summed on the device (double)
