@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -325,6 +326,41 @@ TEST(PipelineCheckpointErrors, AnotherModelShapeIsNamed) {
   auto t = torch::ones({1});
   small.group->all_reduce(t);
   EXPECT_EQ(t.item<float>(), 2.0f);
+}
+
+// A failed asynchronous save (rank 1's write fails as a full disk would,
+// ZT_CKPT_TEST_FAIL) is thrown by the train_batch whose step publishes it, as CheckpointError
+// on every rank, after the whole batch ran: the step is counted, the tied copy took the
+// stepped wte, and the next batch trains on every stage (no rank left behind in the schedule).
+TEST(PipelineCheckpointErrors, FailedAsyncSaveIsThrownAfterTheBatch) {
+  auto world = pipe_ckpt_world();
+  if (world->size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  zt::test_support::SharedTempDir root(world, "pipe_ckpt_fail");
+  Trainer t({"pp2_dp1_z1", 2, 1, 1});
+  const std::string dir = root.path + "/copy" + std::to_string(world->rank() / 2);
+  t.step(0);
+  ::setenv("ZT_CKPT_TEST_FAIL", "global_step1:1", 1);
+  t.save(dir, /*async=*/true);
+  std::string err;
+  int s = 1;
+  for (; s < 20 && err.empty(); ++s) {
+    try {
+      int i = 0;
+      t.pipe->train_batch([&] { return pipe_ckpt_micro(s, i++); });
+    } catch (const CheckpointError& e) {
+      err = e.what();
+    }
+  }
+  ::unsetenv("ZT_CKPT_TEST_FAIL");
+  EXPECT_NE(err.find("injected by ZT_CKPT_TEST_FAIL"), std::string::npos) << err;
+  EXPECT_EQ(t.eng().global_steps(), s) << "the batch that threw was stepped";
+  EXPECT_FALSE(t.eng().checkpoint_pending());
+  t.expect_tied_copy_equal("after the failed save");
+  const double loss = t.step(s);
+  EXPECT_TRUE(std::isfinite(loss));
+  auto l = torch::tensor({loss}, torch::kDouble);
+  t.group->all_reduce(l, comm::ReduceOp::kMax);
+  EXPECT_EQ(l.item<double>(), loss) << "both stages report the batch's loss";
 }
 
 }  // namespace
