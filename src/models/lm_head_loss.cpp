@@ -29,15 +29,21 @@ void fused_softmax_xent(torch::Tensor& logits, const torch::Tensor& targets, int
 }
 
 struct LmHeadCrossEntropy : torch::autograd::Function<LmHeadCrossEntropy> {
+  // need_dx / need_dw: whether backward will be asked for x's / w's gradient (the input
+  // requires grad and grad mode is on); what is not needed is neither computed nor kept.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
-                               const torch::Tensor& targets, int64_t pad_multiple, int64_t chunk_rows) {
+                               const torch::Tensor& targets, int64_t pad_multiple, int64_t chunk_rows, bool need_dx,
+                               bool need_dw) {
     const int64_t N = x.size(0), C = x.size(1), V = w.size(0);
     const int64_t m = std::max<int64_t>(1, pad_multiple);
     const int64_t Vp = (V + m - 1) / m * m;
     const auto wp = Vp > V ? at::constant_pad_nd(w, {0, 0, 0, Vp - V}) : w;  // (Vp, C)
     const auto fopt = x.options().dtype(at::kFloat);
-    auto dx = at::empty_like(x, at::MemoryFormat::Contiguous);  // (N, C): d(sum of losses)/dx
-    auto dw = at::zeros({Vp, C}, fopt);                          // (Vp, C), fp32 across chunks
+    // (N, C): d(sum of losses)/dx. (Vp, C), fp32 across chunks: d(sum of losses)/dw, only for a
+    // trained head: a frozen one (LoRA) would hold V x C x 4 bytes from here to the end of
+    // backward for nothing (2.1 GB for Llama-3-8B's head; [LM Head Memory] in docs/lora.md).
+    torch::Tensor dx = need_dx ? at::empty_like(x, at::MemoryFormat::Contiguous) : torch::Tensor();
+    torch::Tensor dw = need_dw ? at::zeros({Vp, C}, fopt) : torch::Tensor();
     auto loss_sum = at::zeros({}, fopt);
     const auto valid_all = targets.ne(-1);
     // CUDA: zerotrain's fused kernel turns each chunk's logits into their gradient in
@@ -50,12 +56,14 @@ struct LmHeadCrossEntropy : torch::autograd::Function<LmHeadCrossEntropy> {
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
       const int64_t n = std::min(rows, N - r0);
       const auto xc = x.narrow(0, r0, n);                      // (n, C)
-      auto dxc = dx.narrow(0, r0, n);                           // (n, C), contiguous rows
       if (fused) {
         auto g = at::mm(xc, wp.t());                            // (n, Vp) logits -> gradient
         fused_softmax_xent(g, targets.narrow(0, r0, n), V, loss_sum);
-        at::mm_out(dxc, g, wp);
-        dw.add_(at::mm(g.t(), xc));
+        if (need_dx) {
+          auto dxc = dx.narrow(0, r0, n);  // (n, C), contiguous rows
+          at::mm_out(dxc, g, wp);
+        }
+        if (need_dw) dw.add_(at::mm(g.t(), xc));
         continue;
       }
       const auto valid = valid_all.narrow(0, r0, n);           // (n)
@@ -65,16 +73,20 @@ struct LmHeadCrossEntropy : torch::autograd::Function<LmHeadCrossEntropy> {
       lc = at::log_softmax(lc, 1);                             // (n, Vp), one fused kernel
       const auto picked = lc.gather(1, t.unsqueeze(1)).squeeze(1);  // log p(target)
       loss_sum.sub_((picked * valid).sum());
+      if (!need_dx && !need_dw) continue;
       // d(loss_i)/d(logits_i) = softmax_i - onehot(t_i), zero for ignored rows; in place.
       lc.exp_();
       lc.scatter_add_(1, t.unsqueeze(1), at::full({n, 1}, -1.0f, fopt));
       if (any_ignored) lc.mul_(valid.unsqueeze(1));
       const auto g = lc.to(x.scalar_type());                   // (n, Vp)
-      at::mm_out(dxc, g, wp);
-      dw.add_(at::mm(g.t(), xc));                               // (Vp, C)
+      if (need_dx) {
+        auto dxc = dx.narrow(0, r0, n);  // (n, C), contiguous rows
+        at::mm_out(dxc, g, wp);
+      }
+      if (need_dw) dw.add_(at::mm(g.t(), xc));  // (Vp, C)
     }
     const auto count = valid_all.sum().to(at::kFloat).clamp_min(1.0);
-    ctx->save_for_backward({dx, dw.narrow(0, 0, V), count});
+    ctx->save_for_backward({dx, need_dw ? dw.narrow(0, 0, V) : dw, count});
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
     return loss_sum / count;
   }
@@ -83,9 +95,15 @@ struct LmHeadCrossEntropy : torch::autograd::Function<LmHeadCrossEntropy> {
     const auto saved = ctx->get_saved_variables();
     const auto scale = grad_out[0].to(at::kFloat) / saved[2];  // d(mean)/d(sum) times upstream
     const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
-    auto dx = (saved[0].to(at::kFloat) * scale).to(saved[0].scalar_type());
-    auto dw = (saved[1] * scale).to(w_dtype);
-    return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    torch::Tensor dx, dw;
+    if (saved[0].defined()) dx = (saved[0].to(at::kFloat) * scale).to(saved[0].scalar_type());
+    if (saved[1].defined()) {
+      // Computed in fp32, rounded once into w's dtype: (dw * scale).to(w_dtype) without the
+      // (V, C) fp32 temporary (on CUDA; the CPU's TensorIterator makes one internally).
+      dw = at::empty(saved[1].sizes(), saved[1].options().dtype(w_dtype));
+      at::mul_out(dw, saved[1], scale);
+    }
+    return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -99,7 +117,9 @@ torch::Tensor lm_head_cross_entropy(const torch::Tensor& x, const torch::Tensor&
            "lm_head_cross_entropy: targets must be (N) int64, got ", targets.sizes(), " ", targets.scalar_type());
   ZT_CHECK(x.scalar_type() == w.scalar_type(), "lm_head_cross_entropy: x is ", x.scalar_type(), " but w is ",
            w.scalar_type());
-  return LmHeadCrossEntropy::apply(x.contiguous(), w, targets.contiguous(), pad_multiple, chunk_rows);
+  const bool grad = torch::GradMode::is_enabled();
+  return LmHeadCrossEntropy::apply(x.contiguous(), w, targets.contiguous(), pad_multiple, chunk_rows,
+                                   grad && x.requires_grad(), grad && w.requires_grad());
 }
 
 }  // namespace zt::models
