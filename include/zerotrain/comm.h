@@ -120,6 +120,13 @@ class Group {
   virtual WorkPtr broadcast(at::Tensor& t, int root, bool async = false) = 0;
   // input and output have size()*n elements; output[r*n:(r+1)*n] = rank r's input[me*n:...].
   virtual WorkPtr all_to_all(at::Tensor& output, const at::Tensor& input, bool async = false) = 0;
+  // Uneven all-to-all: input is size() chunks in rank order, send_counts[r] elements for
+  // rank r; output gets size() chunks in rank order, recv_counts[r] elements from rank r.
+  // recv_counts[r] must equal rank r's send_counts[me] (exchange the counts first, e.g. by
+  // all_to_all of one int64 per rank); each vector sums to its tensor's numel. A zero count
+  // sends nothing (on NCCL no send/recv is posted for that peer).
+  virtual WorkPtr all_to_all_v(at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& send_counts,
+                               const std::vector<int64_t>& recv_counts, bool async = false) = 0;
   virtual void barrier() = 0;
 
   // Collective over this group: ranks passing the same color form a sub-group, ordered

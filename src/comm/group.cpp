@@ -311,6 +311,46 @@ class GroupImpl : public Group, public std::enable_shared_from_this<GroupImpl> {
       return MPI_Ialltoall(in.data_ptr(), n, dt, out.data_ptr(), n, dt, comm_, r);
     });
   }
+  WorkPtr all_to_all_v(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& send_counts,
+                       const std::vector<int64_t>& recv_counts, bool async) override {
+    check_tensors("all_to_all_v", {&out, &in});
+    auto total = [](const std::vector<int64_t>& c) {
+      int64_t s = 0;
+      for (int64_t n : c) s += n < 0 ? std::numeric_limits<int64_t>::min() / 4 : n;
+      return s;
+    };
+    ZT_CHECK_T(static_cast<int>(send_counts.size()) == size_ && static_cast<int>(recv_counts.size()) == size_,
+               CommError, "all_to_all_v: ", send_counts.size(), " send and ", recv_counts.size(),
+               " receive counts for a group of ", size_, " ranks (one per rank)");
+    ZT_CHECK_T(total(send_counts) == in.numel() && total(recv_counts) == out.numel(), CommError,
+               "all_to_all_v: send counts sum to ", total(send_counts), " for an input of ", in.numel(),
+               " elements, receive counts to ", total(recv_counts), " for an output of ", out.numel(),
+               " (counts must be >= 0 and sum to the tensors' sizes)");
+    if (out.is_cuda()) {
+      return nccl_collective("all_to_all_v", in, [&](NcclComm& c, const std::string& w) {
+        return c.all_to_all_v(out, in, send_counts, recv_counts, async, w);
+      });
+    }
+    // MPI counts and displacements are int (check_tensors bounds numel, so both fit).
+    std::vector<int> sc(size_), rc(size_), sd(size_), rd(size_);
+    for (int p = 0, so = 0, ro = 0; p < size_; ++p) {
+      sc[p] = static_cast<int>(send_counts[p]);
+      rc[p] = static_cast<int>(recv_counts[p]);
+      sd[p] = so;
+      rd[p] = ro;
+      so += sc[p];
+      ro += rc[p];
+    }
+    MPI_Datatype dt = mpi_type(in.scalar_type());
+    // The count vectors must live until the request completes: the work keeps them.
+    auto counts = std::make_shared<std::vector<std::vector<int>>>(
+        std::vector<std::vector<int>>{std::move(sc), std::move(sd), std::move(rc), std::move(rd)});
+    return mpi_collective("all_to_all_v", in, {out, in}, [counts] {}, async, [&](MPI_Request* r) {
+      auto& v = *counts;
+      return MPI_Ialltoallv(in.data_ptr(), v[0].data(), v[1].data(), dt, out.data_ptr(), v[2].data(), v[3].data(), dt,
+                            comm_, r);
+    });
+  }
   void barrier() override {
     at::Tensor none = at::empty({0});
     std::string what = describe("barrier", none);

@@ -168,6 +168,24 @@ class NcclCommImpl : public NcclComm {
       return ncclGroupEnd();
     });
   }
+  WorkPtr all_to_all_v(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& send_counts,
+                       const std::vector<int64_t>& recv_counts, bool async, const std::string& what) override {
+    return run(what, {out, in}, async, [&](cudaStream_t s) -> ncclResult_t {
+      const auto dt = nccl_type(in.scalar_type());
+      const size_t esize = in.element_size();
+      ncclResult_t r = ncclGroupStart();
+      if (r != ncclSuccess) return r;
+      size_t send_off = 0, recv_off = 0;
+      for (size_t p = 0; p < send_counts.size(); ++p) {
+        const auto ns = static_cast<size_t>(send_counts[p]), nr = static_cast<size_t>(recv_counts[p]);
+        if (ns > 0) ncclSend(static_cast<const char*>(in.data_ptr()) + send_off * esize, ns, dt, static_cast<int>(p), comm_, s);
+        if (nr > 0) ncclRecv(static_cast<char*>(out.data_ptr()) + recv_off * esize, nr, dt, static_cast<int>(p), comm_, s);
+        send_off += ns;
+        recv_off += nr;
+      }
+      return ncclGroupEnd();
+    });
+  }
   // Bytes on the wire (ncclUint8): any dtype travels, and a send and its recv agree on
   // the count when their sizes in bytes agree ([P2P Rules]: NCCL cannot check dtypes).
   WorkPtr p2p(const std::vector<P2PItem>& items, bool async, const std::string& what) override {

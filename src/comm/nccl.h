@@ -34,6 +34,9 @@ class NcclComm {
   virtual WorkPtr all_gather(at::Tensor& out, const at::Tensor& in, bool async, const std::string& what) = 0;
   virtual WorkPtr broadcast(at::Tensor& t, int root, bool async, const std::string& what) = 0;
   virtual WorkPtr all_to_all(at::Tensor& out, const at::Tensor& in, bool async, const std::string& what) = 0;
+  // Uneven splits in elements (Group::all_to_all_v); zero counts post nothing.
+  virtual WorkPtr all_to_all_v(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& send_counts,
+                               const std::vector<int64_t>& recv_counts, bool async, const std::string& what) = 0;
   // Point-to-point messages ([P2P Rules]): every item's ncclSend/ncclRecv in one
   // ncclGroupStart/End on the comm stream.
   virtual WorkPtr p2p(const std::vector<P2PItem>& items, bool async, const std::string& what) = 0;

@@ -199,6 +199,65 @@ torch::Tensor all_to_all_dim0(const torch::Tensor& x, const comm::GroupPtr& g, S
                          static_cast<int64_t>(reinterpret_cast<intptr_t>(sink)));
 }
 
+namespace {
+
+// all_to_all_rows as an autograd function; backward sends the gradient back with the
+// splits swapped. The group travels as in AllToAll.
+struct AllToAllRows : torch::autograd::Function<AllToAllRows> {
+  static torch::Tensor run(const torch::Tensor& x, comm::Group* g, const std::vector<int64_t>& send_rows,
+                           const std::vector<int64_t>& recv_rows, SpanLog* sink) {
+    auto in = x.contiguous();
+    const int64_t width = in.dim() > 1 ? in.numel() / std::max<int64_t>(in.size(0), 1) : 1;
+    int64_t total = 0;
+    std::vector<int64_t> sc, rc;
+    for (size_t p = 0; p < send_rows.size(); ++p) {
+      sc.push_back(send_rows[p] * width);
+      rc.push_back(recv_rows[p] * width);
+      total += recv_rows[p];
+    }
+    auto shape = in.sizes().vec();
+    shape[0] = total;
+    auto out = torch::empty(shape, in.options());
+    DeviceSpan span = sink ? DeviceSpan::start(in.device()) : DeviceSpan();  // [MoE Timing]
+    g->all_to_all_v(out, in, sc, rc);
+    if (sink) {
+      span.stop();
+      sink->add(std::move(span));
+    }
+    return out;
+  }
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t group,
+                               int64_t sink, std::vector<int64_t> send_rows, std::vector<int64_t> recv_rows) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["sink"] = sink;
+    ctx->saved_data["send"] = send_rows;
+    ctx->saved_data["recv"] = recv_rows;
+    return run(x, reinterpret_cast<comm::Group*>(group), send_rows, recv_rows, reinterpret_cast<SpanLog*>(sink));
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    auto* g = reinterpret_cast<comm::Group*>(ctx->saved_data["group"].toInt());
+    auto* sink = reinterpret_cast<SpanLog*>(ctx->saved_data["sink"].toInt());
+    const auto send = ctx->saved_data["send"].toIntVector(), recv = ctx->saved_data["recv"].toIntVector();
+    return {run(grad[0], g, recv, send, sink), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor all_to_all_rows(const torch::Tensor& x, const comm::GroupPtr& g, const std::vector<int64_t>& send_rows,
+                              const std::vector<int64_t>& recv_rows, SpanLog* sink) {
+  ZT_CHECK_T(g != nullptr, InternalError, "all_to_all_rows without a group");
+  ZT_CHECK_T(static_cast<int>(send_rows.size()) == g->size() && static_cast<int>(recv_rows.size()) == g->size(),
+             InternalError, "all_to_all_rows: one send and one receive count per rank of ", g->size());
+  int64_t sent = 0;
+  for (int64_t n : send_rows) sent += n;
+  ZT_CHECK_T(x.dim() >= 1 && sent == x.size(0), InternalError, "all_to_all_rows: send counts sum to ", sent,
+             " for ", x.sizes());
+  return AllToAllRows::apply(x, static_cast<int64_t>(reinterpret_cast<intptr_t>(g.get())),
+                             static_cast<int64_t>(reinterpret_cast<intptr_t>(sink)), send_rows, recv_rows);
+}
+
 MoEImpl::MoEImpl(MoEOptions opt, const ExpertFactory& make_expert) : opt_(std::move(opt)) {
   ZT_CHECK_T(opt_.hidden > 0, ConfigError, "MoE: hidden must be > 0, got ", opt_.hidden);
   ZT_CHECK_T(opt_.num_experts >= 1, ConfigError, "MoE: num_experts must be >= 1, got ", opt_.num_experts);
@@ -232,6 +291,55 @@ MoEImpl::MoEImpl(MoEOptions opt, const ExpertFactory& make_expert) : opt_(std::m
   }
 }
 
+// [Expert Parallel] with [Sparse Dispatch]: `rows` [N, d] packed by global expert, so the
+// rows for rank j's experts are one contiguous run. The counts go first (one all-to-all of
+// E int64: rank j learns how many rows of each of its experts every rank sends), then the
+// rows (all_to_all_rows, uneven). Received rows come by (source rank, local expert); they are
+// regrouped by expert, each expert runs once on all ranks' rows, and the outputs go back
+// in the received order by the reverse exchange.
+torch::Tensor MoEImpl::run_experts_parallel(const torch::Tensor& rows, const torch::Tensor& kept_per_expert,
+                                            const std::vector<int64_t>& kept_counts) {
+  const int64_t P = ep_size_, El = local_experts(), d = rows.size(1);
+  auto counts_in = kept_per_expert.to(rows.device(), torch::kLong).contiguous();
+  auto counts_out = torch::empty_like(counts_in);
+  opt_.ep_group->all_to_all(counts_out, counts_in);
+  const auto recv_host = counts_out.to(torch::kCPU).contiguous();
+  const int64_t* rc = recv_host.data_ptr<int64_t>();  // [P, El]: rows of my expert i from rank p
+  std::vector<int64_t> send_rows(static_cast<size_t>(P), 0), recv_rows(static_cast<size_t>(P), 0);
+  for (int64_t p = 0; p < P; ++p)
+    for (int64_t i = 0; i < El; ++i) {
+      send_rows[static_cast<size_t>(p)] += kept_counts[static_cast<size_t>(p * El + i)];
+      recv_rows[static_cast<size_t>(p)] += rc[p * El + i];
+    }
+  SpanLog* sink = timing_ ? a2a_log_.get() : nullptr;  // [MoE Timing]
+  const auto received = all_to_all_rows(rows, opt_.ep_group, send_rows, recv_rows, sink);  // by (p, i)
+  // by_expert[j] = received row that goes j-th in (i, p) order; block (p, i) starts at start[p][i].
+  std::vector<int64_t> start(static_cast<size_t>(P * El)), by_expert, expert_rows(static_cast<size_t>(El), 0);
+  by_expert.reserve(static_cast<size_t>(received.size(0)));
+  for (int64_t b = 0, off = 0; b < P * El; ++b) {
+    start[static_cast<size_t>(b)] = off;
+    off += rc[b];
+  }
+  for (int64_t i = 0; i < El; ++i)
+    for (int64_t p = 0; p < P; ++p) {
+      const int64_t b = p * El + i;
+      for (int64_t r = 0; r < rc[b]; ++r) by_expert.push_back(start[static_cast<size_t>(b)] + r);
+      expert_rows[static_cast<size_t>(i)] += rc[b];
+    }
+  const auto perm = torch::tensor(by_expert, torch::kLong).to(rows.device());
+  const auto grouped = El == 1 ? received : received.index_select(0, perm);
+  std::vector<torch::Tensor> outs;
+  int64_t off = 0;
+  for (int64_t i = 0; i < El; ++i) {
+    const int64_t n = expert_rows[static_cast<size_t>(i)];
+    outs.push_back(expert_fns[static_cast<size_t>(i)].forward(grouped.narrow(0, off, n)));
+    off += n;
+  }
+  auto done = torch::cat(outs);  // [M, d] by (i, p)
+  if (El > 1) done = torch::zeros({done.size(0), d}, done.options()).index_copy(0, perm, done);  // back to (p, i)
+  return all_to_all_rows(done, opt_.ep_group, recv_rows, send_rows, sink);  // [N, d] of this rank's rows
+}
+
 MoEOutput MoEImpl::forward(const torch::Tensor& x) {
   ZT_CHECK_T(x.dim() >= 1 && x.size(-1) == opt_.hidden, ConfigError, "MoE: input's last dim must be ",
              opt_.hidden, ", got shape ", x.sizes());
@@ -251,20 +359,19 @@ MoEOutput MoEImpl::forward(const torch::Tensor& x) {
   out.aux_loss = out.gate.aux_loss;
   // [Sparse Dispatch]. The kept assignments: token, expert, slot, weight, each [N].
   const GateResult& gr = out.gate;
-  const int64_t k = gr.expert_index.size(1), d = opt_.hidden, E = opt_.num_experts, C = gr.capacity;
+  const int64_t k = gr.expert_index.size(1), d = opt_.hidden;
   const auto sel = gr.kept.reshape({-1}).nonzero().squeeze(1);        // assignment ids t * k + j
   const auto tok = sel.div(k, "floor");
   const auto ex = gr.expert_index.reshape({-1}).index_select(0, sel);
   const auto weight = gr.weights.reshape({-1}).index_select(0, sel).to(x.dtype());
-  // Row of each assignment in the dispatch buffer: packed at ep 1, e * C + slot at ep > 1.
+  // Row of each assignment: packed by expert, base = exclusive prefix sum of the kept counts.
   const auto kept_dev = gr.kept_per_expert.to(ex.device());
-  const auto base = ep_size_ == 1 ? kept_dev.cumsum(0) - kept_dev : torch::arange(E, ex.options()) * C;
-  const auto row = base.index_select(0, ex) + gr.slot.reshape({-1}).index_select(0, sel);
-  const int64_t R = ep_size_ == 1 ? sel.size(0) : E * C;
-  const auto dispatched = torch::zeros({R, d}, flat.options()).index_copy(0, row, flat.index_select(0, tok));
+  const auto row = (kept_dev.cumsum(0) - kept_dev).index_select(0, ex) + gr.slot.reshape({-1}).index_select(0, sel);
+  const int64_t N = sel.size(0);
+  const auto dispatched = torch::zeros({N, d}, flat.options()).index_copy(0, row, flat.index_select(0, tok));
   std::vector<torch::Tensor> outs;
   outs.reserve(expert_fns.size());
-  torch::Tensor expert_out;  // [R, d], rows as dispatched
+  torch::Tensor expert_out;  // [N, d], rows as dispatched
   if (ep_size_ == 1) {
     int64_t off = 0;  // each expert on its contiguous slice (an empty one too, so every
     for (size_t e = 0; e < expert_fns.size(); ++e) {  // expert gets a defined gradient)
@@ -274,16 +381,7 @@ MoEOutput MoEImpl::forward(const torch::Tensor& x) {
     }
     expert_out = torch::cat(outs);
   } else {
-    // [Expert Parallel]: chunk j of [E, C, d] (experts of rank j) goes to rank j.
-    const int64_t P = ep_size_, El = local_experts();
-    SpanLog* sink = timing_ ? a2a_log_.get() : nullptr;  // [MoE Timing]
-    const auto received = all_to_all_dim0(dispatched, opt_.ep_group, sink).view({P, El, C, d});
-    for (int64_t i = 0; i < El; ++i) {
-      const auto slots = received.select(1, i).reshape({P * C, d});  // every rank's slots for expert i
-      outs.push_back(expert_fns[static_cast<size_t>(i)].forward(slots).view({P, C, d}));
-    }
-    const auto local = torch::stack(outs, 1).reshape({P * El * C, d});  // [P, El, C, d]: back by source rank
-    expert_out = all_to_all_dim0(local, opt_.ep_group, sink);           // [E * C, d] of this rank's tokens
+    expert_out = run_experts_parallel(dispatched, gr.kept_per_expert, gr.kept_counts);
   }
   auto y = torch::zeros({flat.size(0), d}, expert_out.options())
                .index_add(0, tok, expert_out.index_select(0, row) * weight.unsqueeze(1))

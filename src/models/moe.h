@@ -26,23 +26,24 @@
 // - Each rank gates its own tokens. The capacity C is agreed across the group (the largest
 //   rank's, one all-reduce): with drop_tokens it is the same on every rank whose token
 //   count is the same, and without it DeepSpeed agrees on the largest count the same way.
-// - The dispatched [E, C, d] (built by index from the kept assignments, empty slots zero:
-//   [Sparse Dispatch]) goes through one all-to-all: rank j receives the slots every
-//   rank routed to j's experts, [P, E_l, C, d]; local expert i runs once on its P*C slots;
-//   a second all-to-all returns each rank its own [E, C, d], which it combines. Backward
-//   runs the same two all-to-alls in reverse (the all-to-all of equal chunks is its own
-//   adjoint). So each rank's output equals the one-process layer's on its tokens, and an
-//   expert's gradient on its owner is the sum over every rank's tokens.
+// - The kept rows, packed by global expert ([Sparse Dispatch]), so the rows for rank j's
+//   experts are one contiguous run: an all-to-all of the E kept counts tells rank j how many
+//   rows of each of its experts every rank sends, then one uneven all-to-all
+//   (all_to_all_rows, Group::all_to_all_v) moves exactly the kept rows, no padding. Rank j
+//   regroups what it received (by source rank, local expert) by expert, runs local expert i
+//   once on every rank's rows for it, restores the received order, and the reverse uneven
+//   all-to-all returns each rank its rows, which it combines. Backward runs the same
+//   exchanges with the splits swapped. So each rank's output equals the one-process layer's
+//   on its tokens, and an expert's gradient on its owner is the sum over every rank's tokens.
 //
 // [Sparse Dispatch] The layer moves token rows by index, never through [T, E, C] one-hot
 // tensors (DeepSpeed's einsum dispatch, which made dropless routing cost T x E x C; the
 // dense path survives as a test reference, tests/support/moe_dense_reference.h).
 // - A kept assignment (token t, expert e, slot s) gets row base[e] + s of the dispatch
 //   buffer. Kept slots of an expert are 0 .. kept_e - 1 (the gate's slot rules above), so at
-//   ep 1 base = the exclusive prefix sum of kept_per_expert and the buffer is the packed
-//   [sum_e kept_e, d]: expert e runs on its contiguous slice, no padding. At ep > 1
-//   base[e] = e * C and the buffer is [E * C, d], empty slots zero: the equal-chunk
-//   all-to-all needs every expert padded to the agreed capacity (in the exchange only).
+//   every ep base = the exclusive prefix sum of kept_per_expert and the buffer is the packed
+//   [sum_e kept_e, d]: expert e runs on its contiguous slice, no padding. The same packed
+//   buffer goes to the experts' owners at ep > 1 ([Expert Parallel]: uneven all-to-all).
 // - dispatch = zeros[R, d].index_copy(rows, x.index_select(tokens)); combine:
 //   y = zeros[T, d].index_add(tokens, expert_out.index_select(rows) * weight). Autograd
 //   differentiates these (index_select <-> index_add), so no custom function is needed.
@@ -170,6 +171,11 @@ class SpanLog {
 // the same all-to-all of the gradient). x.size(0) must divide by g's size. With `sink`
 // each call (forward and backward) adds its span there; `sink` must outlive the graph.
 torch::Tensor all_to_all_dim0(const torch::Tensor& x, const comm::GroupPtr& g, SpanLog* sink = nullptr);
+// The uneven all-to-all of rows (dim 0) over `g` (Group::all_to_all_v), differentiable (its
+// backward sends the gradient back with the splits swapped): send_rows[r] rows of x, in rank
+// order, go to rank r; recv_rows[r] rows come from rank r (it must equal r's send_rows[me]).
+torch::Tensor all_to_all_rows(const torch::Tensor& x, const comm::GroupPtr& g, const std::vector<int64_t>& send_rows,
+                              const std::vector<int64_t>& recv_rows, SpanLog* sink = nullptr);
 
 // DeepSpeed's MoE layer. Parameters: gate.weight [E, hidden] (no bias), experts.<i>.* for
 // this rank's experts (i local; global index first_expert() + i), and with use_residual mlp.* (one more expert) and
@@ -197,6 +203,10 @@ struct MoEImpl : torch::nn::Module {
   torch::nn::Linear coefficient{nullptr};
 
  private:
+  // [Expert Parallel] of [Sparse Dispatch]: rows [N, d] packed by global expert in, this
+  // rank's experts' outputs for them out (same order).
+  torch::Tensor run_experts_parallel(const torch::Tensor& rows, const torch::Tensor& kept_per_expert,
+                                     const std::vector<int64_t>& kept_counts);
   std::optional<torch::Generator> gen_;
   int64_t first_expert_ = 0;
   int ep_size_ = 1;

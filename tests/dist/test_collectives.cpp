@@ -173,6 +173,35 @@ TEST_P(Collectives, AllToAll) {
   EXPECT_TRUE(same(out, at::cat(parts)));
 }
 
+// Uneven splits: rank r sends count(r, p) = (r + 2p + 1) % 3 elements to rank p (some
+// zero), valued 16r + 4p + i; rank me receives count(p, me) of 16p + 4me + i from each p,
+// in rank order (Group::all_to_all_v; the MoE layer's exchange, [Sparse Dispatch]).
+TEST_P(Collectives, AllToAllUnevenSplits) {
+  auto count = [](int r, int p) -> int64_t { return (r + 2 * p + 1) % 3; };
+  auto chunk = [&](int r, int p) { return (at::arange(count(r, p), at::kDouble) + 16 * r + 4 * p).to(dt()); };
+  std::vector<at::Tensor> send, want;
+  std::vector<int64_t> sc, rc;
+  for (int p = 0; p < n_; ++p) {
+    send.push_back(chunk(me_, p));
+    sc.push_back(count(me_, p));
+    want.push_back(chunk(p, me_));
+    rc.push_back(count(p, me_));
+  }
+  at::Tensor in = at::cat(send), expect = at::cat(want);
+  at::Tensor out = at::full({expect.numel()}, -1, in.options());
+  const int64_t seq = g_->sequence();
+  g_->all_to_all_v(out, in, sc, rc);
+  EXPECT_EQ(g_->sequence(), seq + 1);
+  EXPECT_TRUE(same(out, expect));
+  // Counts that do not sum to the tensors' sizes are refused before anything is posted.
+  std::vector<int64_t> bad = sc;
+  bad[0] += 1;
+  const std::string m = comm_error([&] { g_->all_to_all_v(out, in, bad, rc); });
+  EXPECT_NE(m.find("all_to_all_v"), std::string::npos) << m;
+  EXPECT_NE(m.find("sum to"), std::string::npos) << m;
+  EXPECT_EQ(g_->sequence(), seq + 1);
+}
+
 // Several collectives in flight at once, waited out of order. MPI requires the same
 // issue order on every rank (which holds), not the same wait order.
 TEST_P(Collectives, AsyncInFlightTogether) {

@@ -146,6 +146,23 @@ TEST_F(Nccl, ReduceScatterAllGatherBroadcastAllToAll) {
     parts.clear();
     for (int r = 0; r < n_; ++r) parts.push_back((base(kChunk, dt, me_ * kChunk) * (r + 1)).to(dt));
     EXPECT_TRUE(same(a2a_out, at::cat(parts)));
+
+    // all_to_all_v: rank r sends count(r, p) = (r + 2p + 1) % 3 elements (some zero) valued
+    // 16r + 4p + i to rank p.
+    auto count = [](int r, int p) -> int64_t { return (r + 2 * p + 1) % 3; };
+    auto chunk = [&](int r, int p) { return (at::arange(count(r, p), at::kDouble) + 16 * r + 4 * p).to(dt); };
+    std::vector<at::Tensor> send, want;
+    std::vector<int64_t> sc, rc;
+    for (int p = 0; p < n_; ++p) {
+      send.push_back(chunk(me_, p));
+      sc.push_back(count(me_, p));
+      want.push_back(chunk(p, me_));
+      rc.push_back(count(p, me_));
+    }
+    at::Tensor v_in = at::cat(send).to(dev_), v_want = at::cat(want);
+    at::Tensor v_out = at::full({v_want.numel()}, -1, on(dt));
+    g_->all_to_all_v(v_out, v_in, sc, rc);
+    EXPECT_TRUE(same(v_out, v_want));
   }
 }
 
