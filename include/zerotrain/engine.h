@@ -134,6 +134,23 @@ struct EngineOptions {
   // both itself (GPT-2 built with deferred_init).
   std::function<std::vector<int64_t>(const std::string& name)> param_shape;
   std::function<void(const std::string& name, torch::Tensor& t)> param_init;
+  // ZeRO-3 only: frozen storage that is not a parameter, partitioned over the data-parallel
+  // group byte for byte (no cast) and gathered with the unit of `unit_member` (a parameter
+  // of the model; undefined, or in no unit: the root unit), exactly as the frozen parameters
+  // are ([Frozen Units] in src/zero/frozen_shards.h); persistent under
+  // stage3_param_persistence_threshold bytes. QLoRA's NF4 base is the user
+  // (lora::partition_nf4_bases, docs/lora.md). `bytes`: uint8, 1-D, contiguous, not empty;
+  // the engine points it at an empty tensor between gathers and at the gathered bytes (on
+  // the engine's device) while its unit is gathered, so read it through the same tensor
+  // object each time. In its unit's gathered buffer an entry starts at the sum of the sizes
+  // before it: sizes that are multiples of 4 keep 4-byte alignment. A non-empty list at
+  // stages 0-2 is a ConfigError.
+  struct FrozenStorage {
+    std::string name;
+    torch::Tensor bytes;
+    torch::Tensor unit_member;
+  };
+  std::vector<FrozenStorage> frozen_storage;
   // Divergence stop: after this many consecutive skipped steps (gradients inf/NaN on some
   // rank) step() throws TrainingError on every rank, in every precision. fp16 counts only
   // the steps skipped at fp16.min_loss_scale (the scale has nowhere lower to go); bf16 and

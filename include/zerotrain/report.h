@@ -26,6 +26,9 @@ struct ModelStateBytes {
   // base; no gradient, master or optimizer state). At stages 0-2 they stay whole in the
   // model and are not counted here.
   int64_t frozen = 0;
+  // Of `frozen`: this rank's shard of the frozen byte storage (EngineOptions::frozen_storage,
+  // QLoRA's NF4 base at ZeRO-3).
+  int64_t frozen_storage = 0;
   // Stage 3: full-size parameters gathered right now (not part of total(): they come and
   // go with the units; see StepReport::zero3 for the step's peak).
   int64_t gathered = 0;
@@ -78,7 +81,7 @@ struct StepReport {
   int64_t gathers = 0, gathers_prefetched = 0;
   int64_t gathered_peak_bytes = 0;
   // Stage 3 with frozen parameters: the most frozen bytes gathered at once in this step
-  // (the frozen shard group's units, [Frozen Units]).
+  // (the frozen shard group's units, [Frozen Units]; plus the frozen storage group's).
   int64_t frozen_gathered_peak_bytes = 0;
   // NVMe offload: the step's swap of the optimizer state. Time the CPU step waited for reads
   // and writes of the swap file (what the overlap did not hide), the CPU Adam and uploads

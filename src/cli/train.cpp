@@ -30,6 +30,7 @@
 #include "data/token_dataset.h"
 #include "lora/lora_spec.h"
 #include "lora/peft_format.h"
+#include "lora/qlora.h"
 #include "monitor/device_peak.h"
 #include "parallel/topology.h"
 #include "zerotrain/comm.h"
@@ -866,9 +867,20 @@ int cmd_train(int argc, char** argv) {
     eo.ep = topo->ep();
     eo.expert_dp = topo->expert_dp();
   }
+  // [NF4 At ZeRO-3]: QLoRA's NF4 base partitioned over the dp ranks with the rest of the base.
+  const bool nf4_partitioned = model.lora && model.nf4_bytes > 0 && cfg.zero_optimization.stage == 3;
+  if (nf4_partitioned) lora::partition_nf4_bases(*model.lora, eo);
   auto engine = initialize(model.module, cfg, eo);
   model.attach(*engine);
   const torch::Device device = engine->device();
+  std::vector<int64_t> nf4_per_rank;  // [NF4 At ZeRO-3]: each rank's NF4 bytes (every rank calls)
+  if (nf4_partitioned) {
+    auto g = comm::world_group();
+    auto mine = torch::tensor({engine->model_state_bytes().frozen_storage}, torch::kLong);
+    auto all = torch::empty({g->size()}, torch::kLong);
+    g->all_gather(all, mine);
+    for (int64_t r = 0; r < g->size(); ++r) nf4_per_rank.push_back(all[r].item<int64_t>());
+  }
   const double peak = a.peak_tflops >= 0 ? a.peak_tflops : detect_peak_tflops(device, rank);
 
   data::DistributedSampler sampler(ds->size(), dp_rank, dp_size, /*shuffle=*/true, static_cast<uint64_t>(a.seed));
@@ -1031,12 +1043,19 @@ int cmd_train(int argc, char** argv) {
         log::info("QLoRA: the adapted layers' base weights as NF4, %.3f MiB",
                     static_cast<double>(model.nf4_bytes) / 1048576.0);
       }
+      if (!nf4_per_rank.empty()) {
+        std::string per;
+        for (int64_t b : nf4_per_rank) per += (per.empty() ? "" : ", ") + std::to_string(b);
+        log::info("QLoRA at ZeRO-3: the NF4 base partitioned over %zu ranks, NF4 bytes per rank: %s (of %lld; each "
+                  "unit's NF4 padded to a multiple of 64 x %zu bytes)",
+                  nf4_per_rank.size(), per.c_str(), static_cast<long long>(model.nf4_bytes), nf4_per_rank.size());
+      }
       log::info("LoRA %s on %zu linear layers: %lld trainable parameters (%.3f%% of %lld), base frozen%s",
                   lora::lora_spec_string(lo).c_str(), model.lora->adapters.size(),
                   static_cast<long long>(model.lora_trainable),
                   100.0 * static_cast<double>(model.lora_trainable) / static_cast<double>(model.num_params),
                   static_cast<long long>(model.num_params),
-                  cfg.zero_optimization.stage == 3 ? " (whole on every rank: ZeRO-3 partitions the adapters only)" : "");
+                  cfg.zero_optimization.stage == 3 ? " (partitioned over the ranks by ZeRO-3, as the adapters)" : "");
     }
   }
 

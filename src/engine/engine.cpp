@@ -89,6 +89,7 @@ class EngineImpl : public Engine {
                cfg_.dp_world_size, " ranks but the engine runs on ", group_->size(),
                ": pass the data-parallel world size to Config::from_file");
     const bool stage3 = cfg_.zero_optimization.stage == 3;
+    check_frozen_storage(stage3);
 
     // Collect managed parameters (in registration order).
     std::vector<torch::Tensor> params;
@@ -222,6 +223,10 @@ class EngineImpl : public Engine {
       setup_units(params, frozen, names, zo);
       zo.frozen = std::move(frozen);
       zo.frozen_names = std::move(frozen_names);
+      for (const auto& fs : opts_.frozen_storage) {
+        zo.frozen_storage.push_back(fs.bytes);
+        zo.frozen_storage_names.push_back(fs.name);
+      }
       if (any_deferred) {
         zo.deferred_shapes = deferred;
         auto init = opts_.param_init;
@@ -451,7 +456,8 @@ class EngineImpl : public Engine {
       r.gathers_prefetched += e3.prefetched;
       r.gathered_peak_bytes += e3.peak_live_numel * esize;
     }
-    r.frozen_gathered_peak_bytes = zero_->frozen_stats().peak_live_numel * esize;
+    r.frozen_gathered_peak_bytes =
+        zero_->frozen_stats().peak_live_numel * esize + zero_->frozen_storage_stats().peak_live_numel;
     if (!out.overflow) r.nvme = zero_->nvme_step_stats();
     p.fwd = std::move(fwd_phases_);
     p.bwd = std::move(bwd_phases_);
@@ -831,7 +837,12 @@ class EngineImpl : public Engine {
     zero::ZeroOptions ezo = subset(expert, zo, ex_params);
     ezo.frozen.clear();  // the frozen shard group (stage 3) stays with the dense one
     ezo.frozen_names.clear();
-    for (auto& u : ezo.units) u.frozen.clear();
+    ezo.frozen_storage.clear();
+    ezo.frozen_storage_names.clear();
+    for (auto& u : ezo.units) {
+      u.frozen.clear();
+      u.frozen_storage.clear();
+    }
     // The engine sums the expert partial over ep and combines over model_parallel itself.
     ezo.model_parallel = nullptr;
     ezo.grad_scale = 1.0 / ep;
@@ -934,6 +945,23 @@ class EngineImpl : public Engine {
     }
   }
 
+  // EngineOptions.frozen_storage: ZeRO-3 only; uint8, 1-D, contiguous, not empty, once each.
+  void check_frozen_storage(bool stage3) const {
+    const auto& fs = opts_.frozen_storage;
+    ZT_CHECK_T(fs.empty() || stage3, ConfigError, "EngineOptions.frozen_storage ('", fs.empty() ? "" : fs[0].name,
+               "', ", fs.size(), " entries) is partitioned at ZeRO stage 3 only, but zero_optimization.stage is ",
+               static_cast<int>(cfg_.zero_optimization.stage), ": leave it empty below stage 3 (the storage stays whole)");
+    std::set<c10::TensorImpl*> seen;
+    for (const auto& e : fs) {
+      ZT_CHECK_T(e.bytes.defined() && e.bytes.scalar_type() == at::kByte && e.bytes.dim() == 1 &&
+                     e.bytes.is_contiguous() && e.bytes.numel() > 0,
+                 ConfigError, "EngineOptions.frozen_storage '", e.name, "' must be a non-empty contiguous 1-D uint8 "
+                 "tensor; it is ", e.bytes.defined() ? detail::cat(e.bytes.scalar_type(), " ", e.bytes.sizes()) : "undefined");
+      ZT_CHECK_T(seen.insert(e.bytes.unsafeGetTensorImpl()).second, ConfigError, "EngineOptions.frozen_storage '",
+                 e.name, "' is listed twice");
+    }
+  }
+
   // ZeRO-3 units: EngineOptions.units, else the ZeroModel's zero_units() (driven by its unit
   // hooks), else none (all root).
   // frozen: the stage-3 frozen group's parameters (each unit's members go to Unit::frozen).
@@ -969,6 +997,13 @@ class EngineImpl : public Engine {
           unit.params.push_back(i);
         } else if (const int f = index_in(frozen, t); f >= 0) {
           unit.frozen.push_back(f);  // the frozen shard group's member of this unit
+        }
+        // Frozen storage joins the unit of its unit_member (EngineOptions::frozen_storage).
+        for (size_t s = 0; s < opts_.frozen_storage.size(); ++s) {
+          const auto& m = opts_.frozen_storage[s].unit_member;
+          if (m.defined() && m.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+            unit.frozen_storage.push_back(static_cast<int>(s));
+          }
         }
       }
       zo.units.push_back(unit);

@@ -86,13 +86,55 @@ QLoraAdapterImpl::QLoraAdapterImpl(const LoraAdapterImpl& from, std::shared_ptr<
              from.lora_A.sizes(), ", B ", from.lora_B.sizes(), ")");
 }
 
-torch::Tensor QLoraAdapterImpl::base_weight() const { return quant::dequantize_nf4(*nf4_); }
+torch::Tensor QLoraAdapterImpl::base_weight() const { return quant::dequantize_nf4(nf4()); }
 
 int64_t QLoraAdapterImpl::nf4_bytes() const {
+  if (storage_.defined()) return n_packed_ + n_qabsmax_ + 4 * n_absmax2_ + 4;
   return nf4_->packed.numel() + nf4_->qabsmax.numel() + 4 * nf4_->absmax2.numel() + 4;
 }
 
+quant::Nf4Tensor QLoraAdapterImpl::nf4() const {
+  if (!storage_.defined()) return *nf4_;
+  // [NF4 At ZeRO-3]: views of the storage's current bytes (absmax2 first: 4-byte aligned).
+  const int64_t used = 4 * n_absmax2_ + n_packed_ + n_qabsmax_;
+  ZT_CHECK_T(storage_.numel() >= used, ConfigError, "qlora: the NF4 base of shape ", c10::IntArrayRef(nf4_->shape),
+             " is partitioned by ZeRO-3 and not gathered now (", storage_.numel(), " of ", used,
+             " bytes here): run the model through the engine (its unit hooks gather it) or call "
+             "Engine::gather_params() first");
+  quant::Nf4Tensor q;
+  q.shape = nf4_->shape;
+  q.numel = nf4_->numel;
+  q.offset = nf4_->offset;
+  q.absmax2 = storage_.narrow(0, 0, 4 * n_absmax2_).view(at::kFloat);
+  q.packed = storage_.narrow(0, 4 * n_absmax2_, n_packed_);
+  q.qabsmax = storage_.narrow(0, 4 * n_absmax2_ + n_packed_, n_qabsmax_);
+  return q;
+}
+
+torch::Tensor QLoraAdapterImpl::share_storage() {
+  if (storage_.defined()) return storage_;
+  torch::NoGradGuard no_grad;
+  const quant::Nf4Tensor& q = *nf4_;
+  n_packed_ = q.packed.numel();
+  n_qabsmax_ = q.qabsmax.numel();
+  n_absmax2_ = q.absmax2.numel();
+  const int64_t used = 4 * n_absmax2_ + n_packed_ + n_qabsmax_;
+  auto buf = torch::zeros({(used + 3) / 4 * 4}, torch::TensorOptions().dtype(at::kByte).device(q.packed.device()));
+  buf.narrow(0, 0, 4 * n_absmax2_).view(at::kFloat).copy_(q.absmax2.contiguous());
+  buf.narrow(0, 4 * n_absmax2_, n_packed_).copy_(q.packed.reshape(-1));
+  buf.narrow(0, 4 * n_absmax2_ + n_packed_, n_qabsmax_).copy_(q.qabsmax.reshape(-1));
+  storage_ = buf;
+  // Keep the shape, numel and offset; the tensors are the storage's now.
+  auto meta = std::make_shared<quant::Nf4Tensor>();
+  meta->shape = q.shape;
+  meta->numel = q.numel;
+  meta->offset = q.offset;
+  nf4_ = std::move(meta);
+  return storage_;
+}
+
 void QLoraAdapterImpl::to_device(const torch::Device& device) {
+  if (storage_.defined()) return;  // [NF4 At ZeRO-3]: the engine places the storage
   if (!quant::nf4_on(*nf4_, device)) nf4_ = std::make_shared<const quant::Nf4Tensor>(quant::nf4_to(*nf4_, device));
 }
 
@@ -100,9 +142,20 @@ torch::Tensor QLoraAdapterImpl::adapt(const torch::Tensor& x, const models::Base
   // [QLoRA Base]: the base from the NF4 weights; the Linear's own weight is a placeholder.
   to_device(x.device());
   return LoraAdapterImpl::adapt(x, [this](const torch::Tensor& t) {
-    auto y = nf4_linear(t, *nf4_);  // (..., out)
+    auto y = nf4_linear(t, nf4());  // (..., out)
     return bias_.defined() ? y + bias_.to(t.device(), t.scalar_type()) : y;
   });
+}
+
+int64_t partition_nf4_bases(LoraModel& lm, EngineOptions& eo) {
+  int64_t bytes = 0;
+  for (auto& a : lm.adapters) {
+    auto q = std::dynamic_pointer_cast<QLoraAdapterImpl>(a.adapter.ptr());
+    if (!q) continue;
+    eo.frozen_storage.push_back({a.site.path + ".nf4", q->share_storage(), q->lora_A});
+    bytes += q->nf4_bytes();
+  }
+  return bytes;
 }
 
 torch::Tensor nf4_linear(const torch::Tensor& x, const quant::Nf4Tensor& q) {

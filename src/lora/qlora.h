@@ -19,8 +19,9 @@
 // once (to_device() does it ahead of time); the engine never sees them, because they are
 // plain members, not registered buffers: the engine casts floating buffers to the compute
 // dtype, which would change the fp32 double-quantization statistics. At ZeRO-3 the frozen
-// shard group partitions the base's parameters, but the NF4 weights are not parameters:
-// every rank holds all of them (0.52 bytes a weight).
+// shard group partitions the base's parameters; the NF4 weights, not parameters, are
+// partitioned too when partition_nf4_bases hands them to the engine ([NF4 At ZeRO-3]);
+// otherwise every rank holds all of them (0.52 bytes a weight).
 #pragma once
 #include <functional>
 #include <map>
@@ -30,6 +31,7 @@
 
 #include "lora/lora.h"
 #include "quant/nf4.h"
+#include "zerotrain/engine.h"
 
 namespace zt::lora {
 
@@ -43,13 +45,27 @@ class QLoraAdapterImpl : public LoraAdapterImpl {
   // dequant(W) (out, in), fp32 on the CPU (the reference quant::dequantize_nf4).
   torch::Tensor base_weight() const;
   // Moves the NF4 tensors to `device` (no-op when there); adapt() does it on first use.
+  // No-op once the storage is shared: the engine places it.
   void to_device(const torch::Device& device);
-  const quant::Nf4Tensor& nf4() const { return *nf4_; }
-  // Bytes of the NF4 storage: codes, 8-bit absmaxes, second-level absmaxes, offset.
+  // The NF4 weight (views of the shared storage once share_storage() ran: valid only while
+  // the engine has it gathered; an error otherwise).
+  quant::Nf4Tensor nf4() const;
+  // Bytes of the NF4 storage: codes, 8-bit absmaxes, second-level absmaxes, offset (whole,
+  // whatever the engine partitions).
   int64_t nf4_bytes() const;
 
+  // [NF4 At ZeRO-3]: moves the NF4 tensors into one uint8 buffer (absmax2's fp32 bytes,
+  // the packed codes, the 8-bit absmaxes, zero padding to a multiple of 4 bytes; the offset
+  // stays a float member) and returns it; from then on nf4() reads views of that buffer's
+  // current data, so an owner that swaps it (the ZeRO-3 engine: empty between gathers, the
+  // gathered bytes while the unit runs) decides where they are. Idempotent.
+  torch::Tensor share_storage();
+  bool storage_shared() const { return storage_.defined(); }
+
  private:
-  std::shared_ptr<const quant::Nf4Tensor> nf4_;
+  std::shared_ptr<const quant::Nf4Tensor> nf4_;  // the weight; shape/numel/offset only once shared
+  torch::Tensor storage_;                        // share_storage()'s buffer (swapped by its owner)
+  int64_t n_packed_ = 0, n_qabsmax_ = 0, n_absmax2_ = 0;  // element counts inside storage_
   torch::Tensor bias_;  // the base Linear's bias (shared), or undefined
 };
 
@@ -84,6 +100,20 @@ int64_t attach_nf4_bases(LoraModel& lm, Nf4Bases bases);
 // w.r.t. x only; the autograd node keeps q (the NF4 tensors, shared, not copied) and
 // dequantizes again in backward, never a dequantized weight ([QLoRA Base]).
 torch::Tensor nf4_linear(const torch::Tensor& x, const quant::Nf4Tensor& q);
+
+// [NF4 At ZeRO-3]
+// At ZeRO-3 the engine partitions the base's parameters, but an adapted linear's NF4 weight
+// is not a parameter. partition_nf4_bases hands each QLoRA adapter's NF4 storage (one uint8
+// buffer, share_storage()) to the engine as EngineOptions::frozen_storage, in the unit of
+// the adapter's lora_A (its decoder layer / block): the engine keeps 1/N of each unit's
+// bytes on each of the N data-parallel ranks (each unit padded to a multiple of 64 N bytes),
+// all-gathers a unit's NF4 just before its forward, and again before its backward and a
+// checkpointed recompute, and frees it after, as for the bf16 base ([Frozen Units]). The
+// bytes are those quantize_nf4 made (partitioned after quantizing), so the math is the
+// whole base's bit for bit. Call after quantizing, before zt::initialize at ZeRO stage 3
+// (a ConfigError below). Returns the NF4 bytes handed over (whole). A model without QLoRA
+// adapters hands nothing.
+int64_t partition_nf4_bases(LoraModel& lm, EngineOptions& eo);
 
 // Restores each adapted linear's base weight as dequant(NF4) in its former dtype and swaps
 // the QLoraAdapters back to plain LoraAdapters (e.g. before merge_lora or an HF export:

@@ -18,6 +18,9 @@
 //    The first unit, the root and anything prefetched but unused go at the end of backward;
 //    the persistent unit stays.
 //  * Every rank starts from rank 0's values (as for the trained parameters).
+//  * Frozen byte storage that is not a parameter (EngineOptions::frozen_storage: QLoRA's NF4
+//    base, [NF4 At ZeRO-3] in src/lora/qlora.h) forms a second FrozenShards of dtype uint8
+//    with the same units and rules: the bytes are partitioned and gathered as they are.
 #pragma once
 #include <torch/torch.h>
 

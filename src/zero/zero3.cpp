@@ -91,12 +91,30 @@ void ZeroOptimizer::init_stage3(std::vector<torch::Tensor>& params) {
 }
 
 void ZeroOptimizer::init_frozen() {
-  if (opt_.frozen.empty()) return;
-  std::vector<DeclaredUnit> units;
-  for (const auto& u : opt_.units) units.push_back({u.name, u.frozen});
-  frozen_ = std::make_unique<FrozenShards>(opt_.frozen, opt_.frozen_names, units, opt_.persistence_threshold, group_,
-                                           gatherer_options());
-  opt_.frozen.clear();  // the gatherer holds the parameters
+  if (!opt_.frozen.empty()) {
+    std::vector<DeclaredUnit> units;
+    for (const auto& u : opt_.units) units.push_back({u.name, u.frozen});
+    frozen_ = std::make_unique<FrozenShards>(opt_.frozen, opt_.frozen_names, units, opt_.persistence_threshold,
+                                             group_, gatherer_options());
+    opt_.frozen.clear();  // the gatherer holds the parameters
+  }
+  if (!opt_.frozen_storage.empty()) {
+    // Byte storage (QLoRA's NF4 base): the same units and rules, uint8 end to end.
+    std::vector<DeclaredUnit> units;
+    for (const auto& u : opt_.units) units.push_back({u.name, u.frozen_storage});
+    GathererOptions go = gatherer_options();
+    go.dtype = at::kByte;
+    frozen_storage_ = std::make_unique<FrozenShards>(opt_.frozen_storage, opt_.frozen_storage_names, units,
+                                                     opt_.persistence_threshold, group_, go);
+    opt_.frozen_storage.clear();
+  }
+}
+
+std::vector<ParamGatherer*> ZeroOptimizer::frozen_gatherers() const {
+  std::vector<ParamGatherer*> g;
+  if (frozen_) g.push_back(&frozen_->gatherer());
+  if (frozen_storage_) g.push_back(&frozen_storage_->gatherer());
+  return g;
 }
 
 GathererOptions ZeroOptimizer::gatherer_options() const {
@@ -136,35 +154,36 @@ void ZeroOptimizer::make_gatherer(const UnitPlan& plan) {
   };
 }
 
-// The engine's stage-3 calls: no-ops at stages 0-2 (no gatherer). The frozen group's
-// gatherer follows the same calls, after the trained group's.
+// The engine's stage-3 calls: no-ops at stages 0-2 (no gatherer). The frozen groups'
+// gatherers follow the same calls, after the trained group's.
 void ZeroOptimizer::begin_forward() {
   if (gatherer_) gatherer_->begin_forward();
-  if (frozen_) frozen_->gatherer().begin_forward();
+  for (auto* g : frozen_gatherers()) g->begin_forward();
 }
 void ZeroOptimizer::end_forward() {
   if (gatherer_) gatherer_->end_forward();
-  if (frozen_) frozen_->gatherer().end_forward();
+  for (auto* g : frozen_gatherers()) g->end_forward();
 }
 void ZeroOptimizer::unit_pre_forward(int unit, bool recompute) {
   if (gatherer_) gatherer_->unit_pre_forward(unit, recompute);
-  if (frozen_) frozen_->gatherer().unit_pre_forward(unit, recompute);
+  for (auto* g : frozen_gatherers()) g->unit_pre_forward(unit, recompute);
 }
 void ZeroOptimizer::unit_post_forward(int unit, bool recompute) {
   if (gatherer_) gatherer_->unit_post_forward(unit, recompute);
-  if (frozen_) frozen_->gatherer().unit_post_forward(unit, recompute);
+  for (auto* g : frozen_gatherers()) g->unit_post_forward(unit, recompute);
 }
 torch::Tensor ZeroOptimizer::unit_output(int unit, const torch::Tensor& y) {
   torch::Tensor out = gatherer_ ? gatherer_->unit_output(unit, y) : y;
-  return frozen_ ? frozen_->gatherer().unit_output(unit, out) : out;
+  for (auto* g : frozen_gatherers()) out = g->unit_output(unit, out);
+  return out;
 }
 void ZeroOptimizer::gather_all() {
   if (gatherer_) gatherer_->gather_all();
-  if (frozen_) frozen_->gatherer().gather_all();
+  for (auto* g : frozen_gatherers()) g->gather_all();
 }
 void ZeroOptimizer::release_all(bool persistent_too) {
   if (gatherer_) gatherer_->release_all(persistent_too);
-  if (frozen_) frozen_->gatherer().release_all(persistent_too);
+  for (auto* g : frozen_gatherers()) g->release_all(persistent_too);
 }
 
 }  // namespace zt::zero

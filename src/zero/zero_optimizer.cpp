@@ -156,7 +156,7 @@ DeviceSpan ZeroOptimizer::end_backward() {
   torch::NoGradGuard no_grad;
   reducer_->launch_remaining();
   if (gatherer_) gatherer_->end_backward();  // releases units prefetched but never used
-  if (frozen_) frozen_->gatherer().end_backward();
+  for (auto* g : frozen_gatherers()) g->end_backward();
   return reducer_->wait();
 }
 
@@ -296,7 +296,8 @@ ModelStateBytes ZeroOptimizer::state_bytes() const {
   auto nb = [](const torch::Tensor& t) -> int64_t { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; };
   ModelStateBytes m;
   m.params = nb(flat_param_) + nb(param_shard_) + nb(delayed_stage_);
-  m.frozen = frozen_ ? frozen_->shard_bytes() : 0;
+  m.frozen_storage = frozen_storage_ ? frozen_storage_->shard_bytes() : 0;
+  m.frozen = (frozen_ ? frozen_->shard_bytes() : 0) + m.frozen_storage;
   m.grads = reducer_->grad_bytes();
   m.master = state_.master_bytes();
   m.optimizer = state_.moment_bytes();
@@ -313,7 +314,7 @@ ModelStateBytes ZeroOptimizer::state_bytes() const {
 void ZeroOptimizer::reset_counters() {
   reducer_->reset_counters();
   if (gatherer_) gatherer_->reset_counters();
-  if (frozen_) frozen_->gatherer().reset_counters();
+  for (auto* g : frozen_gatherers()) g->reset_counters();
 }
 
 std::vector<torch::Tensor> ZeroOptimizer::gather_master_params() {

@@ -74,6 +74,7 @@ struct ZeroOptions {
     std::string name;
     std::vector<int> params;
     std::vector<int> frozen;  // its members of the frozen group (indices into `frozen` below)
+    std::vector<int> frozen_storage;  // its members of the frozen storage group (indices into `frozen_storage`)
   };
   std::vector<Unit> units;
   std::vector<std::string> param_names;   // user index -> name (diagnostics); may be empty
@@ -89,6 +90,11 @@ struct ZeroOptions {
   // with the same units (Unit::frozen). Empty: none.
   std::vector<torch::Tensor> frozen;
   std::vector<std::string> frozen_names;
+  // Stage 3: frozen byte storage (EngineOptions::frozen_storage: QLoRA's NF4 base), uint8,
+  // partitioned and gathered byte for byte (no cast) in a shard group of its own with the
+  // same units (Unit::frozen_storage) and the same release rule ([Frozen Units]). Empty: none.
+  std::vector<torch::Tensor> frozen_storage;
+  std::vector<std::string> frozen_storage_names;
 
   // ZeRO-Offload (stages 1-3): fp32 master and Adam state in host memory, the step on the
   // CPU (src/optim/cpu_adam.h), updated compute-dtype shards uploaded per sub-group.
@@ -198,6 +204,10 @@ class ZeroOptimizer {
   int num_units() const { return gatherer_ ? gatherer_->num_units() : 0; }
   // The frozen shard group's gathers (zeros without one).
   const Zero3Stats& frozen_stats() const { return frozen_ ? frozen_->gatherer().stats() : no_z3_; }
+  // The frozen storage group's gathers, in bytes (zeros without one).
+  const Zero3Stats& frozen_storage_stats() const {
+    return frozen_storage_ ? frozen_storage_->gatherer().stats() : no_z3_;
+  }
 
   ModelStateBytes state_bytes() const;
   // NVMe: the swap file of this rank ("" without NVMe offload), and the last step's swap.
@@ -346,6 +356,9 @@ class ZeroOptimizer {
   // Stage 3 state.
   std::unique_ptr<ParamGatherer> gatherer_;  // null at stages 0-2
   std::unique_ptr<FrozenShards> frozen_;     // stage 3 with frozen parameters, else null
+  std::unique_ptr<FrozenShards> frozen_storage_;  // stage 3 with frozen byte storage (uint8), else null
+  // The frozen groups' gatherers (driven by the same calls as the trained group's).
+  std::vector<ParamGatherer*> frozen_gatherers() const;
   torch::Tensor param_shard_;            // (shard) compute dtype: only while initialize() partitions
   std::vector<std::vector<int64_t>> shapes_;  // layout index -> full shape
   Zero3Stats no_z3_;                     // stages 0-2: no gathers
