@@ -192,6 +192,11 @@ class Engine {
   virtual double get_lr() = 0;
   virtual double loss_scale() = 0;
   virtual int64_t global_steps() const = 0;
+  // DeepSpeed's global_samples: samples trained so far over all data-parallel ranks. Each
+  // step (skipped ones too) adds the train_batch_size it ran with; saved in checkpoints and
+  // restored by load_checkpoint, so after a resume at another batch size (another
+  // gradient_accumulation_steps or world) it is the saved count plus the new batch per step.
+  virtual int64_t global_samples() const = 0;
   virtual int64_t micro_steps() const = 0;
   virtual bool is_gradient_accumulation_boundary() const = 0;
   virtual const Config& config() const = 0;
@@ -245,7 +250,10 @@ class Engine {
   // which every rank's writer has finished (one small all-reduce per step while a save is
   // in flight), or in the next save_checkpoint / load_checkpoint / wait_checkpoint, or
   // the destructor. A save called while another is in flight first waits for it. A
-  // writer error is thrown (CheckpointError naming the file) by the call that publishes.
+  // writer error is thrown (CheckpointError naming the file) by the call that publishes;
+  // when that call is save_checkpoint, its own save is taken first (sync: written and
+  // published; async: started) and the previous failure is thrown after it, the message
+  // saying what became of this save (docs/reliability.md).
   virtual void save_checkpoint(const std::string& dir, const std::string& tag = "",
                                const nlohmann::json& client_state = nlohmann::json::object(),
                                bool async = false) = 0;

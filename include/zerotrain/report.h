@@ -66,6 +66,7 @@ struct CheckpointSaveReport {
 struct StepReport {
   int64_t step = 0;           // global step after this one (skipped steps count, like DeepSpeed)
   int64_t micro_steps = 0;    // micro-batches in this step
+  int64_t samples = 0;        // Engine::global_samples() after this step (DeepSpeed's global_samples)
   double loss = 0;            // mean loss over the step's micro-batches on this rank
   double lr = 0;
   double loss_scale = 1;

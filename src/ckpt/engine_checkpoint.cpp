@@ -640,7 +640,8 @@ std::unique_ptr<Snapshot> take_snapshot(EngineParts& e, const std::string& dir, 
     m["counters"] = {{"micro_steps", e.counters.micro_steps},
                      {"global_steps", e.counters.global_steps},
                      {"applied_steps", e.counters.applied_steps},
-                     {"last_skipped", e.counters.last_skipped}};
+                     {"last_skipped", e.counters.last_skipped},
+                     {"global_samples", e.counters.global_samples}};
     m["loss_scaler"] = e.scaler.state();
     // The LR schedule is a pure function of the applied-step count (the config holds its
     // type and parameters).
@@ -840,28 +841,55 @@ void AsyncSaver::abandon() {
 void AsyncSaver::save(EngineParts& e, const std::string& dir, const std::string& tag,
                       const nlohmann::json& client_state, bool async, double wait_ms_before) {
   const auto t0 = std::chrono::steady_clock::now();
-  wait(e.group, e.counters.global_steps);  // a second save waits for the first
-  // [Save Dir Lock]: one job per directory, taken at the first save into it.
-  std::string lock_error;
-  if (e.group->rank() == 0 && !dir_locks_.count(dir)) {
-    try {
-      dir_locks_[dir] = DirLock::acquire(dir);
-    } catch (const std::exception& ex) {
-      lock_error = ex.what();
-    }
+  // A second save waits for the first. [Failed Previous Save] A previous asynchronous save
+  // that failed does not cost this one: its error (the same on every rank: publish agrees
+  // on it) is kept, this save is taken, and then the error is thrown, saying what became of
+  // this save. An error of this save carries the previous one along.
+  std::string previous;
+  try {
+    wait(e.group, e.counters.global_steps);
+  } catch (const CheckpointError& ex) {
+    previous = ex.what();
   }
-  const auto lock_failure = comm::lowest_failure(e.group, lock_error);
-  ZT_CHECK_T(!lock_failure, CheckpointError, lock_failure ? lock_failure->message : "");
+  const std::string this_tag = tag.empty() ? "global_step" + std::to_string(e.counters.global_steps) : tag;
+  auto with_previous = [&](const std::string& err) {
+    return previous.empty() ? err : detail::cat(err, " (before it, the previous asynchronous save failed: ", previous, ")");
+  };
+  try {
+    // [Save Dir Lock]: one job per directory, taken at the first save into it.
+    std::string lock_error;
+    if (e.group->rank() == 0 && !dir_locks_.count(dir)) {
+      try {
+        dir_locks_[dir] = DirLock::acquire(dir);
+      } catch (const std::exception& ex) {
+        lock_error = ex.what();
+      }
+    }
+    const auto lock_failure = comm::lowest_failure(e.group, lock_error);
+    ZT_CHECK_T(!lock_failure, CheckpointError, lock_failure ? lock_failure->message : "");
+  } catch (const CheckpointError& ex) {
+    throw CheckpointError(with_previous(ex.what()));
+  }
   const double wait_ms = wait_ms_before + ms_since(t0);
   if (!async) {
-    last_ = save_checkpoint(e, dir, tag, client_state);
+    try {
+      last_ = save_checkpoint(e, dir, tag, client_state);
+    } catch (const CheckpointError& ex) {
+      throw CheckpointError(with_previous(ex.what()));
+    }
     last_.wait_ms = wait_ms;
     last_.stall_ms += wait_ms;
     last_.index = ++published_;
+    ZT_CHECK_T(previous.empty(), CheckpointError, previous, "; this call's checkpoint '", this_tag, "' in '", dir,
+               "' was saved and published (latest = ", this_tag, ")");
     return;
   }
   auto p = std::make_unique<Pending>();
-  p->snap = take_snapshot(e, dir, tag, client_state, &host_flat_);
+  try {
+    p->snap = take_snapshot(e, dir, tag, client_state, &host_flat_);
+  } catch (const CheckpointError& ex) {
+    throw CheckpointError(with_previous(ex.what()));
+  }
   p->wait_ms = wait_ms;
   Pending* raw = p.get();
   p->writer = std::thread([raw] {
@@ -875,6 +903,8 @@ void AsyncSaver::save(EngineParts& e, const std::string& dir, const std::string&
   });
   pending_ = std::move(p);
   pending_->stall_ms = ms_since(t0);
+  ZT_CHECK_T(previous.empty(), CheckpointError, previous, "; this call's asynchronous save of checkpoint '", this_tag,
+             "' in '", dir, "' was started and is in flight (published at a later step() or wait_checkpoint())");
 }
 
 void AsyncSaver::wait(const comm::GroupPtr& g, int64_t global_step) {
@@ -1046,6 +1076,19 @@ nlohmann::json load_checkpoint(EngineParts& e, const std::string& dir, const std
   e.counters.global_steps = c.at("global_steps").get<int64_t>();
   e.counters.applied_steps = c.at("applied_steps").get<int64_t>();
   e.counters.last_skipped = c.at("last_skipped").get<bool>();
+  // DeepSpeed: checkpoint.get('global_samples', global_steps * train_batch_size()), with the
+  // loading run's batch size.
+  if (c.contains("global_samples")) {
+    e.counters.global_samples = c.at("global_samples").get<int64_t>();
+  } else {
+    e.counters.global_samples = e.counters.global_steps * e.config.train_batch_size;
+    if (rank == 0) {
+      log::info("checkpoint '%s' has no global_samples (saved before zerotrain stored it): counting samples from "
+                "global_steps %lld x train_batch_size %lld = %lld",
+                m.value("tag", "").c_str(), static_cast<long long>(e.counters.global_steps),
+                static_cast<long long>(e.config.train_batch_size), static_cast<long long>(e.counters.global_samples));
+    }
+  }
   if (m.value("fp16", false) == e.config.fp16.enabled) {
     e.scaler.load_state(m.at("loss_scaler"));
   } else if (rank == 0) {

@@ -36,6 +36,9 @@ struct Counters {
   int64_t global_steps = 0;
   int64_t applied_steps = 0;  // steps not skipped: the LR schedule position and Adam's step
   bool last_skipped = false;
+  // DeepSpeed's global_samples: samples trained so far, each step adding the train_batch_size
+  // it ran with (skipped steps too), so it stays exact across a resume at another batch size.
+  int64_t global_samples = 0;
 };
 
 // References into a live engine.
@@ -82,7 +85,9 @@ class AsyncSaver {
   AsyncSaver& operator=(const AsyncSaver&) = delete;
   ~AsyncSaver();  // abandon(): joins the writer, runs no collective
 
-  // Collective. Waits for (and publishes) an in-flight save first. async = false is
+  // Collective. Waits for (and publishes) an in-flight save first; when that one failed,
+  // this save is still taken and the failure is thrown after it ([Failed Previous Save] in
+  // the .cpp). async = false is
   // save_checkpoint() above. At the first save into DIR, rank 0 takes DIR's lock
   // ([Save Dir Lock]) and holds it while this saver lives; another job holding it is a
   // CheckpointError on every rank naming that job, and nothing is written.

@@ -595,6 +595,7 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
                            {"tokens_per_s", timed > 0 ? tokens_per_step * timed / (timed_ms / 1000.0) : 0.0},
                            {"loss_first", first},
                            {"loss_last", last},
+                           {"global_samples", engine.engine().global_samples()},
                            {"last_step", r.to_json()}};  // per-stage timing and the bubble
       if (!saves.empty()) sj["checkpoint_saves"] = saves;
       std::ofstream f(a.summary, std::ios::app);
@@ -1350,6 +1351,7 @@ int cmd_train(int argc, char** argv) {
           {"device_name", device_name(device)},
           {"device_total_gib", device_total_bytes(device) / gib},
           {"skipped_steps", skipped_steps},
+          {"global_samples", engine->global_samples()},  // DeepSpeed's count, kept across a resume
           {"peak_tflops", peak},
           {"ms_per_iter", ms_per_iter},
           {"tokens_per_s", tokens_per_s},

@@ -7,6 +7,7 @@ nlohmann::json StepReport::to_json() const {
   auto phase = [](const PhaseStats& p) { return nlohmann::json{{"after", p.mem_after}, {"peak", p.mem_peak}}; };
   nlohmann::json j = {{"step", step},
           {"micro_steps", micro_steps},
+          {"samples", samples},
           {"loss", loss},
           {"lr", lr},
           {"loss_scale", loss_scale},

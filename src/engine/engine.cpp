@@ -435,9 +435,12 @@ class EngineImpl : public Engine {
     }
     p.step = timer_->end();
     ++global_steps_;
+    // DeepSpeed's global_samples: every step (skipped ones too) adds the batch it ran with.
+    global_samples_ += cfg_.train_batch_size;
 
     StepReport& r = p.r;
     r.step = global_steps_;
+    r.samples = global_samples_;
     r.micro_steps = window_micro_;
     r.lr = in.lr;
     r.model_state = model_state_bytes();
@@ -504,6 +507,7 @@ class EngineImpl : public Engine {
     return scaler_->scale();
   }
   int64_t global_steps() const override { return global_steps_; }
+  int64_t global_samples() const override { return global_samples_; }
   int64_t micro_steps() const override { return micro_; }
   bool is_gradient_accumulation_boundary() const override {
     return (micro_ + 1) % cfg_.gradient_accumulation_steps == 0;
@@ -580,7 +584,7 @@ class EngineImpl : public Engine {
     ZT_CHECK_T(window_micro_ == 0, CheckpointError, "save_checkpoint() between micro-steps of an accumulation window (",
                window_micro_, " of ", cfg_.gradient_accumulation_steps, " done): save after step() returned true");
     resolve_pending();  // the counters and the loss scaler must include the last step
-    ckpt::Counters c{micro_, global_steps_, applied_steps_, skipped_};
+    ckpt::Counters c{micro_, global_steps_, applied_steps_, skipped_, global_samples_};
     ckpt::EngineParts parts{*model_, *zero_, *scaler_, cfg_, ckpt_group(), device_, dtype_, c};
     parts.layout = ckpt_layout();
     parts.model_part = static_cast<bool>(opts_.checkpoint_group);  // [Pipeline Checkpoints]
@@ -594,7 +598,7 @@ class EngineImpl : public Engine {
     ZT_CHECK_T(window_micro_ == 0, CheckpointError, "load_checkpoint() inside an accumulation window");
     resolve_pending();
     saver_.wait(ckpt_group(), global_steps_);  // the checkpoint being loaded may be the one in flight
-    ckpt::Counters c{micro_, global_steps_, applied_steps_, skipped_};
+    ckpt::Counters c{micro_, global_steps_, applied_steps_, skipped_, global_samples_};
     ckpt::EngineParts parts{*model_, *zero_, *scaler_, cfg_, ckpt_group(), device_, dtype_, c};
     parts.layout = ckpt_layout();
     parts.model_part = static_cast<bool>(opts_.checkpoint_group);  // [Pipeline Checkpoints]
@@ -610,6 +614,9 @@ class EngineImpl : public Engine {
     global_steps_ = c.global_steps;
     applied_steps_ = c.applied_steps;
     skipped_ = c.last_skipped;
+    // As saved (each saved step counted at the batch it ran with); the steps from here add
+    // this run's train_batch_size. Derived from global_steps for an older checkpoint.
+    global_samples_ = c.global_samples;
     return client;
   }
 
@@ -1036,6 +1043,7 @@ class EngineImpl : public Engine {
   std::unique_ptr<ckpt::ShardLayout> ckpt_layout_;  // null: the default layout
   ckpt::AsyncSaver saver_;  // declared after the state it snapshots; joined in ~EngineImpl
   int64_t micro_ = 0, window_micro_ = 0, global_steps_ = 0, applied_steps_ = 0;
+  int64_t global_samples_ = 0;  // DeepSpeed's global_samples (see step())
   bool skipped_ = false;
   torch::Tensor loss_sum_;
   // The current accumulation window's phases and exposed-communication spans.

@@ -27,8 +27,10 @@ constexpr double kMiB = 1024.0 * 1024.0;
 }  // namespace
 
 std::vector<Event> step_events(const StepReport& r, const Config& c) {
-  const int64_t after = r.step * c.train_batch_size;
-  const int64_t before = (r.step - 1) * c.train_batch_size;
+  // The engine's global_samples (exact across a resume at another batch size); the step
+  // itself ran at this config's train_batch_size.
+  const int64_t after = r.samples;
+  const int64_t before = r.samples - c.train_batch_size;
   std::vector<Event> e;
   e.push_back({"Train/Samples/train_loss", r.loss, before});
   e.push_back({"Train/Samples/lr", r.lr, after});

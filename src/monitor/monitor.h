@@ -20,7 +20,8 @@ class EventFileWriter;
 class WandbWriter;
 
 // One scalar: DeepSpeed's (log_name, value, step) tuple. `samples` is the x axis, the
-// samples trained so far as DeepSpeed counts them (global_samples = steps x train_batch_size).
+// samples trained so far as DeepSpeed counts them (StepReport::samples, the engine's
+// global_samples: each step adds the train_batch_size it ran with).
 struct Event {
   std::string name;
   double value = 0;

@@ -16,12 +16,14 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <thread>
 #include <tuple>
 
 #include "ckpt/engine_checkpoint.h"
 #include "ckpt/fs.h"
+#include "log/log.h"
 #include "support/dist_util.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
@@ -559,6 +561,97 @@ TEST(CheckpointResumeGas, FirstWindowAfterLoadHasTheNewAccumulation) {
 }
 
 // ---------------------------------------------------------------------------------------
+// DeepSpeed's global_samples: every step adds the train_batch_size it ran with; saved in
+// the manifest's counters and restored, so a resume at another batch size keeps counting
+// exactly (not global_steps x the new batch). A checkpoint without it (written before)
+// derives global_steps x the loading run's train_batch_size, as DeepSpeed does, and says so.
+
+// The log lines a call writes (this rank's), through a temporary file.
+std::string logged_by(const std::function<void()>& fn) {
+  std::FILE* f = std::tmpfile();
+  zt::log::set_stream(f);
+  try {
+    fn();
+  } catch (...) {
+    zt::log::set_stream(nullptr);
+    std::fclose(f);
+    throw;
+  }
+  zt::log::set_stream(nullptr);
+  std::fflush(f);
+  std::rewind(f);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+  std::fclose(f);
+  return out;
+}
+
+TEST(CheckpointSamples, GlobalSamplesStayExactAcrossAResumeAtAnotherBatchSize) {
+  auto world = zt::comm::world_group();
+  const int64_t w = world->size();
+  TempDir dir(world);
+  {
+    torch::manual_seed(7);
+    Net m;
+    auto e = engine_for(m, config(1, "fp32", 2), world);  // train_batch_size = 2 x 2 x w
+    train(*e, m, 0, 3);
+    EXPECT_EQ(e->global_samples(), 3 * 4 * w);
+    EXPECT_EQ(e->last_report().samples, 3 * 4 * w);
+    e->save_checkpoint(dir.path, "s3");
+  }
+  const auto m3 = nlohmann::json::parse(zt::ckpt::read_text_file(dir.path + "/s3/manifest.json"));
+  EXPECT_EQ(m3.at("counters").value("global_samples", int64_t{-1}), 3 * 4 * w);
+  // Resume at gas 4 and micro 3: train_batch_size 12w. Steps 4 and 5 add 12w each.
+  int64_t saved_after_5 = 0;
+  {
+    torch::manual_seed(99);
+    Net m;
+    auto e = engine_for(m, config(1, "fp32", 4, /*micro=*/3), world);
+    e->load_checkpoint(dir.path);
+    EXPECT_EQ(e->global_samples(), 12 * w) << "as saved, not global_steps x the new batch (36w)";
+    train(*e, m, 3, 5);
+    EXPECT_EQ(e->global_steps(), 5);
+    EXPECT_EQ(e->global_samples(), 12 * w + 2 * 12 * w);
+    EXPECT_EQ(e->last_report().samples, 36 * w);
+    EXPECT_EQ(e->last_report().to_json().value("samples", int64_t{-1}), 36 * w);  // the metrics line
+    e->save_checkpoint(dir.path, "s5");
+    saved_after_5 = e->global_samples();
+  }
+  // And back to gas 1, micro 2 (train_batch_size 2w): the count saved at step 5 goes on.
+  {
+    torch::manual_seed(99);
+    Net m;
+    auto e = engine_for(m, config(1, "fp32", 1), world);
+    e->load_checkpoint(dir.path);
+    EXPECT_EQ(e->global_samples(), saved_after_5);
+    train(*e, m, 5, 6);
+    EXPECT_EQ(e->global_samples(), 36 * w + 2 * w);
+  }
+  // A checkpoint written before global_samples was stored: derived, with a log line.
+  world->barrier();  // every rank has read the manifests before rank 0 rewrites one
+  if (world->rank() == 0) {
+    auto old = m3;
+    old["counters"].erase("global_samples");
+    std::ofstream(dir.path + "/s3/manifest.json", std::ios::trunc) << old.dump(1);
+  }
+  world->barrier();
+  {
+    torch::manual_seed(99);
+    Net m;
+    auto e = engine_for(m, config(1, "fp32", 4, /*micro=*/3), world);
+    const std::string log = logged_by([&] { e->load_checkpoint(dir.path, "s3"); });
+    EXPECT_EQ(e->global_samples(), 3 * 12 * w) << "global_steps x the loading run's train_batch_size";
+    if (world->rank() == 0) {
+      EXPECT_TRUE(has(log, "has no global_samples")) << log;
+      EXPECT_TRUE(has(log, "global_steps 3 x train_batch_size " + std::to_string(12 * w))) << log;
+    }
+    train(*e, m, 3, 4);
+    EXPECT_EQ(e->global_samples(), 4 * 12 * w);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // Asynchronous save: the snapshot is the state at the call, whatever training does while
 // the writer runs; the files equal a synchronous save's; writer errors name the file.
 
@@ -691,6 +784,90 @@ TEST(CheckpointAsync, WriterErrorSurfacesNamingTheFile) {
   e->save_checkpoint(dir.path, "t2", {}, /*async=*/true);
   e->wait_checkpoint();
   EXPECT_EQ(zt::ckpt::read_text_file(dir.path + "/latest"), "t2");
+}
+
+// [Failed Previous Save] save_checkpoint after an asynchronous save whose write failed
+// (ZT_CKPT_TEST_FAIL on the last rank): the new save is taken (sync: written, published,
+// loadable; async: in flight, published by wait_checkpoint), then the previous failure is
+// thrown on every rank, saying what became of the new save. An error of the new save itself
+// carries the previous one along.
+struct FailEnvGuard {
+  explicit FailEnvGuard(const std::string& spec) { ::setenv("ZT_CKPT_TEST_FAIL", spec.c_str(), 1); }
+  ~FailEnvGuard() { ::unsetenv("ZT_CKPT_TEST_FAIL"); }
+};
+
+std::string save_error(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const zt::CheckpointError& ex) {
+    return ex.what();
+  }
+  return "";
+}
+
+TEST(CheckpointAsync, SaveAfterAFailedAsyncSaveIsTakenThenThrowsThePreviousFailure) {
+  auto world = zt::comm::world_group();
+  TempDir dir(world);
+  const int victim = world->size() - 1;
+  const auto cfg = config(1, "fp32", 1);
+  torch::manual_seed(7);
+  Net m;
+  auto e = engine_for(m, cfg, world);
+  train(*e, m, 0, 2);
+  {
+    // Synchronous save after the failed one.
+    FailEnvGuard fail("a:" + std::to_string(victim));
+    e->save_checkpoint(dir.path, "a", {}, /*async=*/true);
+    const std::string err = save_error([&] { e->save_checkpoint(dir.path, "b", {{"k", 2}}); });
+    EXPECT_TRUE(has(err, "asynchronous save of checkpoint 'a'")) << err;
+    EXPECT_TRUE(has(err, "injected by ZT_CKPT_TEST_FAIL")) << err;
+    EXPECT_TRUE(has(err, "this call's checkpoint 'b' in '" + dir.path + "' was saved and published")) << err;
+  }
+  EXPECT_FALSE(e->checkpoint_pending());
+  EXPECT_EQ(e->last_checkpoint_save().tag, "b");
+  EXPECT_EQ(zt::ckpt::read_text_file(dir.path + "/latest"), "b");
+  EXPECT_FALSE(zt::ckpt::path_exists(dir.path + "/a"));
+  world->barrier();
+  EXPECT_FALSE(zt::ckpt::path_exists(dir.path + "/.a.partial")) << "the failed save's files are removed";
+  {
+    // Asynchronous save after the failed one: started, in flight, published by the wait.
+    FailEnvGuard fail("c:" + std::to_string(victim));
+    train(*e, m, 2, 3);
+    e->save_checkpoint(dir.path, "c", {}, /*async=*/true);
+    const std::string err = save_error([&] { e->save_checkpoint(dir.path, "d", {}, /*async=*/true); });
+    EXPECT_TRUE(has(err, "asynchronous save of checkpoint 'c'")) << err;
+    EXPECT_TRUE(has(err, "this call's asynchronous save of checkpoint 'd' in '" + dir.path + "' was started and is in flight"))
+        << err;
+    EXPECT_TRUE(e->checkpoint_pending());
+    e->wait_checkpoint();  // d's write succeeds
+  }
+  EXPECT_EQ(e->last_checkpoint_save().tag, "d");
+  EXPECT_EQ(e->last_checkpoint_save().step, 3);
+  EXPECT_EQ(zt::ckpt::read_text_file(dir.path + "/latest"), "d");
+  {
+    // The new save fails too (its last rank's file is blocked): its error, then the previous.
+    FailEnvGuard fail("e:" + std::to_string(victim));
+    HookGuard guard;
+    zt::ckpt::testing::set_before_shard_write([&](const std::string& path) {
+      if (world->rank() == victim && has(path, "/.f.partial/")) zt::ckpt::make_dirs(path + ".tmp");
+    });
+    e->save_checkpoint(dir.path, "e", {}, /*async=*/true);
+    const std::string err = save_error([&] { e->save_checkpoint(dir.path, "f"); });
+    EXPECT_TRUE(has(err, "/.f.partial/")) << err;
+    EXPECT_TRUE(has(err, "before it, the previous asynchronous save failed")) << err;
+    EXPECT_TRUE(has(err, "asynchronous save of checkpoint 'e'")) << err;
+  }
+  EXPECT_FALSE(e->checkpoint_pending());
+  EXPECT_EQ(zt::ckpt::read_text_file(dir.path + "/latest"), "d");
+  // b and d load and continue like the run that wrote them (b at step 2, d at step 3).
+  const auto want = train(*e, m, 3, 4);
+  auto from_d = resume_from(dir.path, cfg, world, 3, 4);
+  EXPECT_EQ(from_d.first, want);
+  torch::manual_seed(99);
+  Net mb;
+  auto eb = engine_for(mb, cfg, world);
+  EXPECT_EQ(eb->load_checkpoint(dir.path, "b").value("k", 0), 2);
+  EXPECT_EQ(eb->global_steps(), 2);
 }
 
 }  // namespace

@@ -143,6 +143,7 @@ DecodedEvent decode_event(const std::string& data) {
 zt::StepReport report(int64_t step, double loss, double lr) {
   zt::StepReport r;
   r.step = step;
+  r.samples = step * 32;  // the engine's global_samples at train_batch_size 32
   r.loss = loss;
   r.lr = lr;
   r.loss_scale = 65536.0 / static_cast<double>(step);
@@ -262,6 +263,19 @@ TEST(MonitorEvents, DeepSpeedNamesAndSampleCounts) {
   const auto bf = zt::monitor::step_events(report(3, 2.0, 1e-4), monitor_config(t.path, false, false, false));
   for (const auto& e : bf) EXPECT_NE(e.name, "Train/Samples/loss_scale");
   EXPECT_EQ(bf.size() + 1, ev.size());
+}
+
+// The x axis is the engine's global_samples, not step x the current batch: step 4 of a run
+// resumed at batch 32 from 3 steps of batch 8 is at 3 x 8 + 32 = 56 samples (loss at 24).
+TEST(MonitorEvents, SamplesFollowTheEngineAcrossABatchSizeChange) {
+  TempDir t;
+  zt::StepReport r = report(4, 2.0, 1e-4);
+  r.samples = 3 * 8 + 32;
+  std::map<std::string, zt::monitor::Event> by;
+  for (const auto& e : zt::monitor::step_events(r, monitor_config(t.path, false, false, false))) by[e.name] = e;
+  EXPECT_EQ(by["Train/Samples/train_loss"].samples, 24);
+  EXPECT_EQ(by["Train/Samples/lr"].samples, 56);
+  EXPECT_EQ(by["Train/Samples/grad_norm"].samples, 56);
 }
 
 TEST(MonitorEvents, NothingEnabledMeansNoMonitor) {

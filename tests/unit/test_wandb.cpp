@@ -457,6 +457,7 @@ TEST(WandbWriter, UnwritableRootIsNamed) {
 zt::StepReport report(int64_t step, double loss, double lr) {
   zt::StepReport r;
   r.step = step;
+  r.samples = step * 32;  // the engine's global_samples at train_batch_size 32
   r.loss = loss;
   r.lr = lr;
   r.loss_scale = 65536.0 / static_cast<double>(step);
