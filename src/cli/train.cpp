@@ -352,9 +352,10 @@ std::shared_ptr<const data::Dataset> open_train_data(const TrainArgs& a, int64_t
 // mean; tokens/s count each replica's tokens once and MFU divides the whole model's FLOPs
 // over all ranks. tensor_parallel.sequence_parallel (zerotrain's key) turns on sequence
 // parallelism. --save/--load store each split parameter as tp shards with their cut, which
-// load at any --tp and without it ([TP Reshard] in ckpt/tp_reshard.h). What it does not do
-// yet is named before the first step (check_tensor_parallel_args, build_tp_train_model):
-// --init-from, --lora, optimizer offload.
+// load at any --tp and without it ([TP Reshard] in ckpt/tp_reshard.h). --init-from DIR: each
+// rank reads only its slices of the Hugging Face weights ([HF TP Load] in models/hf_tp.h).
+// What it does not do yet is named before the first step (check_tensor_parallel_args,
+// build_tp_train_model): --lora, optimizer offload.
 
 // The config of a tensor-parallel run: Config::parse with the "tp > 1 is not supported by
 // zt::initialize alone" note dropped (this path builds what it needs); every other
@@ -388,7 +389,6 @@ void check_tensor_parallel_args(const TrainArgs& a, const Config& cfg, const con
     ZT_CHECK_T(!given, ConfigError, "train: ", what, " with --tp ", tpo.size, " is not supported yet (", why,
                "); run without it, or without --tp (docs/tensor-parallel.md)");
   };
-  refuse(!a.init_from.empty(), "--init-from", "Hugging Face weights cut over the tensor-parallel ranks");
   refuse(!a.lora.empty() || a.qlora, "--lora/--qlora", "adapters on the tensor-parallel layers");
   refuse(cfg.zero_optimization.offload_optimizer.device != OffloadDevice::none,
          "zero_optimization.offload_optimizer", "the host optimizer step is not tested with the model-parallel norm");

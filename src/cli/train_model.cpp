@@ -17,6 +17,7 @@
 #include "models/gpt2_tp.h"
 #include "models/hf_gpt2.h"
 #include "models/hf_llama.h"
+#include "models/hf_tp.h"
 #include "models/llama.h"
 #include "models/llama_engine.h"
 #include "models/llama_tp.h"
@@ -144,11 +145,11 @@ TrainModel build_gpt2(const TrainModelOptions& o, const Config& cfg) {
   // With LoRA the frozen base is not the engine's, so it is built whole (the engine
   // fills placeholders of managed parameters only). The MoE GPT-2 has no placeholders
   // ([GPT-2 MoE]): it is built whole, then initialize() partitions it (docs/moe.md).
-  mc.deferred_init = cfg.zero_optimization.stage == 3 && !o.lora && mc.moe_num_experts == 0;
+  mc.deferred_init = (cfg.zero_optimization.stage == 3 || o.weights_later) && !o.lora && mc.moe_num_experts == 0;
   ZT_CHECK_T(mc.moe_num_experts == 0 || !o.lora, ConfigError, "train: --lora/--qlora with the MoE model ", o.model,
              " is not supported yet (adapters on the experts); train it without --lora");
   models::GPT2 model(mc);
-  if (!o.init_from.empty()) {
+  if (!o.init_from.empty() && !o.weights_later) {
     // Every rank reads the file; the engine then starts all ranks from rank 0's copy.
     models::load_hf_gpt2(*model, o.init_from);
     if (o.rank == 0) log::info("initialized from Hugging Face GPT-2 weights in %s", o.init_from.c_str());
@@ -211,11 +212,11 @@ TrainModel build_llama(const TrainModelOptions& o, const Config& cfg) {
   }
   mc.layer_sliding.resize(static_cast<size_t>(mc.num_hidden_layers), mc.sliding_window > 0);
   std::shared_ptr<const models::HfCheckpointReader> ckpt;
-  if (!o.init_from.empty()) ckpt = std::make_shared<models::HfCheckpointReader>(o.init_from);
+  if (!o.init_from.empty() && !o.weights_later) ckpt = std::make_shared<models::HfCheckpointReader>(o.init_from);
   // Partitioned construction at ZeRO-3 (never whole on a rank) and whenever the weights
   // come from a checkpoint (each tensor read straight into its place: never twice).
   // With LoRA the frozen base is not the engine's: built whole and loaded here.
-  mc.deferred_init = (cfg.zero_optimization.stage == 3 || ckpt != nullptr) && !o.lora;
+  mc.deferred_init = (cfg.zero_optimization.stage == 3 || ckpt != nullptr || o.weights_later) && !o.lora;
   lora::Nf4Bases nf4_bases;
   models::LlamaForCausalLM model =
       o.lora && !ckpt ? build_llama_layerwise(mc, o, nf4_bases) : models::LlamaForCausalLM(mc);
@@ -332,8 +333,6 @@ TrainModel build_ep_train_model(const TrainModelOptions& o, const Config& cfg, c
 TrainModel build_tp_train_model(const TrainModelOptions& o, const Config& cfg, const comm::GroupPtr& tp,
                                 bool sequence_parallel) {
   const int n = tp ? tp->size() : 1;
-  ZT_CHECK_T(o.init_from.empty(), ConfigError, "train: --init-from with --tp ", n, " is not supported yet (Hugging "
-             "Face weights cut over the tensor-parallel ranks); train from a seed, or run without --tp");
   ZT_CHECK_T(!o.lora, ConfigError, "train: --lora/--qlora with --tp ", n, " is not supported yet (adapters on the "
              "tensor-parallel layers); run without --tp");
   // [TP Activation Checkpointing]: --checkpoint-activations, or a key that describes the
@@ -356,14 +355,20 @@ TrainModel build_tp_train_model(const TrainModelOptions& o, const Config& cfg, c
   // At ZeRO-3 too it is built eagerly (the plain path's placeholders would leave nothing
   // to cut): the same weights as at stages 0-2; the engine then partitions each rank's tp
   // slices over dp (docs/tensor-parallel.md#zero-3-with-tp).
+  // With --init-from: placeholders only (the shape of DIR/config.json); each rank reads
+  // its own slices from the files below ([HF TP Load] in models/hf_tp.h).
   TrainModelOptions whole = o;
   whole.checkpoint_activations = false;
+  whole.weights_later = !o.init_from.empty();
+  std::shared_ptr<const models::HfCheckpointReader> hf;
+  if (!o.init_from.empty()) hf = std::make_shared<models::HfCheckpointReader>(o.init_from);
   Config whole_cfg = cfg;
   if (whole_cfg.zero_optimization.stage == 3) whole_cfg.zero_optimization.stage = 2;
   TrainModel full = build_train_model(whole, whole_cfg);
   // Its parameters by name, not copied: load_full copies each rank's slices out of them.
   std::map<std::string, torch::Tensor> weights;
-  for (const auto& kv : full.module->named_parameters()) weights[kv.key()] = kv.value().detach();
+  if (!hf)
+    for (const auto& kv : full.module->named_parameters()) weights[kv.key()] = kv.value().detach();
 
   TrainModel t;
   t.family = full.family;
@@ -386,7 +391,7 @@ TrainModel build_tp_train_model(const TrainModelOptions& o, const Config& cfg, c
                " is not supported yet (the tensor-parallel GPT-2 has no MoE blocks); run without --tp");
     mc.deferred_init = false;
     models::GPT2TP m(mc, tp, sequence_parallel);
-    m->load_full(weights);
+    hf ? models::load_hf_gpt2_tp(*m, *hf) : m->load_full(weights);
     if (tp_ckpt) m->set_activation_checkpointing(ckpt_opts);
     t.module = m.ptr();
     t.loss = [p = m.ptr()](const torch::Tensor& x, const torch::Tensor& y) { return p->loss(x, y); };
@@ -399,13 +404,17 @@ TrainModel build_tp_train_model(const TrainModelOptions& o, const Config& cfg, c
     models::LlamaConfig mc = whole_llama->config();
     mc.deferred_init = false;
     models::LlamaTP m(mc, tp, sequence_parallel);
-    m->load_full(weights);
+    hf ? models::load_hf_llama_tp(*m, *hf) : m->load_full(weights);
     if (tp_ckpt) m->set_activation_checkpointing(ckpt_opts);
     t.module = m.ptr();
     t.loss = [p = m.ptr()](const torch::Tensor& x, const torch::Tensor& y) { return p->loss(x, y); };
     t.flops_per_token = [mc](int64_t seq) { return models::llama_flops_per_token(mc, seq); };
     t.activation_checkpointing = tp_ckpt;
     norm_weight = [p = m.ptr()](const std::string& name) { return p->norm_weight(name); };
+  }
+  if (hf && o.rank == 0) {
+    log::info("initialized from Hugging Face weights in %s: each of the %d tp ranks read only its slices",
+              o.init_from.c_str(), n);
   }
   t.engine_options = [norm_weight](EngineOptions& eo) { eo.norm_weight = norm_weight; };
   t.attach = [](Engine&) {};

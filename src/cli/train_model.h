@@ -36,6 +36,9 @@ struct TrainModelOptions {
     bool timing = false;  // --moe-timing: time the all-to-alls ([MoE Timing] in models/moe.h)
     bool any() const { return experts || k || every || capacity_factor >= 0 || aux_coef >= 0 || timing; }
   } moe;
+  // With init_from: build placeholders (shape and names only) and read no weights; the
+  // caller loads them itself (build_tp_train_model: each tp rank its slices, [HF TP Load]).
+  bool weights_later = false;
 };
 
 struct TrainModel {
@@ -98,9 +101,12 @@ TrainModel build_ep_train_model(const TrainModelOptions& o, const Config& cfg, c
 // rest. flops_per_token stays the whole model's (the caller divides by the ranks); the
 // engine options get the tp model's norm weights (replicated parameters counted 1/tp in
 // the model-parallel norm). The caller sets EngineOptions.group (dp) and model_parallel.
-// ConfigError (before any step) for what the tp models do not take: --init-from,
-// --lora, ZeRO-3 (deferred construction), Llama with activation checkpointing; the head
-// counts that do not divide by tp (the models' own checks, naming the fix).
+// With --init-from the whole model is never built: its shape comes from the directory's
+// config.json and each rank reads only its slices of the safetensors files
+// (models/hf_tp.h, [HF TP Load]), so `train --tp N --init-from DIR` starts where
+// `train --init-from DIR` starts. ConfigError (before any step, before any weight is read)
+// for what the tp models do not take: --lora; the head counts that do not divide by tp
+// (the models' own checks, naming the fix).
 TrainModel build_tp_train_model(const TrainModelOptions& o, const Config& cfg, const comm::GroupPtr& tp,
                                 bool sequence_parallel);
 

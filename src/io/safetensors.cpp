@@ -180,6 +180,33 @@ torch::Tensor SafetensorsFile::read(const std::string& name) const {
   return t;
 }
 
+torch::Tensor SafetensorsFile::read_narrow(const std::string& name, int64_t dim, int64_t start, int64_t length) const {
+  const auto& e = entry(name);
+  const int64_t ndim = static_cast<int64_t>(e.shape.size());
+  ZT_CHECK(dim >= 0 && dim < ndim && start >= 0 && length >= 0 && start + length <= e.shape[static_cast<size_t>(dim)],
+           "safetensors: '", path_, "': narrow(", dim, ", ", start, ", ", length, ") is outside tensor '", name,
+           "' of ", ndim, " dimension(s)");
+  auto shape = e.shape;
+  shape[static_cast<size_t>(dim)] = length;
+  auto t = torch::empty(shape, torch::TensorOptions().dtype(e.dtype));
+  if (t.numel() == 0) return t;
+  int64_t outer = 1, inner = static_cast<int64_t>(c10::elementSize(e.dtype));
+  for (int64_t d = 0; d < dim; ++d) outer *= e.shape[static_cast<size_t>(d)];
+  for (int64_t d = dim + 1; d < ndim; ++d) inner *= e.shape[static_cast<size_t>(d)];
+  const int64_t full = e.shape[static_cast<size_t>(dim)];
+  const auto chunk = static_cast<std::streamsize>(length * inner);  // bytes per outer index
+  std::ifstream in(path_, std::ios::binary);
+  ZT_CHECK(in.good(), "safetensors: cannot open '", path_, "'");
+  auto* out = static_cast<char*>(t.data_ptr());
+  for (int64_t o = 0; o < outer; ++o) {
+    in.seekg(static_cast<std::streamoff>(data_start_ + e.begin + static_cast<uint64_t>((o * full + start) * inner)));
+    in.read(out + o * chunk, chunk);
+    ZT_CHECK(in.good() && in.gcount() == chunk, "safetensors: '", path_, "': short read of tensor '", name,
+             "' (file changed or truncated while reading)");
+  }
+  return t;
+}
+
 std::map<std::string, torch::Tensor> load_safetensors(const std::string& path) {
   SafetensorsFile f(path);
   std::map<std::string, torch::Tensor> out;

@@ -34,6 +34,10 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // A new contiguous CPU tensor with the stored dtype and shape.
   torch::Tensor read(const std::string& name) const;
+  // read(name).narrow(dim, start, length) as a new contiguous tensor, reading only those
+  // bytes: one read along dim 0, else one per index of the dimensions before `dim` (a
+  // tensor-parallel rank's rows or columns of a matrix, models/hf_tp.h).
+  torch::Tensor read_narrow(const std::string& name, int64_t dim, int64_t start, int64_t length) const;
 
  private:
   std::string path_;

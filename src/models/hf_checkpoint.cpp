@@ -95,6 +95,13 @@ torch::Tensor HfCheckpointReader::read(const std::string& name) const {
   return files_[it->second]->read(name);
 }
 
+torch::Tensor HfCheckpointReader::read_narrow(const std::string& name, int64_t dim, int64_t start,
+                                              int64_t length) const {
+  auto it = file_of_.find(name);
+  ZT_CHECK(it != file_of_.end(), "Hugging Face checkpoint '", where_, "' has no tensor '", name, "'");
+  return files_[it->second]->read_narrow(name, dim, start, length);
+}
+
 const char* hf_torch_dtype_name(at::ScalarType t) {
   switch (t) {
     case at::kFloat: return "float32";

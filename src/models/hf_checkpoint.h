@@ -44,6 +44,8 @@ class HfCheckpointReader {
   const std::string& file_of(const std::string& name) const;
   // A new contiguous CPU tensor with the stored dtype and shape (reads only its bytes).
   torch::Tensor read(const std::string& name) const;
+  // read(name).narrow(dim, start, length), reading only those bytes (SafetensorsFile::read_narrow).
+  torch::Tensor read_narrow(const std::string& name, int64_t dim, int64_t start, int64_t length) const;
 
  private:
   std::string where_;

@@ -102,6 +102,7 @@ struct LlamaTPImpl : torch::nn::Module, zt::ZeroModel {
   bool activation_checkpointing() const { return ckpt_ != nullptr; }
   const TpCheckpointer* activation_checkpointer() const { return ckpt_.get(); }
 
+  const LlamaConfig& config() const { return cfg_; }
   int tp_size() const { return group_ ? group_->size() : 1; }
   int tp_rank() const { return group_ ? group_->rank() : 0; }
 

@@ -228,12 +228,9 @@ TEST(ParallelCli, TrainRefusesDegreesAboveOne) {
   const fs::path cfg = write_config("refuse", R"({"train_micro_batch_size_per_gpu": 1})");
   const std::string launch2 = kZt + " launch -n 2 -- " + kZt + " train --config " + cfg.string() + kTiny;
   // --tp runs ([Tensor-Parallel Train]; ParallelCli.TrainTensorParallelEqualsOneRank; its
-  // checkpoints: ParallelCli.TrainTensorParallelCheckpointResumesAtAnotherTp), but not with
-  // what it does not do yet: named before the first step.
-  CmdResult r = run(launch2 + " --tp 2 --init-from " + (fs::temp_directory_path() / "zt_tp_init_never").string());
-  EXPECT_NE(r.rc, 0) << r.out;
-  EXPECT_TRUE(contains(r.out, "train: --init-from with --tp 2 is not supported yet")) << r.out;
-  EXPECT_FALSE(contains(r.out, "Loss:")) << r.out;
+  // checkpoints: ParallelCli.TrainTensorParallelCheckpointResumesAtAnotherTp; with
+  // --init-from: HfTensorParallelCli.*, tests/unit/test_hf_tp_cli.cpp).
+  CmdResult r;
   // --tp with --pp runs (ParallelCli.TrainTensorPipelineEqualsOneRank), but not with
   // checkpoints: named before the first step.
   r = run(kZt + " launch -n 4 -- " + kZt + " train --config " + cfg.string() + kTiny + " --tp 2 --pp 2 --save " +
