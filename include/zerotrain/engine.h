@@ -24,6 +24,7 @@
 
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
+#include "zerotrain/model.h"
 #include "zerotrain/report.h"
 
 namespace zt {
@@ -105,6 +106,12 @@ struct EngineOptions {
   // write or read one checkpoint of the whole model, as a non-pipelined run does. It must
   // contain `group`. Null: the engine's group (or, for a tensor-parallel model, the world).
   comm::GroupPtr checkpoint_group;
+  // How tensor parallelism splits each parameter, by its name, for a model that is not a
+  // ZeroModel (a pipeline stage cut from a tensor-parallel model); the ZeroModel's
+  // tensor_parallel_spec otherwise. A spec that is not split but has size > 1 says the
+  // parameter is replicated over a tp group of that size (its tp rank 0 saves it). With
+  // checkpoint_group: each stage's tp shards join the one checkpoint ([TP Reshard]).
+  std::function<TensorParallelSpec(const std::string& name)> tensor_parallel_spec;
   // Device; unset = cuda:LOCAL_RANK when CUDA is available, else CPU.
   std::optional<torch::Device> device;
   // Where JSON-lines metrics go (one object per step); empty = none.

@@ -394,6 +394,24 @@ void check_tensor_parallel_args(const TrainArgs& a, const Config& cfg, const con
          "zero_optimization.offload_optimizer", "the host optimizer step is not tested with the model-parallel norm");
 }
 
+// [Resume Data Position] A checkpoint's data position is a loader position (epoch, batch)
+// of the saving run's micro batch and data-parallel degree ("micro", "dp" in the client
+// state). Every dp rank reads every dp-th window of one shuffled order (DistributedSampler),
+// so after `batch` micro-batches the replicas together have read the first batch x micro x
+// dp windows of the epoch: at another micro x dp the same windows are batch x micro x dp /
+// (micro' x dp') batches (a ConfigError when that does not divide). Without the two keys
+// (older checkpoints) the position is taken as it is.
+int64_t resumed_data_batch(const nlohmann::json& d, int64_t micro, int64_t dp, const std::string& load) {
+  const int64_t batch = d.at("batch").get<int64_t>();
+  if (!d.contains("micro") || !d.contains("dp")) return batch;
+  const int64_t windows = batch * d.at("micro").get<int64_t>() * d.at("dp").get<int64_t>();
+  ZT_CHECK_T(windows % (micro * dp) == 0, ConfigError, "train: the checkpoint in ", load, " was saved after ", windows,
+             " windows of its epoch (micro batch ", d.at("micro").get<int64_t>(), " x dp ", d.at("dp").get<int64_t>(),
+             " x ", batch, " micro-batches), which this run's micro batch ", micro, " x dp ", dp,
+             " does not divide: resume with a train_micro_batch_size_per_gpu x data-parallel degree dividing ", windows);
+  return windows / (micro * dp);
+}
+
 // [Pipeline Train] `train --pp N` (or a config whose pipeline.stages is N > 1): GPT-2 cut
 // into N stages by zt::pipe::PipeEngine (docs/pipeline.md), dp = ranks / N data-parallel
 // replicas with ZeRO 0-2 over dp, the schedule of pipeline.schedule. One step is
@@ -421,9 +439,6 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
              "pipeline.activation_checkpoint_interval in the config instead (the pipeline's own checkpointing)");
   pipe::PipeConfig pc = pipe::pipeline_config(j, world, a.config);
   const Config& cfg = pc.config;
-  // [Pipeline Checkpoints] hold whole layers: tp shards of stages are not stored yet.
-  refuse(cfg.tp_size() > 1 && (!a.save.empty() || !a.load.empty() || a.save_every > 0),
-         "--save/--load with --tp (tensor-parallel shards of pipeline stages)");
   const int pp = static_cast<int>(pc.pipeline.stages);
   const config::TensorParallelOptions tpo = config::tensor_parallel_options(j);
   const int tp = cfg.tp_size();
@@ -497,7 +512,8 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
   auto save = [&] {
     const auto pos = loader.state();
     engine.save_checkpoint(a.save, "",
-                           {{"data", {{"epoch", pos.epoch}, {"batch", pos.batch}, {"samples", ds->size()}}},
+                           {{"data", {{"epoch", pos.epoch}, {"batch", pos.batch}, {"samples", ds->size()},
+                                      {"micro", cfg.train_micro_batch_size_per_gpu}, {"dp", dp}}},
                             {"model", model.model_json},
                             {"seq", seq}},
                            a.save_async);
@@ -526,7 +542,7 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
                  "checkpoint in ", a.load, " was saved at a data position over ", d["samples"].get<int64_t>(),
                  " windows of ", seq, " tokens, but --data '", a.data, "' gives ", ds->size(),
                  " (resume with the same --data and --seq)");
-      loader.set_state({d.at("epoch").get<int64_t>(), d.at("batch").get<int64_t>()});
+      loader.set_state({d.at("epoch").get<int64_t>(), resumed_data_batch(d, cfg.train_micro_batch_size_per_gpu, dp, a.load)});
     }
     start = engine.engine().global_steps();
     if (rank == 0) {
@@ -537,11 +553,19 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
   const double tokens_per_step = static_cast<double>(cfg.train_batch_size * seq);
   double first = 0, last = 0, timed_ms = 0;
   int64_t timed = 0;
+  // This rank's peak device memory over the run: the largest phase peak of its stage engine's
+  // steps (CUDA caching allocator, as the non-pipelined summary; not measured on CPU).
+  const bool measure_peak = !a.summary.empty() && engine.engine().device().is_cuda();
+  int64_t peak_bytes = 0;
   for (int64_t s = start + 1; s <= a.steps; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
     // A failed asynchronous save surfaces here, after the batch is done ([Pipeline Checkpoints]).
     periodic([&] { engine.train_batch(next); }, s);
     last = engine.last_report().loss;  // this dp replica's mean: averaged over the replicas below
+    if (measure_peak) {
+      const StepReport& er = engine.engine().last_report();
+      peak_bytes = std::max({peak_bytes, er.forward.mem_peak, er.backward.mem_peak, er.step_phase.mem_peak});
+    }
     if (dp > 1) {
       auto l = torch::tensor({last}, torch::kDouble);
       topo.dp()->all_reduce(l, comm::ReduceOp::kSum);
@@ -572,6 +596,24 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
     engine.wait_checkpoint();  // the run's last checkpoint is published before exit
     collect_saves();
   }
+  // Each stage's peak: the largest over its tp x dp ranks (every rank sends its stage and its
+  // peak; one all-gather over the world). Null on CPU.
+  nlohmann::json peak_per_stage = nullptr, peak_gib = nullptr;
+  if (!a.summary.empty()) {
+    auto mine = torch::tensor({static_cast<double>(topo.coords().pp), static_cast<double>(peak_bytes)}, torch::kDouble);
+    auto all = torch::empty({world * 2}, torch::kDouble);
+    group->all_gather(all, mine);
+    if (measure_peak) {
+      std::vector<double> per(static_cast<size_t>(pp), 0.0);
+      auto acc = all.accessor<double, 1>();
+      for (int r = 0; r < world; ++r) {
+        auto& p = per[static_cast<size_t>(acc[2 * r])];
+        p = std::max(p, acc[2 * r + 1] / (1024.0 * 1024.0 * 1024.0));
+      }
+      peak_per_stage = per;
+      peak_gib = *std::max_element(per.begin(), per.end());
+    }
+  }
   if (rank == 0) {
     std::printf("pipeline: loss %.4f -> %.4f", first, last);
     if (timed > 0) std::printf(", %.1f ms/step, %.0f tokens/s", timed_ms / timed, tokens_per_step * timed / (timed_ms / 1000.0));
@@ -596,6 +638,8 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
                            {"loss_first", first},
                            {"loss_last", last},
                            {"global_samples", engine.engine().global_samples()},
+                           {"peak_gib_per_stage", peak_per_stage},  // null on CPU
+                           {"peak_gib", peak_gib},
                            {"last_step", r.to_json()}};  // per-stage timing and the bubble
       if (!saves.empty()) sj["checkpoint_saves"] = saves;
       std::ofstream f(a.summary, std::ios::app);
@@ -934,7 +978,8 @@ int cmd_train(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     const auto pos = loader.state();
     engine->save_checkpoint(a.save, "",
-                            {{"data", {{"epoch", pos.epoch}, {"batch", pos.batch}, {"samples", ds->size()}}},
+                            {{"data", {{"epoch", pos.epoch}, {"batch", pos.batch}, {"samples", ds->size()},
+                                       {"micro", cfg.train_micro_batch_size_per_gpu}, {"dp", dp_size}}},
                              {"model", model_json},
                              {"seq", seq}},
                             a.save_async);
@@ -1009,7 +1054,8 @@ int cmd_train(int argc, char** argv) {
                  "checkpoint in ", a.load, " was saved at a data position over ", d["samples"].get<int64_t>(),
                  " windows of ", seq, " tokens, but --data '", a.data, "' gives ", ds->size(),
                  " (resume with the same --data and --seq)");
-      loader.set_state({d.at("epoch").get<int64_t>(), d.at("batch").get<int64_t>()});
+      loader.set_state({d.at("epoch").get<int64_t>(),
+                        resumed_data_batch(d, cfg.train_micro_batch_size_per_gpu, dp_size, a.load)});
     }
     start = engine->global_steps();
     if (rank == 0) {

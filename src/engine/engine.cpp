@@ -49,13 +49,23 @@ namespace {
 // tensor_parallel_spec() for the managed parameters `names` (local shapes `shapes`); empty
 // (the default layout) when the model is null or splits nothing over more than one rank.
 // Here, not in ckpt/, because the checkpoint layer sits below the model interface.
-ckpt::ShardLayout tp_checkpoint_layout(const ZeroModel* model, const std::vector<std::string>& names,
+// EngineOptions.tensor_parallel_spec takes the model's place when set; a spec replicated over
+// tp (not split, size > 1) only sets this rank's tp coordinates (it saves from tp rank 0).
+ckpt::ShardLayout tp_checkpoint_layout(const ZeroModel* model,
+                                       const std::function<TensorParallelSpec(const std::string&)>& spec_of,
+                                       const std::vector<std::string>& names,
                                        const std::vector<std::vector<int64_t>>& shapes) {
   ckpt::ShardLayout l;
-  if (model == nullptr) return l;
+  if (model == nullptr && !spec_of) return l;
   for (size_t i = 0; i < names.size(); ++i) {
-    const TensorParallelSpec s = model->tensor_parallel_spec(names[i]);
-    if (!s.split() || s.size <= 1) continue;
+    const TensorParallelSpec s = spec_of ? spec_of(names[i]) : model->tensor_parallel_spec(names[i]);
+    if (s.size <= 1) continue;
+    if (!s.split()) {
+      ZT_ASSERT(s.rank >= 0 && s.rank < s.size, "tensor_parallel_spec('", names[i], "'): rank ", s.rank, " of ", s.size);
+      l.tp_rank = s.rank;
+      l.tp_size = s.size;
+      continue;
+    }
     ZT_ASSERT(s.dim < static_cast<int64_t>(shapes[i].size()) && s.full_size > 0 && s.rank >= 0 && s.rank < s.size,
               "tensor_parallel_spec('", names[i], "'): dim ", s.dim, ", full size ", s.full_size, ", rank ", s.rank,
               " of ", s.size);
@@ -627,17 +637,19 @@ class EngineImpl : public Engine {
   // over the engine's group at the default layout (null). Built at the first use.
   void init_ckpt_layout() {
     if (ckpt_group_) return;
-    auto layout = tp_checkpoint_layout(zero_model_, names_, param_shapes_);
+    auto layout = tp_checkpoint_layout(zero_model_, opts_.tensor_parallel_spec, names_, param_shapes_);
     ckpt_group_ = group_;
     if (opts_.checkpoint_group) {
-      // [Pipeline Checkpoints]: one part of a model cut by layers, saved with the other parts.
-      ZT_CHECK_T(layout.tp_size <= 1 && !expert_, ConfigError, "checkpoints of a pipeline stage whose layers are ",
-                 layout.tp_size > 1 ? "split over tensor-parallel ranks" : "experts split over ep",
-                 " are not supported yet: save without pipeline parallelism");
-      ZT_CHECK_T(opts_.checkpoint_group->size() % group_->size() == 0, ConfigError,
+      // [Pipeline Checkpoints]: one part of a model cut by layers, saved with the other parts;
+      // a stage's tp shards at their coordinates, as a tensor-parallel model's ([TP Reshard]).
+      ZT_CHECK_T(!expert_, ConfigError, "checkpoints of a pipeline stage whose layers are experts split over ep "
+                 "are not supported yet: save without pipeline parallelism");
+      ZT_CHECK_T(opts_.checkpoint_group->size() % (group_->size() * layout.tp_size) == 0, ConfigError,
                  "EngineOptions.checkpoint_group (", opts_.checkpoint_group->size(),
-                 " ranks) must contain the engine's data-parallel group (", group_->size(), " ranks)");
+                 " ranks) must contain the engine's data-parallel group (", group_->size(), " ranks) x tp ",
+                 layout.tp_size);
       ckpt_group_ = opts_.checkpoint_group;
+      if (layout.tp_size > 1) ckpt_layout_ = std::make_unique<ckpt::ShardLayout>(std::move(layout));
       return;
     }
     if (layout.tp_size > 1) {

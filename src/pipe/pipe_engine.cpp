@@ -15,6 +15,7 @@
 #include <fstream>
 
 #include "config/tensor_parallel_options.h"
+#include "models/gpt2_shapes.h"
 #include "zerotrain/error.h"
 #include "log/log.h"
 
@@ -29,6 +30,28 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0, Clock::time_point t1) {
   return std::chrono::duration<double, std::milli>(t1 - t0).count();
+}
+
+// [Pipeline Checkpoints] x [TP Reshard]: the tensor_parallel_spec of a GPT-2 stage cut from a
+// GPT2TP, by the whole model's names (GPT2TPImpl::tensor_parallel_spec's), and a replicated
+// parameter as replicated over the stage's tp group (so its tp rank 0 alone saves it, even on
+// a stage holding no split parameter). Unset for any other stage.
+std::function<TensorParallelSpec(const std::string&)> pipe_stage_tp_spec(const torch::nn::Module& stage) {
+  const auto* g = dynamic_cast<const GPT2StageImpl*>(&stage);
+  if (g == nullptr || g->tp_size() <= 1) return {};
+  return [cfg = g->config(), rank = g->tp_rank(), size = g->tp_size()](const std::string& name) {
+    const tp::SplitSpec s = models::gpt2_tp_split_spec(cfg, size, name);
+    TensorParallelSpec out;
+    out.group = "tp";
+    out.rank = rank;
+    out.size = size;
+    if (!s.split()) return out;
+    out.dim = s.dim;
+    out.blocks = s.blocks;
+    out.padded = s.padded;
+    out.full_size = models::gpt2_param_shape(cfg, name)[static_cast<size_t>(s.dim)];
+    return out;
+  };
 }
 }  // namespace
 
@@ -290,6 +313,7 @@ PipeEngine::PipeEngine(const models::GPT2Config& model_cfg, int model_tp,
   eo.device = opts_.device;
   eo.print = false;
   eo.checkpoint_group = world_;  // [Pipeline Checkpoints]: one checkpoint over every stage
+  eo.tensor_parallel_spec = pipe_stage_tp_spec(*module_);  // each stage's tp shards ([TP Reshard])
   engine_ = initialize(module_.ptr(), stage_cfg, eo);
   module_->place_tied_copy(engine_->device(), engine_->compute_dtype());
   for (const auto& p : module_->parameters()) params_.push_back(p);
@@ -592,19 +616,8 @@ double PipeEngine::train_batch(const std::function<MicroBatch()>& next) {
   return report_.loss;
 }
 
-namespace {
-// [Pipeline Checkpoints] are of pp x dp pipelines: the stages' tensor-parallel shards would
-// need the tp coordinates and cut of [TP Reshard] as well.
-void refuse_tp_pipeline_checkpoint(const comm::GroupPtr& world, int stages, const Engine& e, const char* what) {
-  const int tp = world->size() / (stages * e.group()->size());
-  ZT_CHECK_T(tp == 1, ConfigError, what, " of a pipeline with tensor parallelism (tp ", tp,
-             ") is not supported yet: checkpoints of pipeline stages hold whole layers (pp x dp only)");
-}
-}  // namespace
-
 void PipeEngine::save_checkpoint(const std::string& dir, const std::string& tag, const nlohmann::json& client_state,
                                  bool async) {
-  refuse_tp_pipeline_checkpoint(world_, stages(), *engine_, "save_checkpoint");
   nlohmann::json cs = client_state.is_null() ? nlohmann::json::object() : client_state;
   if (cs.is_object() && !cs.contains("pipeline")) {
     cs["pipeline"] = {{"stages", schedule_.spec.stages},
@@ -616,7 +629,6 @@ void PipeEngine::save_checkpoint(const std::string& dir, const std::string& tag,
 }
 
 nlohmann::json PipeEngine::load_checkpoint(const std::string& dir, const std::string& tag) {
-  refuse_tp_pipeline_checkpoint(world_, stages(), *engine_, "load_checkpoint");
   nlohmann::json client = engine_->load_checkpoint(dir, tag);
   // [Pipeline Tied Weights]: the checkpoint holds wte once; the last stage's copy takes the
   // first stage's loaded value (as after every step).

@@ -144,7 +144,10 @@ class PipeEngine {
   // (the last stage's tied copy of wte is not stored): the files a non-pipelined engine
   // writes, so it loads at any pp (and without a pipeline) and any dp / ZeRO stage 0-2; a
   // non-pipelined GPT-2 checkpoint loads here. Same pp, dp and schedule: the resume is
-  // bit-exact. `client_state` (world rank 0's) is stored with a "pipeline" entry added
+  // bit-exact. Stages cut from a GPT2TP store each split parameter as tp shards with their
+  // cut ([TP Reshard] in ckpt/tp_reshard.h) and a replicated one once: a tp x pp checkpoint
+  // loads at any tp, pp and dp, and a plain or tp-only one loads here.
+  // `client_state` (world rank 0's) is stored with a "pipeline" entry added
   // (stages, virtual stages, partition; informational). async: Engine::save_checkpoint's
   // asynchronous save, published at a later train_batch or wait_checkpoint().
   void save_checkpoint(const std::string& dir, const std::string& tag = "", const nlohmann::json& client_state = {},

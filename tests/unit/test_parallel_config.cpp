@@ -231,14 +231,8 @@ TEST(ParallelCli, TrainRefusesDegreesAboveOne) {
   // checkpoints: ParallelCli.TrainTensorParallelCheckpointResumesAtAnotherTp; with
   // --init-from: HfTensorParallelCli.*, tests/unit/test_hf_tp_cli.cpp).
   CmdResult r;
-  // --tp with --pp runs (ParallelCli.TrainTensorPipelineEqualsOneRank), but not with
-  // checkpoints: named before the first step.
-  r = run(kZt + " launch -n 4 -- " + kZt + " train --config " + cfg.string() + kTiny + " --tp 2 --pp 2 --save " +
-          (fs::temp_directory_path() / "zt_tpxpp_save_never").string());
-  EXPECT_NE(r.rc, 0) << r.out;
-  EXPECT_TRUE(contains(r.out, "train: --save/--load")) << r.out;
-  EXPECT_TRUE(contains(r.out, "is not supported with pipeline parallelism (--pp) yet")) << r.out;
-  EXPECT_FALSE(contains(r.out, "Loss:")) << r.out;
+  // --tp with --pp runs (ParallelCli.TrainTensorPipelineEqualsOneRank), its checkpoints too
+  // (ParallelCli.TrainTensorPipelineCheckpointLoadsAtDp4).
   // --pp runs ([Pipeline Train]; ParallelCli.TrainPipelineEqualsOneRank; its checkpoints:
   // ParallelCli.TrainPipelineCheckpointLoadsAtAnotherPp), but not with what the pipeline
   // does not do yet: named before the first step.
@@ -548,6 +542,72 @@ TEST(ParallelCli, TrainPipelineCheckpointLoadsAtAnotherPp) {
   for (const auto& d : {dir, plain}) zt::ckpt::remove_tree(d.string());
   fs::remove(summary);
   fs::remove(metrics);
+  fs::remove(cfg);
+}
+
+// Tensor x pipeline checkpoints (issues 19, 26): `launch -n 4 train --tp 2 --pp 2 --save D
+// --steps 3` (gpt2-tiny, 4 micro-batches of 2 per step, dp 1), then `launch -n 4 train --load
+// D --steps 6` without --tp/--pp (dp 4, gradient_accumulation_steps 1: the same 8 windows per
+// step, [Resume Data Position] in src/cli/train.cpp) and at --tp 2 (dp 2, 2 micro-batches)
+// print the uninterrupted --tp 2 --pp 2 run's losses of steps 4-6 within 1e-5. At dp 4 the
+// plain path prints each rank's own loss (ZT_LOG_RANKS=all): their mean is the batch's.
+// --summary of the --pp run has peak_gib_per_stage and peak_gib (null on CPU).
+TEST(ParallelCli, TrainTensorPipelineCheckpointLoadsAtDp4) {
+  const fs::path cfg = write_config("tpxpp_ckpt", R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
+      "gradient_clipping": 1.0, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 1}})");
+  const std::string tag = std::to_string(::getpid());
+  const fs::path dir = fs::temp_directory_path() / ("zt_tpxpp_ckpt_" + tag);
+  const fs::path summary = fs::temp_directory_path() / ("zt_tpxpp_ckpt_summary_" + tag + ".jsonl");
+  zt::ckpt::remove_tree(dir.string());
+  fs::remove(summary);
+  const std::string flags = " train --config " + cfg.string() +
+                            " --model gpt2-tiny --device cpu --warmup 1 --seq 32 --print-every 1 --data " +
+                            std::string(ZT_SOURCE_DIR) + "/README.md";
+  const std::string four = kZt + " launch -n 4 -- " + kZt + flags;
+  const CmdResult straight = run(four + " --tp 2 --pp 2 --steps 6");
+  ASSERT_EQ(straight.rc, 0) << straight.out;
+  const auto want = printed_losses(straight.out, 6);
+  ASSERT_EQ(want.size(), 6u) << straight.out;
+  const CmdResult first = run(four + " --tp 2 --pp 2 --steps 3 --save " + dir.string() + " --summary " + summary.string());
+  ASSERT_EQ(first.rc, 0) << first.out;
+  EXPECT_TRUE(contains(first.out, "saved checkpoint 'global_step3'")) << first.out;
+  {
+    std::ifstream f(summary);
+    std::string line;
+    ASSERT_TRUE(static_cast<bool>(std::getline(f, line))) << summary;
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j.at("tp").get<int>(), 2);
+    EXPECT_EQ(j.at("pp").get<int>(), 2);
+    ASSERT_TRUE(j.contains("peak_gib_per_stage")) << line;
+    EXPECT_TRUE(j.at("peak_gib_per_stage").is_null()) << "not measured on CPU: " << line;
+    EXPECT_TRUE(j.at("peak_gib").is_null()) << line;
+  }
+  // dp 4, no tp or pipeline: each rank's own loss; the batch's is their mean.
+  {
+    const CmdResult r = run("env ZT_LOG_RANKS=all " + four + " --set gradient_accumulation_steps=1 --steps 6 --load " + dir.string());
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_TRUE(contains(r.out, "resuming at step 3 of 6")) << r.out;
+    const std::regex re("\\[rank ([0-3])\\] Epoch [0-9]+, Step ([4-6])/6, Loss: ([0-9.]+)");
+    std::map<int, std::map<int, double>> by_step;  // step -> rank -> loss
+    for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), re); it != std::sregex_iterator(); ++it) {
+      by_step[std::stoi((*it)[2].str())][std::stoi((*it)[1].str())] = std::stod((*it)[3].str());
+    }
+    ASSERT_EQ(by_step.size(), 3u) << r.out;
+    double worst = 0;
+    for (const auto& [step, ranks] : by_step) {
+      ASSERT_EQ(ranks.size(), 4u) << "step " << step << ": " << r.out;
+      double mean = 0;
+      for (const auto& [rk, l] : ranks) mean += l / 4;
+      EXPECT_NEAR(mean, want[static_cast<size_t>(step - 1)], 1e-5) << "step " << step;
+      worst = std::max(worst, std::abs(mean - want[static_cast<size_t>(step - 1)]));
+    }
+    std::printf("[tp x pp ckpt cli] tp2_pp2 -> dp4: steps 4-6 mean of the ranks' losses, max |diff| %.3g\n", worst);
+  }
+  // tp 2 x dp 2 without a pipeline (prints the dp mean).
+  expect_resumed_losses(run(four + " --tp 2 --set gradient_accumulation_steps=2 --steps 6 --load " + dir.string()), want,
+                        "[tp x pp ckpt cli] tp2_pp2 -> tp2_dp2");
+  zt::ckpt::remove_tree(dir.string());
+  fs::remove(summary);
   fs::remove(cfg);
 }
 
