@@ -23,6 +23,7 @@
 #include "cli/profile.h"
 #include "cli/train_model.h"
 #include "models/gpt2.h"
+#include "models/llama.h"
 #include "pipe/pipe_engine.h"
 #include "config/notes.h"
 #include "config/tensor_parallel_options.h"
@@ -82,8 +83,8 @@ const char* kTrainUsage =
     "  --device cpu|cuda   where the ranks run (default: cuda:LOCAL_RANK when CUDA is available)\n"
     "  --tp N / --pp N / --ep N   tensor-parallel, pipeline and expert-parallel degrees (the config's\n"
     "                      tensor_parallel.autotp_size, pipeline.stages, expert_parallel.autoep_size;\n"
-    "                      dp = ranks / (tp x pp)); --pp N > 1 trains GPT-2 in N pipeline stages\n"
-    "                      (pipeline.schedule, docs/pipeline.md); --tp N > 1 splits every layer of GPT-2\n"
+    "                      dp = ranks / (tp x pp)); --pp N > 1 trains GPT-2 or Llama in N pipeline\n"
+    "                      stages (pipeline.schedule, docs/pipeline.md); --tp N > 1 splits every layer of GPT-2\n"
     "                      or Llama over N ranks (Megatron-style; sequence parallelism with\n"
     "                      --set tensor_parallel.sequence_parallel=true; docs/tensor-parallel.md);\n"
     "                      --tp M --pp N together: GPT-2 in N stages of M-way tensor-parallel layers\n"
@@ -419,7 +420,9 @@ int64_t resumed_data_batch(const nlohmann::json& d, int64_t micro, int64_t dp, c
 // every stage; every dp replica reads its own part of the data, and the printed loss is the
 // mean over the replicas (as DeepSpeed's PipelineEngine reports it). What the pipeline does not
 // do yet is named before the first step: --init-from (checkpoints: [Pipeline Checkpoints]),
-// --lora/--qlora, --val-data, Llama models, ZeRO-3, expert parallelism.
+// --lora/--qlora, --val-data, ZeRO-3, expert parallelism, a Llama with --tp. A Llama-family
+// model (--model llama-tiny, a config.json) is cut the same way ([Llama Pipeline] in
+// pipe/llama_pipe.h).
 // With --tp M too (tensor x pipeline parallelism, [Pipeline x Tensor Parallel] in
 // pipe/gpt2_pipe.h): dp = ranks / (M x N); the whole GPT-2 from --seed is cut into GPT2TP over
 // the tp group (tensor_parallel.sequence_parallel as with --tp alone), and each stage keeps its
@@ -450,9 +453,16 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
   torch::manual_seed(static_cast<uint64_t>(a.seed));
   TrainModel model = build_train_model({a.model, "", a.layers, a.embd, a.heads, a.vocab, false, rank, std::nullopt, false, a.moe}, cfg);
   auto impl = std::dynamic_pointer_cast<models::GPT2Impl>(model.module);
-  ZT_CHECK_T(model.family == "gpt2" && impl, ConfigError, "train: --pp cuts GPT-2 into stages; ", model.name,
-             " is a ", model.family, " model (a pipelined Llama is not implemented yet)");
-  ZT_CHECK_T(impl->config().moe_num_experts == 0, ConfigError, "train: --pp with the MoE model ", model.name,
+  // [Llama Pipeline] (pipe/llama_pipe.h): a Llama-family model is cut as GPT-2 is, at tp 1.
+  auto llama = std::dynamic_pointer_cast<models::LlamaForCausalLMImpl>(model.module);
+  const char* family_label = llama ? "Llama" : "GPT-2";
+  ZT_CHECK_T((model.family == "gpt2" && impl) || (model.family == "llama" && llama), ConfigError,
+             "train: --pp cuts GPT-2 or a Llama-family model into stages; ", model.name, " is a ", model.family,
+             " model");
+  ZT_CHECK_T(!llama || tp == 1, ConfigError, "train: --tp ", tp, " with --pp and the Llama model ", model.name,
+             " is not supported yet (tensor x pipeline parallelism cuts GPT-2 only); run a Llama with --pp alone or "
+             "--tp alone (docs/pipeline.md)");
+  ZT_CHECK_T(!impl || impl->config().moe_num_experts == 0, ConfigError, "train: --pp with the MoE model ", model.name,
              " is not supported yet (the pipeline stages hold dense GPT-2 blocks); run without --pp");
   const int64_t seq = a.seq > 0 ? a.seq : std::min<int64_t>(1024, model.max_seq);
   ZT_CHECK_T(seq <= model.max_seq, ConfigError, "train: --seq ", seq, " exceeds the model's ", model.max_seq,
@@ -480,12 +490,15 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
     model.module.reset();
     impl.reset();
     engine_ptr = std::make_unique<pipe::PipeEngine>(cut, pc, topo, po);
+  } else if (llama) {
+    engine_ptr = std::make_unique<pipe::PipeEngine>(models::LlamaForCausalLM(llama), pc, topo, po);
   } else {
     engine_ptr = std::make_unique<pipe::PipeEngine>(models::GPT2(impl), pc, topo, po);
   }
   pipe::PipeEngine& engine = *engine_ptr;
   model.module.reset();
   impl.reset();  // each stage keeps its own layers
+  llama.reset();
   data::DistributedSampler sampler(ds->size(), topo.coords().dp, dp, /*shuffle=*/true, static_cast<uint64_t>(a.seed));
   data::Loader loader(ds, sampler, cfg.train_micro_batch_size_per_gpu, torch::kCPU);
   auto next = [&] {
@@ -493,8 +506,8 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
     return pipe::MicroBatch{x, y};
   };
   if (rank == 0) {
-    log::info("pipeline: GPT-2 %s in %d stages (layers %s), schedule %s, %lld micro-batches of %lld x %lld per step, "
-              "dp %d%s", model.name.c_str(), pp, nlohmann::json(engine.partition()).dump().c_str(),
+    log::info("pipeline: %s %s in %d stages (layers %s), schedule %s, %lld micro-batches of %lld x %lld per step, "
+              "dp %d%s", family_label, model.name.c_str(), pp, nlohmann::json(engine.partition()).dump().c_str(),
               schedule_name(engine.schedule().spec.kind), static_cast<long long>(cfg.gradient_accumulation_steps),
               static_cast<long long>(cfg.train_micro_batch_size_per_gpu), static_cast<long long>(seq), dp,
               tp > 1 ? detail::cat(", tp ", tp, tpo.sequence_parallel ? " with sequence parallelism" : "").c_str() : "");

@@ -47,6 +47,8 @@ int64_t loss_chunk_rows(const LlamaConfig& c) {
 
 }  // namespace
 
+int64_t llama_loss_chunk_rows(const LlamaConfig& cfg) { return loss_chunk_rows(cfg); }
+
 // ---- modules ------------------------------------------------------------------------
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {

@@ -120,6 +120,10 @@ int64_t llama_num_params(const LlamaConfig& cfg);  // the tied head counted once
 // QK^T and AV (full T x T, as nanoGPT and the MFU figure count it).
 double llama_flops_per_token(const LlamaConfig& cfg, int64_t seq);
 
+// Rows per chunk of the fused LM-head loss (about 512 MiB of fp32 logits, at least 64): what
+// LlamaForCausalLMImpl::loss passes to lm_head_cross_entropy (a pipeline head does the same).
+int64_t llama_loss_chunk_rows(const LlamaConfig& cfg);
+
 // The rotary inverse frequencies (head_dim / 2, fp32) exactly as transformers computes
 // them for the config's rope type.
 torch::Tensor llama_rope_inv_freq(const LlamaConfig& cfg);

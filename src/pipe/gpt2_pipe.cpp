@@ -26,33 +26,6 @@ std::vector<LayerInfo> gpt2_layers(const models::GPT2Config& cfg) {
 
 namespace {
 
-// The layers a stage's chunks hold: the embedding (layer 0), the head (the last layer) and
-// the block numbers in between, ascending. ConfigError for chunks out of order or range.
-struct PipeStageLayers {
-  bool embedding = false, head = false;
-  std::vector<int> blocks;
-};
-PipeStageLayers pipe_stage_layers(const std::vector<std::pair<int, int>>& chunks, int num_layers) {
-  ZT_CHECK_T(!chunks.empty(), ConfigError, "a pipeline stage needs at least one chunk of layers");
-  PipeStageLayers out;
-  int prev_end = 0;
-  for (const auto& [b, e] : chunks) {
-    ZT_CHECK_T(b >= prev_end && b < e && e <= num_layers, ConfigError, "pipeline stage chunk [", b, ", ", e,
-               ") is not a range of the model's ", num_layers, " pipeline layers in order");
-    prev_end = e;
-    for (int l = b; l < e; ++l) {
-      if (l == 0) {
-        out.embedding = true;
-      } else if (l == num_layers - 1) {
-        out.head = true;
-      } else {
-        out.blocks.push_back(l - 1);
-      }
-    }
-  }
-  return out;
-}
-
 // LayerNorm of GPT-2; under sequence parallelism its parameters see only this rank's
 // positions, so their gradients are summed over tp (as GPT2TP's, see [TP Regions]).
 torch::Tensor pipe_tp_layer_norm(const torch::nn::LayerNorm& ln, const torch::Tensor& x, const comm::GroupPtr& g,
@@ -66,12 +39,11 @@ torch::Tensor pipe_tp_layer_norm(const torch::nn::LayerNorm& ln, const torch::Te
 
 GPT2StageImpl::GPT2StageImpl(const models::GPT2& full, std::vector<std::pair<int, int>> chunks,
                              int64_t checkpoint_interval)
-    : cfg_(full->config()),
-      num_layers_(static_cast<int>(full->config().n_layer) + 2),
-      chunks_(std::move(chunks)),
+    : PipeStageImpl(static_cast<int>(full->config().n_layer) + 2, std::move(chunks), /*tied=*/true),
+      cfg_(full->config()),
       ckpt_interval_(checkpoint_interval) {
   ZT_CHECK_T(!cfg_.deferred_init, ConfigError, "pipeline stages take GPT-2 built with deferred_init false");
-  const PipeStageLayers held = pipe_stage_layers(chunks_, num_layers_);
+  const StageLayers held = stage_layers(chunks_, num_layers_);
   blocks_.assign(static_cast<size_t>(cfg_.n_layer), models::Block(nullptr));
   // Registration order = the whole model's (wte, wpe, h.*, ln_f), as the engine flattens.
   if (held.embedding) {
@@ -98,14 +70,13 @@ GPT2StageImpl::GPT2StageImpl(const models::GPT2& full, std::vector<std::pair<int
 
 GPT2StageImpl::GPT2StageImpl(const models::GPT2TP& full, std::vector<std::pair<int, int>> chunks,
                              int64_t checkpoint_interval)
-    : cfg_(full->config()),
-      num_layers_(static_cast<int>(full->config().n_layer) + 2),
-      chunks_(std::move(chunks)),
+    : PipeStageImpl(static_cast<int>(full->config().n_layer) + 2, std::move(chunks), /*tied=*/true),
+      cfg_(full->config()),
       ckpt_interval_(checkpoint_interval),
       tp_model_(true),
       tp_(full->wte->group),
       sp_(full->sequence_parallel()) {
-  const PipeStageLayers held = pipe_stage_layers(chunks_, num_layers_);
+  const StageLayers held = stage_layers(chunks_, num_layers_);
   tp_blocks_.assign(static_cast<size_t>(cfg_.n_layer), models::TPBlock(nullptr));
   if (held.embedding) {
     tp_wte_ = register_module("wte", full->wte);
@@ -131,11 +102,6 @@ GPT2StageImpl::GPT2StageImpl(const models::GPT2TP& full, std::vector<std::pair<i
 double GPT2StageImpl::norm_weight(const std::string& name) const {
   if (tp_size() == 1) return 1.0;
   return models::gpt2_tp_split_spec(cfg_, tp_size(), name).split() ? 1.0 : 1.0 / static_cast<double>(tp_size());
-}
-
-void GPT2StageImpl::place_tied_copy(torch::Device device, at::ScalarType dtype) {
-  if (!tied_copy_.defined()) return;
-  tied_copy_ = tied_copy_.detach().to(device, dtype).clone().set_requires_grad(true);
 }
 
 torch::Tensor GPT2StageImpl::run_blocks(int first, int last, const torch::Tensor& x) {

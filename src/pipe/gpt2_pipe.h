@@ -45,6 +45,7 @@
 #include "models/gpt2.h"
 #include "models/gpt2_tp.h"
 #include "pipe/partition.h"
+#include "pipe/stage.h"
 
 namespace zt::pipe {
 
@@ -53,7 +54,7 @@ namespace zt::pipe {
 // TiedLayerSpec): the input of partition_layers.
 std::vector<LayerInfo> gpt2_layers(const models::GPT2Config& cfg);
 
-class GPT2StageImpl : public torch::nn::Module {
+class GPT2StageImpl : public PipeStageImpl {
  public:
   // `chunks[c]` = [begin, end) pipeline layers of local chunk c (ascending, disjoint).
   // Takes (shares) those layers' modules from `full`. `checkpoint_interval` > 0 checkpoints
@@ -63,35 +64,25 @@ class GPT2StageImpl : public torch::nn::Module {
   // [Pipeline x Tensor Parallel].
   GPT2StageImpl(const models::GPT2TP& full, std::vector<std::pair<int, int>> chunks, int64_t checkpoint_interval);
 
-  int num_chunks() const { return static_cast<int>(chunks_.size()); }
-  const std::pair<int, int>& chunk_layers(int chunk) const { return chunks_.at(static_cast<size_t>(chunk)); }
-  bool has_embedding(int chunk) const { return chunk_layers(chunk).first == 0; }
-  bool has_head(int chunk) const { return chunk_layers(chunk).second == num_layers_; }
-  // Holds the head but not the embedding: keeps the tied copy (see [Pipeline Tied Weights]).
-  bool holds_tied_copy() const { return tied_copy_.defined(); }
-  bool holds_embedding() const { return has_embedding_; }
   // The tensor-parallel size of the layers (1 for a stage cut from GPT2).
-  int tp_size() const { return tp_ ? tp_->size() : 1; }
-  bool sequence_parallel() const { return sp_; }
-  const comm::GroupPtr& tp_group() const { return tp_; }  // null for a stage cut from GPT2
-  int tp_rank() const { return tp_ ? tp_->rank() : 0; }
-  // The sequence length of the hidden state between stages for a (B, T) micro-batch:
-  // T, or T / tp under sequence parallelism.
-  int64_t hidden_len(int64_t T) const { return sp_ ? T / tp_size() : T; }
+  int tp_size() const override { return tp_ ? tp_->size() : 1; }
+  bool sequence_parallel() const override { return sp_; }
+  const comm::GroupPtr& tp_group() const override { return tp_; }  // null for a stage cut from GPT2
+  int tp_rank() const override { return tp_ ? tp_->rank() : 0; }
   // The weight of a parameter's gradient in the model-parallel norm: 1/tp for a parameter
   // replicated over tp, else 1 (models::GPT2TPImpl::norm_weight).
-  double norm_weight(const std::string& name) const;
+  double norm_weight(const std::string& name) const override;
+  int64_t hidden_size() const override { return cfg_.n_embd; }
 
   // Chunk `chunk` on `x`: token ids (B, T) int64 when it has the embedding, else the
   // hidden state (B, T, C). Returns the hidden state, or the scalar fp32 mean loss against
   // `targets` (B, T) when it has the head (GPT2::loss's math).
-  torch::Tensor forward(int chunk, const torch::Tensor& x, const torch::Tensor& targets);
+  torch::Tensor forward(int chunk, const torch::Tensor& x, const torch::Tensor& targets) override;
 
-  // The embedding's weight (on the stage holding layer 0) or the tied copy.
-  torch::Tensor& tied_copy() { return tied_copy_; }
-  torch::Tensor embedding_weight() const { return tp_model_ ? tp_wte_->weight : wte_->weight; }
-  // Moves the tied copy to `device` / `dtype` (the engine moves only parameters).
-  void place_tied_copy(torch::Device device, at::ScalarType dtype);
+  // The embedding's weight (on the stage holding layer 0).
+  torch::Tensor embedding_weight() const override {
+    return tp_model_ ? (tp_wte_ ? tp_wte_->weight : torch::Tensor()) : (wte_ ? wte_->weight : torch::Tensor());
+  }
 
   const models::GPT2Config& config() const { return cfg_; }
 
@@ -102,15 +93,11 @@ class GPT2StageImpl : public torch::nn::Module {
   torch::Tensor final_norm(const torch::Tensor& x);
 
   models::GPT2Config cfg_;
-  int num_layers_ = 0;  // pipeline layers: n_layer + 2
-  std::vector<std::pair<int, int>> chunks_;
   int64_t ckpt_interval_ = 0;
   torch::nn::Embedding wte_{nullptr}, wpe_{nullptr};
   torch::nn::ModuleDict h_{nullptr};
   std::vector<models::Block> blocks_;  // index = block number; null where not held
   torch::nn::LayerNorm ln_f_{nullptr};
-  torch::Tensor tied_copy_;
-  bool has_embedding_ = false;
   // Tensor-parallel stages only ([Pipeline x Tensor Parallel]).
   bool tp_model_ = false;  // cut from a GPT2TP
   comm::GroupPtr tp_;

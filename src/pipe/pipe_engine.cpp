@@ -212,22 +212,31 @@ struct PipeEngine::Slot {
 
 PipeEngine::PipeEngine(const models::GPT2& full, const PipeConfig& cfg, parallel::Topology& topo, PipeOptions opts)
     : PipeEngine(
-          full->config(), 1,
-          [&full](std::vector<std::pair<int, int>> chunks, int64_t interval) {
-            return GPT2Stage(full, std::move(chunks), interval);
+          gpt2_layers(full->config()), 1,
+          [&full](std::vector<std::pair<int, int>> chunks, int64_t interval) -> PipeStagePtr {
+            return GPT2Stage(full, std::move(chunks), interval).ptr();
           },
           cfg, topo, std::move(opts)) {}
 
 PipeEngine::PipeEngine(const models::GPT2TP& full, const PipeConfig& cfg, parallel::Topology& topo, PipeOptions opts)
     : PipeEngine(
-          full->config(), full->tp_size(),
-          [&full](std::vector<std::pair<int, int>> chunks, int64_t interval) {
-            return GPT2Stage(full, std::move(chunks), interval);
+          gpt2_layers(full->config()), full->tp_size(),
+          [&full](std::vector<std::pair<int, int>> chunks, int64_t interval) -> PipeStagePtr {
+            return GPT2Stage(full, std::move(chunks), interval).ptr();
           },
           cfg, topo, std::move(opts)) {}
 
-PipeEngine::PipeEngine(const models::GPT2Config& model_cfg, int model_tp,
-                       const std::function<GPT2Stage(std::vector<std::pair<int, int>>, int64_t)>& make_stage,
+PipeEngine::PipeEngine(const models::LlamaForCausalLM& full, const PipeConfig& cfg, parallel::Topology& topo,
+                       PipeOptions opts)
+    : PipeEngine(
+          llama_layers(full->config()), 1,
+          [&full](std::vector<std::pair<int, int>> chunks, int64_t interval) -> PipeStagePtr {
+            return LlamaStage(full, std::move(chunks), interval).ptr();
+          },
+          cfg, topo, std::move(opts)) {}
+
+PipeEngine::PipeEngine(const std::vector<LayerInfo>& layers, int model_tp,
+                       const std::function<PipeStagePtr(std::vector<std::pair<int, int>>, int64_t)>& make_stage,
                        const PipeConfig& cfg, parallel::Topology& topo, PipeOptions opts)
     : cfg_(cfg), opts_(std::move(opts)) {
   const auto& d = topo.dims();
@@ -240,7 +249,8 @@ PipeEngine::PipeEngine(const models::GPT2Config& model_cfg, int model_tp,
              "): expert parallelism with a pipeline is not implemented yet");
   ZT_CHECK_T(d.tp == model_tp, ConfigError, "the topology has tp ", d.tp, " but the model is cut over ", model_tp,
              " tensor-parallel ranks: ",
-             model_tp == 1 ? "pass a GPT2TP built over topo.tp() for tp > 1" : "build the GPT2TP over topo.tp()");
+             model_tp == 1 ? "pass a GPT2TP built over topo.tp() for tp > 1 (a pipelined Llama runs at tp 1 only)"
+                           : "build the GPT2TP over topo.tp()");
   ZT_CHECK_T(cfg_.config.tp_size() == d.tp, ConfigError, "tensor_parallel.autotp_size = ",
              cfg_.config.tensor_parallel.autotp_size, " but the topology has tp ", d.tp,
              ": set tensor_parallel.autotp_size to the topology's tp");
@@ -281,7 +291,7 @@ PipeEngine::PipeEngine(const models::GPT2Config& model_cfg, int model_tp,
              " data-parallel GPUs is not supported yet (it hangs under NCCL); use zero_optimization.stage 1, "
              "or the 1f1b / zb-h1 schedule");
   const int chunks = spec.stages * spec.virtual_stages;
-  bounds_ = partition_layers(gpt2_layers(model_cfg), chunks, po.partition,
+  bounds_ = partition_layers(layers, chunks, po.partition,
                              spec.virtual_stages > 1 ? "pipeline.stages x virtual_stages" : "pipeline.stages");
   stage_ = topo.coords().pp;
   std::vector<std::pair<int, int>> mine;
@@ -309,12 +319,12 @@ PipeEngine::PipeEngine(const models::GPT2Config& model_cfg, int model_tp,
   EngineOptions eo;
   eo.group = dp;
   eo.model_parallel = mp;
-  if (module_->tp_size() > 1) eo.norm_weight = [m = module_.ptr()](const std::string& name) { return m->norm_weight(name); };
+  if (module_->tp_size() > 1) eo.norm_weight = [m = module_.get()](const std::string& name) { return m->norm_weight(name); };
   eo.device = opts_.device;
   eo.print = false;
   eo.checkpoint_group = world_;  // [Pipeline Checkpoints]: one checkpoint over every stage
   eo.tensor_parallel_spec = pipe_stage_tp_spec(*module_);  // each stage's tp shards ([TP Reshard])
-  engine_ = initialize(module_.ptr(), stage_cfg, eo);
+  engine_ = initialize(module_, stage_cfg, eo);
   module_->place_tied_copy(engine_->device(), engine_->compute_dtype());
   for (const auto& p : module_->parameters()) params_.push_back(p);
   int thread_level = 0;
@@ -380,7 +390,7 @@ void PipeEngine::run(const Instr& in, std::vector<MicroBatch>& mbs, std::vector<
   Slot* slot = in.mb >= 0 ? &slots[static_cast<size_t>(in.mb * v + in.chunk)] : nullptr;
   const bool head = slot && module_->has_head(in.chunk);
   const bool first_vs = slot && schedule_.virtual_stage(stage_, in.chunk) == 0;
-  const int64_t C = module_->config().n_embd;
+  const int64_t C = module_->hidden_size();
   auto hidden_shape = [&] {
     const auto& idx = mbs[static_cast<size_t>(in.mb)].idx;
     return std::vector<int64_t>{idx.size(0), module_->hidden_len(idx.size(1)), C};
@@ -662,7 +672,7 @@ double PipeEngine::eval_batch(const std::function<MicroBatch()>& next) {
       const int vs = schedule_.virtual_stage(stage_, c);
       torch::Tensor x = idx;
       if (vs > 0) {
-        x = recv_p2p(act_, {idx.size(0), module_->hidden_len(idx.size(1)), module_->config().n_embd}, prv);
+        x = recv_p2p(act_, {idx.size(0), module_->hidden_len(idx.size(1)), module_->hidden_size()}, prv);
       }
       auto y = module_->forward(c, x, module_->has_head(c) ? targets : torch::Tensor());
       if (module_->has_head(c)) {

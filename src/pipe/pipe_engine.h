@@ -60,8 +60,11 @@
 
 #include "config/pipeline_options.h"
 #include "models/gpt2.h"
+#include "models/llama.h"
 #include "parallel/topology.h"
 #include "pipe/gpt2_pipe.h"
+#include "pipe/llama_pipe.h"
+#include "pipe/stage.h"
 #include "pipe/schedule.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
@@ -126,6 +129,10 @@ class PipeEngine {
   // whole GPT-2 (the same stage boundaries at every tp). The norm sums over the
   // model-parallel group (tp x pp ranks of one replica), replicated parameters weighing 1/tp.
   PipeEngine(const models::GPT2TP& full, const PipeConfig& cfg, parallel::Topology& topo, PipeOptions opts = {});
+  // A Llama-family model ([Llama Pipeline] in pipe/llama_pipe.h): the same, with the
+  // partition over llama_layers; tp 1 (ConfigError for a topology with tp > 1).
+  PipeEngine(const models::LlamaForCausalLM& full, const PipeConfig& cfg, parallel::Topology& topo,
+             PipeOptions opts = {});
   ~PipeEngine();
 
   // One batch: gradient_accumulation_steps micro-batches through the schedule, then the
@@ -162,7 +169,8 @@ class PipeEngine {
   int stage() const { return stage_; }
   int stages() const { return schedule_.spec.stages; }
   Engine& engine() { return *engine_; }
-  GPT2Stage& module() { return module_; }
+  // This rank's stage (pipe/stage.h): a GPT2Stage or a LlamaStage.
+  const PipeStagePtr& module() { return module_; }
   // [first, last) pipeline layers of each stage's chunks: parts()[c * pp + s].
   const std::vector<int>& partition() const { return bounds_; }
   const PipeReport& last_report() const { return report_; }
@@ -172,8 +180,8 @@ class PipeEngine {
   int64_t p2p_bytes_sent() const { return p2p_bytes_; }
 
  private:
-  PipeEngine(const models::GPT2Config& model_cfg, int model_tp,
-             const std::function<GPT2Stage(std::vector<std::pair<int, int>>, int64_t)>& make_stage,
+  PipeEngine(const std::vector<LayerInfo>& layers, int model_tp,
+             const std::function<PipeStagePtr(std::vector<std::pair<int, int>>, int64_t)>& make_stage,
              const PipeConfig& cfg, parallel::Topology& topo, PipeOptions opts);
   struct Slot;  // one (micro-batch, chunk)'s tensors
   class SendProgress;  // see [Pipeline Execution]: completes CPU sends while the stage computes
@@ -186,7 +194,7 @@ class PipeEngine {
   int stage_ = 0;
   Schedule schedule_;
   std::vector<int> bounds_;
-  GPT2Stage module_{nullptr};
+  PipeStagePtr module_;
   std::unique_ptr<Engine> engine_;
   std::vector<torch::Tensor> params_;
   comm::GroupPtr pp_, act_, grad_, world_;
