@@ -153,7 +153,38 @@ GateResult top2_gating(const torch::Tensor& logits, const GateOptions& opt, std:
   return finish(std::move(r), routed, (mask1 + mask2).sum(0));
 }
 
+GateResult mixtral_gating(const torch::Tensor& logits, const GateOptions& opt) {
+  ZT_CHECK_T(logits.dim() == 2 && logits.size(0) > 0 && logits.size(1) > 0, ConfigError,
+             "MoE gating: logits must be [tokens > 0, experts > 0], got ", logits.sizes());
+  const int64_t T = logits.size(0), E = logits.size(1), k = opt.k;
+  ZT_CHECK_T(k >= 1 && k <= E, ConfigError, "MoE (Mixtral routing): num_experts_per_tok must be in 1..", E,
+             " (the number of experts), got ", k);
+  const auto probs = torch::softmax(logits.to(torch::kFloat), 1);  // [T, E]
+  const auto top = probs.topk(k, 1);
+  const auto vals = std::get<0>(top);  // [T, k], differentiable
+  const auto idx = std::get<1>(top);   // [T, k]
+  GateResult r;
+  r.expert_index = idx;
+  r.weights = vals / vals.sum(1, /*keepdim=*/true);
+  const auto masks = torch::one_hot(idx, E);  // [T, k, E] int64
+  std::vector<torch::Tensor> slots;
+  auto before = torch::zeros({E}, masks.options());  // assignments of earlier choices per expert
+  for (int64_t j = 0; j < k; ++j) {
+    const auto m = masks.select(1, j);  // [T, E]
+    slots.push_back(((m.cumsum(0) - 1 + before.unsqueeze(0)) * m).sum(1));
+    before = before + m.sum(0);
+  }
+  r.slot = torch::stack(slots, 1);
+  r.kept = torch::ones({T, k}, torch::TensorOptions().dtype(torch::kBool).device(logits.device()));
+  r.choice_fraction = masks.to(torch::kFloat).mean(0);  // [k, E]
+  r.prob_mean = probs.mean(0);                          // [E]
+  r.aux_loss = (r.choice_fraction * r.prob_mean.unsqueeze(0)).sum() * static_cast<double>(E);
+  r.capacity = agree_capacity(before.max().item<int64_t>(), opt);
+  return finish(std::move(r), before, before);
+}
+
 GateResult topk_gating(const torch::Tensor& logits, const GateOptions& opt, std::optional<torch::Generator> gen) {
+  if (opt.routing == GateRouting::Mixtral) return mixtral_gating(logits, opt);
   ZT_CHECK_T(opt.k == 1 || opt.k == 2, ConfigError, "MoE: k must be 1 or 2, got ", opt.k);
   return opt.k == 1 ? top1_gating(logits, opt, gen) : top2_gating(logits, opt, gen);
 }
@@ -261,7 +292,13 @@ torch::Tensor all_to_all_rows(const torch::Tensor& x, const comm::GroupPtr& g, c
 MoEImpl::MoEImpl(MoEOptions opt, const ExpertFactory& make_expert) : opt_(std::move(opt)) {
   ZT_CHECK_T(opt_.hidden > 0, ConfigError, "MoE: hidden must be > 0, got ", opt_.hidden);
   ZT_CHECK_T(opt_.num_experts >= 1, ConfigError, "MoE: num_experts must be >= 1, got ", opt_.num_experts);
-  ZT_CHECK_T(opt_.gate.k == 1 || opt_.gate.k == 2, ConfigError, "MoE: k must be 1 or 2, got ", opt_.gate.k);
+  const bool mixtral = opt_.gate.routing == GateRouting::Mixtral;  // [Mixtral Routing]: 1 <= k <= E
+  ZT_CHECK_T(!mixtral || (opt_.gate.k >= 1 && opt_.gate.k <= opt_.num_experts), ConfigError,
+             "MoE (Mixtral routing): num_experts_per_tok must be in 1..num_local_experts (", opt_.num_experts,
+             "), got ", opt_.gate.k);
+  ZT_CHECK_T(!mixtral || (!opt_.use_residual && opt_.gate.noisy_gate_policy == NoisyGatePolicy::None), ConfigError,
+             "MoE (Mixtral routing): no residual expert and no noisy gate policy (Mixtral has neither)");
+  ZT_CHECK_T(mixtral || opt_.gate.k == 1 || opt_.gate.k == 2, ConfigError, "MoE: k must be 1 or 2, got ", opt_.gate.k);
   ZT_CHECK_T(opt_.gate.k == 1 || opt_.num_experts >= 2, ConfigError,
              "MoE: k=2 needs num_experts >= 2, got ", opt_.num_experts);
   ZT_CHECK_T(opt_.gate.k == 1 || opt_.gate.noisy_gate_policy != NoisyGatePolicy::RSample, ConfigError,

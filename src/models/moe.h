@@ -48,7 +48,8 @@
 //   y = zeros[T, d].index_add(tokens, expert_out.index_select(rows) * weight). Autograd
 //   differentiates these (index_select <-> index_add), so no custom function is needed.
 //   With k <= 2 a token's output sums at most two terms starting from 0, so index_add's
-//   order (CUDA atomics) cannot change the result.
+//   order (CUDA atomics) cannot change the result ([Mixtral Routing] with k > 2 on CUDA
+//   may sum in any order: fp32 rounding only).
 // - Saved for backward, beyond the experts' own activations: the N = kept assignments'
 //   gathered output rows [N, d] and weights, int64 indices [N], and the gate's [T, E]
 //   softmax; O((T k) d + T E) instead of the dense O(T E C) (C ~ T k / E with drops,
@@ -73,8 +74,23 @@ enum class NoisyGatePolicy { None, Jitter, RSample };
 // "None" / "none" / "" , "Jitter", "RSample"; ConfigError naming the value otherwise.
 NoisyGatePolicy parse_noisy_gate_policy(const std::string& s);
 
+// [Mixtral Routing] GateRouting::Mixtral is Hugging Face's MixtralSparseMoeBlock and
+// load_balancing_loss_func instead of DeepSpeed's gating:
+// - probs = softmax(logits) over all E experts in fp32; the k largest (torch.topk, 1 <= k
+//   <= E) are the choices; weights = their probs / their sum (renormalised: the same as a
+//   softmax over the top-k logits). Dropless: no capacity, nothing drops, no noise.
+// - Slots: expert e holds first all first choices for e (token order), then all second
+//   choices, ... (as top-2 above, for any k).
+// - aux loss = E * sum_{j,e} ce[j, e] * me[e]: ce[j, e] = fraction of tokens whose j-th choice
+//   is e, me = mean over tokens of probs (HF's tokens_per_expert [k, E] x
+//   router_prob_per_expert, summed, times E). Only me carries gradient. GateResult's
+//   choice_fraction (ce) and prob_mean (me) let a model apply HF's formula to all its
+//   layers' tokens at once (HF concatenates the layers' logits before the means).
+enum class GateRouting { DeepSpeed, Mixtral };
+
 struct GateOptions {
-  int64_t k = 1;                 // 1 or 2
+  GateRouting routing = GateRouting::DeepSpeed;
+  int64_t k = 1;                 // 1 or 2 (DeepSpeed); 1..E (Mixtral)
   double capacity_factor = 1.0;  // > 0
   int64_t min_capacity = 4;      // >= 0 (DeepSpeed's MoE default)
   bool drop_tokens = true;
@@ -103,6 +119,8 @@ struct GateResult {
   std::vector<int64_t> routed_counts, kept_counts;  // the two above on the host (one copy)
   int64_t capacity = 0;
   double dropped_fraction = 0.0;     // dropped assignments / routed assignments
+  // [Mixtral Routing] only (undefined otherwise): ce [k, E] and me [E] of the aux loss.
+  torch::Tensor choice_fraction, prob_mean;
 };
 
 int64_t moe_capacity(int64_t tokens, int64_t experts, double capacity_factor, int64_t min_capacity);
@@ -113,6 +131,9 @@ GateResult top1_gating(const torch::Tensor& logits, const GateOptions& opt,
                        std::optional<torch::Generator> gen = std::nullopt);
 GateResult top2_gating(const torch::Tensor& logits, const GateOptions& opt,
                        std::optional<torch::Generator> gen = std::nullopt);
+// [Mixtral Routing].
+GateResult mixtral_gating(const torch::Tensor& logits, const GateOptions& opt);
+// By opt.routing: Mixtral, else top-1 / top-2 by opt.k.
 GateResult topk_gating(const torch::Tensor& logits, const GateOptions& opt,
                        std::optional<torch::Generator> gen = std::nullopt);
 
