@@ -238,7 +238,8 @@ struct AllToAllRows : torch::autograd::Function<AllToAllRows> {
   static torch::Tensor run(const torch::Tensor& x, comm::Group* g, const std::vector<int64_t>& send_rows,
                            const std::vector<int64_t>& recv_rows, SpanLog* sink) {
     auto in = x.contiguous();
-    const int64_t width = in.dim() > 1 ? in.numel() / std::max<int64_t>(in.size(0), 1) : 1;
+    int64_t width = 1;  // elements per row (from the shape: a rank may send no rows)
+    for (int64_t i = 1; i < in.dim(); ++i) width *= in.size(i);
     int64_t total = 0;
     std::vector<int64_t> sc, rc;
     for (size_t p = 0; p < send_rows.size(); ++p) {

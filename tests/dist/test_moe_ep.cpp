@@ -177,6 +177,26 @@ TEST(MoEExpertParallel, SparseEqualsTheDenseExchange) {
   }
 }
 
+// all_to_all_rows with a rank that sends no rows (rank 0 sends none; every other rank r
+// sends one row [r, p, 0] to each rank p), forward and backward (the gradient goes back with
+// the splits swapped). A 0-row input once lost its width (the MoEEngine rows at 4 ranks).
+TEST(MoEExpertParallel, RowExchangeWithARankThatSendsNothing) {
+  auto g = world();
+  const int P = g->size(), r = g->rank();
+  std::vector<int64_t> send(static_cast<size_t>(P), r == 0 ? 0 : 1), recv(static_cast<size_t>(P));
+  for (int p = 0; p < P; ++p) recv[static_cast<size_t>(p)] = p == 0 ? 0 : 1;
+  auto x = torch::zeros({r == 0 ? 0 : P, 3});
+  for (int p = 0; r != 0 && p < P; ++p) x[p] = torch::tensor({static_cast<float>(r), static_cast<float>(p), 0.f});
+  x.requires_grad_(true);
+  const auto y = all_to_all_rows(x, g, send, recv);
+  ASSERT_EQ(y.sizes(), (std::vector<int64_t>{P - 1, 3}));
+  for (int p = 1; p < P; ++p)
+    EXPECT_TRUE(torch::equal(y[p - 1].detach(), torch::tensor({static_cast<float>(p), static_cast<float>(r), 0.f})));
+  (y * (r + 1)).sum().backward();  // each received row's gradient is (receiver + 1)
+  for (int p = 0; r != 0 && p < P; ++p)
+    EXPECT_TRUE(torch::equal(x.grad()[p], torch::full({3}, static_cast<float>(p + 1)))) << "row for rank " << p;
+}
+
 TEST(MoEExpertParallel, ExpertsThatDoNotDivideAreNamed) {
   auto g = world();
   if (g->size() < 2) GTEST_SKIP() << "needs 2 ranks (an ep size > 1)";
