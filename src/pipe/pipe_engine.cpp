@@ -558,14 +558,32 @@ double PipeEngine::train_batch(const std::function<MicroBatch()>& next) {
   const auto t0 = Clock::now();
   auto compute_end = t0;
   if (events_) events_->start();
-  for (const auto& in : schedule_.stages[static_cast<size_t>(stage_)]) {
-    if (in.op == Op::kReduceGrads) {
-      compute_end = Clock::now();
-      if (events_) events_->compute_end();
+  const auto& instrs = schedule_.stages[static_cast<size_t>(stage_)];
+  // A peer stage that stops (dies, hangs) surfaces as the group's CommError at its timeout
+  // ([P2P Rules]); it is rethrown naming the instruction this stage was waiting in.
+  size_t at = 0;
+  try {
+    for (; at < instrs.size(); ++at) {
+      const auto& in = instrs[at];
+      if (in.op == Op::kReduceGrads) {
+        compute_end = Clock::now();
+        if (events_) events_->compute_end();
+      }
+      run(in, mbs, slots, t);
     }
-    run(in, mbs, slots, t);
+    finish_sends();
+  } catch (const CommError& e) {
+    const bool in_loop = at < instrs.size();
+    throw CommError(detail::cat("pipeline stage ", stage_, " of ", spec.stages, " (", schedule_name(spec.kind),
+                                ", ", spec.micro_batches, " micro-batches), batch ", steps_ + 1, ": ",
+                                in_loop ? "instruction " + std::to_string(at + 1) + " of " +
+                                              std::to_string(instrs.size()) + " '" +
+                                              instrs[at].str(spec.virtual_stages > 1) + "'"
+                                        : std::string("waiting for its posted sends at the end of the batch"),
+                                (in_loop && instrs[at].mb >= 0 ? " (micro-batch " + std::to_string(instrs[at].mb) + ")"
+                                                                : std::string()),
+                                " failed; a peer stage's rank stopped or died: ", e.what()));
   }
-  finish_sends();
   if (events_) {
     events_->finish(t);
   } else {

@@ -157,6 +157,31 @@ TEST(LaunchFailure, MissingPeerTimesOutInP2P) {
                                             "pending: send #0 to peer 1 (1048576 x Float), recv #0 from peer 1"});
 }
 
+// A pipeline stage's rank that stops mid-batch (pp 2, 1F1B, CPU; tests/progs/dead_stage.cpp):
+// stage 0's rank gets a CommError at the 2 s timeout, not a hang, naming the schedule
+// instruction it waited in (rg1 of batch 2), the recv, the peer and the group.
+TEST(LaunchFailure, DeadPipelineStageTimesOutNamingTheInstruction) {
+  Launched r = launch("-n 2 -- " + prog("dead_stage"), "ZT_COMM_TIMEOUT=2");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "[rank 0] batch 1 done")) << "batch 1 must run on both stages\n" << r.output;
+  EXPECT_TRUE(contains(r.output, "[rank 1] stage 1 stops in micro-batch 1's backward")) << r.output;
+  const std::string head = "[rank 0] prog_dead_stage: batch 2: CommError after ";
+  size_t at = r.output.find(head);
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string msg = r.output.substr(at, r.output.find('\n', at) - at);
+  for (const char* name : {"pipeline stage 0 of 2 (1f1b, 4 micro-batches), batch 2",
+                           "instruction 8 of 20 'rg1' (micro-batch 1)", "recv #", "from peer 1",
+                           "on rank 0 of group", "timed out", "ZT_COMM_TIMEOUT"}) {
+    EXPECT_TRUE(contains(msg, name)) << name << " missing from: " << msg;
+  }
+  const double waited = std::atof(msg.c_str() + head.size());
+  EXPECT_GE(waited, 1.9) << msg;
+  EXPECT_LT(waited, 6.0) << msg;
+  EXPECT_FALSE(contains(r.output, "slept 30 s")) << "the launcher should have ended rank 1\n" << r.output;
+  EXPECT_FALSE(contains(r.output, "batch 2 finished")) << r.output;
+  EXPECT_LT(r.seconds, kTotalSeconds) << r.output;
+}
+
 // The same on GPUs: a peer missing from the first CUDA collective (NCCL set-up), and
 // from a later one (Work::synchronize aborts the communicator).
 TEST(LaunchFailure, MissingPeerTimesOutOnCuda) {
