@@ -45,6 +45,41 @@
 namespace zt::cli {
 namespace {
 
+// [Periodic Saves] A save point's save (or the wait for the previous asynchronous one, or
+// the step that publishes it) that fails with a CheckpointError is reported on rank 0 and
+// remembered; training goes on and the next save point tries again. At the end of the run
+// exit_code() lists the failures on rank 0 and returns 3, or 0 when every save succeeded.
+// Used by the plain path and the pipeline path of `train` alike.
+class PeriodicSaves {
+ public:
+  explicit PeriodicSaves(int rank) : rank_(rank) {}
+  void operator()(const std::function<void()>& fn, int64_t step) {
+    try {
+      fn();
+    } catch (const CheckpointError& e) {
+      failed_.push_back(detail::cat("step ", step, ": ", e.what()));
+      if (rank_ == 0) {
+        log::error("checkpoint save at step %lld failed: %s -- training goes on; the next save point tries again",
+                   static_cast<long long>(step), e.what());
+      }
+    }
+  }
+  int exit_code() const {
+    if (failed_.empty()) return 0;
+    if (rank_ == 0) {
+      std::string text = detail::cat(failed_.size(), " checkpoint save(s) failed during the run (the last one "
+                                     "succeeded):");
+      for (const auto& f : failed_) text += "\n  " + f;
+      log::write(log::Level::kError, text);
+    }
+    return 3;
+  }
+
+ private:
+  int rank_;
+  std::vector<std::string> failed_;
+};
+
 const char* kTrainUsage =
     "usage: zerotrain train --config CONFIG.json --model NAME [options]\n\n"
     "  --model NAME        gpt2-tiny | gpt2 | gpt2-medium | gpt2-large | gpt2-xl |\n"
@@ -533,19 +568,8 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
     collect_saves();
   };
   // A failed periodic save is reported, training goes on, and the run exits with code 3 (as
-  // without --pp); the last save of the run must succeed.
-  std::vector<std::string> failed_saves;
-  auto periodic = [&](const std::function<void()>& fn, int64_t step) {
-    try {
-      fn();
-    } catch (const CheckpointError& e) {
-      failed_saves.push_back(detail::cat("step ", step, ": ", e.what()));
-      if (rank == 0) {
-        log::error("checkpoint save at step %lld failed: %s -- training goes on; the next save point tries again",
-                   static_cast<long long>(step), e.what());
-      }
-    }
-  };
+  // without --pp); the last save of the run must succeed ([Periodic Saves]).
+  PeriodicSaves periodic(rank);
   int64_t start = 0;
   if (!a.load.empty()) {
     const nlohmann::json client = engine.load_checkpoint(a.load);
@@ -660,16 +684,7 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
       f << sj.dump() << "\n";
     }
   }
-  if (!failed_saves.empty()) {
-    if (rank == 0) {
-      std::string text = detail::cat(failed_saves.size(), " checkpoint save(s) failed during the run (the last one "
-                                     "succeeded):");
-      for (const auto& f : failed_saves) text += "\n  " + f;
-      log::write(log::Level::kError, text);
-    }
-    return 3;
-  }
-  return 0;
+  return periodic.exit_code();
 }
 
 }  // namespace
@@ -1031,20 +1046,9 @@ int cmd_train(int argc, char** argv) {
     ZT_CHECK_T(!failure, ConfigError, failure->message);
   }
   // A failed periodic save (a full disk) is reported and cleaned up (no partial files),
-  // training goes on and the next save point tries again; the run then exits with code 3.
-  // The last save of the run must succeed (its failure ends the run with an error).
-  std::vector<std::string> failed_saves;
-  auto periodic = [&](const std::function<void()>& fn, int64_t step) {
-    try {
-      fn();
-    } catch (const CheckpointError& e) {
-      failed_saves.push_back(detail::cat("step ", step, ": ", e.what()));
-      if (rank == 0) {
-        log::error("checkpoint save at step %lld failed: %s -- training goes on; the next save point tries again",
-                   static_cast<long long>(step), e.what());
-      }
-    }
-  };
+  // training goes on and the next save point tries again ([Periodic Saves]). The last save
+  // of the run must succeed (its failure ends the run with an error).
+  PeriodicSaves periodic(rank);
   // An asynchronous save still in flight at a save point is published (or fails) on its
   // own first: its failure is reported as such, and this save point still saves. (Inside
   // the next save, the previous one's failure would abort that save too.)
@@ -1465,18 +1469,9 @@ int cmd_train(int argc, char** argv) {
       f << nlohmann::json({{"step", e["step"]}, {"val_loss", e["val_loss"]}, {"val_ppl", e["val_ppl"]}}).dump() << "\n";
     }
   }
-  if (!failed_saves.empty()) {
-    if (rank == 0) {
-      std::string text = detail::cat(failed_saves.size(), " checkpoint save(s) failed during the run (the last one "
-                                     "succeeded):");
-      for (const auto& f : failed_saves) text += "\n  " + f;
-      log::write(log::Level::kError, text);
-    }
-    comm::finalize();
-    return 3;
-  }
+  const int code = periodic.exit_code();
   comm::finalize();
-  return 0;
+  return code;
 }
 
 }  // namespace zt::cli
