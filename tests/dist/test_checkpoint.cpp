@@ -870,6 +870,47 @@ TEST(CheckpointAsync, SaveAfterAFailedAsyncSaveIsTakenThenThrowsThePreviousFailu
   EXPECT_EQ(eb->global_steps(), 2);
 }
 
+// [Failed Previous Save] on load: load_checkpoint while a failed asynchronous save is in
+// flight loads the requested checkpoint (the engine continues exactly like the run that
+// saved it) and then throws the failure on every rank, saying that the load succeeded. A
+// load that fails as well carries the previous failure. Before: it threw without loading.
+TEST(CheckpointAsync, LoadAfterAFailedAsyncSaveLoadsThenThrowsThePreviousFailure) {
+  auto world = zt::comm::world_group();
+  TempDir dir(world);
+  const int victim = world->size() - 1;
+  const auto cfg = config(1, "fp32", 1);
+  torch::manual_seed(7);
+  Net m;
+  auto e = engine_for(m, cfg, world);
+  train(*e, m, 0, 2);
+  e->save_checkpoint(dir.path, "good", {{"k", 5}});
+  const auto want = train(*e, m, 2, 4);
+  {
+    FailEnvGuard fail("bad:" + std::to_string(victim));
+    e->save_checkpoint(dir.path, "bad", {}, /*async=*/true);
+    const std::string err = save_error([&] { e->load_checkpoint(dir.path, "good"); });
+    EXPECT_TRUE(has(err, "asynchronous save of checkpoint 'bad'")) << err;
+    EXPECT_TRUE(has(err, "injected by ZT_CKPT_TEST_FAIL")) << err;
+    EXPECT_TRUE(has(err, "this call's load of checkpoint 'good' from '" + dir.path + "' succeeded")) << err;
+  }
+  EXPECT_FALSE(e->checkpoint_pending());
+  EXPECT_EQ(e->global_steps(), 2);
+  EXPECT_EQ(zt::ckpt::read_text_file(dir.path + "/latest"), "good");
+  EXPECT_EQ(train(*e, m, 2, 4), want) << "the load restored step 2's state (parameters, optimizer, RNG)";
+  {
+    // The load fails too (no such tag): its error, then the previous failure.
+    FailEnvGuard fail("bad2:" + std::to_string(victim));
+    e->save_checkpoint(dir.path, "bad2", {}, /*async=*/true);
+    const std::string err = save_error([&] { e->load_checkpoint(dir.path, "missing"); });
+    EXPECT_TRUE(has(err, "missing")) << err;
+    EXPECT_TRUE(has(err, "before it, the previous asynchronous save failed")) << err;
+    EXPECT_TRUE(has(err, "asynchronous save of checkpoint 'bad2'")) << err;
+  }
+  EXPECT_FALSE(e->checkpoint_pending());
+  EXPECT_EQ(e->load_checkpoint(dir.path).value("k", 0), 5);  // nothing left to report: a plain load
+  EXPECT_EQ(e->global_steps(), 2);
+}
+
 }  // namespace
 
 }  // namespace zt_test_checkpoint
