@@ -17,8 +17,8 @@
 set -uo pipefail
 PHASE=${PHASE:-1}; S=${STEPS:-8}; W=3; L=${LAYERS:-0}
 N=2; STAGE=3; [ "$PHASE" -ge 4 ] && { N=1; STAGE=0; }  # phases 4-5: one GPU, no partitioning
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  $(ls .whl-bnb/*.whl 2>/dev/null) && export PYTHONPATH=/tmp/site || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target ${SITE:-/tmp/site} .whl/*.whl \
+  $(ls .whl-bnb/*.whl 2>/dev/null) && export PYTHONPATH=${SITE:-/tmp/site} || exit 1
 source scripts/device/common.sh llama8b_p$PHASE ${SKIP_ZT:+--no-build} zerotrain_cli
 LAYER_FLAG=""; [ "$L" != 0 ] && LAYER_FLAG="--layers $L"
 LORA="r=16,alpha=32,targets=q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj"

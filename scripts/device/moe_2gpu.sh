@@ -22,8 +22,8 @@
 # run JIT-builds FusedAdam). Files: $OUT/moe_2gpu_s<STAGES>.tar.gz (summaries, metrics, logs,
 # table.md, table.json; re-packed after every run); the table is printed last.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target ${SITE:-/tmp/site} .whl/*.whl \
+  && export PYTHONPATH=${SITE:-/tmp/site} || exit 1
 STAGES=${STAGES:-2}; TAG=moe_2gpu_s${STAGES// /}
 source scripts/device/common.sh $TAG ${SKIP_ZT:+--no-build} zerotrain_cli
 # The files live outside $OUT and are re-packed into $OUT/$TAG.tar.gz after every run, so a
