@@ -1,4 +1,5 @@
-// Helpers of the offload set-up shared by zero_offload.cpp and zero_offload_nvme.cpp: one
+// Helpers of the offload set-up shared by the step backends (step_cpu_adam.cpp,
+// step_nvme.cpp) and ZeroOptimizer (zero_optimizer.cpp, zero_offload_nvme.cpp): one
 // decision on every rank, and byte counts for messages.
 #pragma once
 #include <cstdint>

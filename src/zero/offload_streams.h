@@ -1,5 +1,5 @@
-// The CUDA copy streams of ZeRO-Offload (ZeroOptimizer::streams_), shared by the CPU path
-// (zero_offload.cpp) and the NVMe path (zero_offload_nvme.cpp). Internal.
+// The CUDA copy streams of ZeRO-Offload (CpuAdamStep::streams_), shared by the CPU path
+// (step_cpu_adam.cpp) and the NVMe path (step_nvme.cpp). Internal.
 #pragma once
 #ifdef ZT_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>

@@ -1,7 +1,7 @@
 // The sharded optimizer state of one shard group, part (d) of "ZeRO as parts"
 // (docs/zero-parts.md): the update rule with its parameter groups over this rank's owned
 // elements (OptimizerRule), and the fp32 buffers of those elements (OwnedState). The
-// step backends (device: step_device.h; CPU Adam and NVMe: zero_offload*.cpp) update them.
+// step backends (step_backend.h: DeviceStep, CpuAdamStep, NvmeStep) update them.
 #pragma once
 #include <torch/torch.h>
 

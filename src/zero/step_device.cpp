@@ -1,6 +1,7 @@
 #include "zero/step_device.h"
 
 #include <cmath>
+#include <utility>
 
 #include "kernels/aten.h"
 #include "zerotrain/error.h"
@@ -8,8 +9,9 @@
 namespace zt::zero {
 
 DeviceStep::DeviceStep(const ShardLayout& layout, const OptimizerRule& rule, OwnedState& state,
-                       DeviceStepOptions options)
-    : L_(layout), rule_(rule), state_(state), opt_(options) {
+                       DeviceStepOptions options, GradFn grad, ParamFn params)
+    : StepBackend(state), L_(layout), rule_(rule), state_(state), opt_(options), grad_(std::move(grad)),
+      params_(std::move(params)) {
   ZT_ASSERT(state_.master.defined(), "the device step needs the fp32 master");
   step_t_ = torch::zeros({}, torch::TensorOptions().device(opt_.device).dtype(at::kFloat));
 }

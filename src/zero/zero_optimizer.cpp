@@ -1,8 +1,12 @@
 #include "zero/zero_optimizer.h"
 
 #include "kernels/aten.h"
+#include "offload/host_memory.h"
+#include "zero/agree.h"
 #include "zero/grad_norm.h"
+#include "zero/step_cpu_adam.h"
 #include "zero/step_device.h"
+#include "zero/step_nvme.h"
 
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
@@ -85,7 +89,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr g
   ZT_ASSERT(!opt_.nvme || opt_.offload_optimizer, "ZeroOptions.nvme needs offload_optimizer");
   // The config layer rejects delayed_param_update with nvme (src/config/sections.cpp).
   ZT_ASSERT(!(opt_.nvme && opt_.delayed_update), "the delayed update is the CPU step's: not with NVMe");
-  if (opt_.nvme) check_nvme(owned);  // before any state is allocated
+  if (opt_.nvme) NvmeStep::check_path(opt_, group_, owned);  // before any state is allocated
   if (opt_.stage != 3) check_host_memory();  // stage 3: init_stage3, before its host shard
   if (!opt_.nvme) {
     state_.master = state(owned);
@@ -110,14 +114,43 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr g
     state_.exp_avg = state(owned);
     state_.exp_avg_sq = state(owned);
   }
-  if (opt_.offload_optimizer) init_offload();
-  if (opt_.nvme) init_nvme(owned);
-  // The step backend: the device step (fused kernel / ATen) unless the CPU Adam step of
-  // the offload path (zero_offload*.cpp) runs it.
-  if (!opt_.offload_optimizer) device_ = std::make_unique<DeviceStep>(L_, rule_, state_, DeviceStepOptions{opt_.device, opt_.dtype});
+  make_backend();
 
   reducer_->allocate();
   if (opt_.stage == 2 || (opt_.stage <= 1 && world_ > 1)) reducer_->install_hooks(0, params_.size());  // stage 3: init_stage3
+}
+
+void ZeroOptimizer::make_backend() {
+  // The device step (fused kernel / ATen) unless offload_optimizer moves the state to the
+  // host (CPU Adam) or to a swap file (NVMe).
+  if (!opt_.offload_optimizer) {
+    backend_ = std::make_unique<DeviceStep>(
+        L_, rule_, state_, DeviceStepOptions{opt_.device, opt_.dtype}, [this](int b) { return reducer_->grad(b); },
+        [this](int b) { return opt_.stage <= 2 ? L_.owned_in_flat(flat_param_, b) : torch::Tensor(); });
+    return;
+  }
+  StepContext ctx{opt_,
+                  L_,
+                  rule_,
+                  state_,
+                  group_,
+                  [this](int b) { return reducer_->grad(b); },
+                  [this](int b) { return param_dst(b); },
+                  [this](int b) {
+                    return opt_.stage == 3 ? L_.owned_view(param_shard_, b) : L_.owned_in_flat(flat_param_, b);
+                  },
+                  param_shard_,
+                  nullptr,
+                  nullptr};
+  if (param_nvme_) {
+    ctx.param_file_write = [this](int64_t begin, const torch::Tensor& src) { param_nvme_write(begin, src); };
+    ctx.param_file_read = [this](int64_t begin, int64_t numel) { return param_nvme_read(begin, numel).first; };
+  }
+  if (opt_.nvme) {
+    backend_ = std::make_unique<NvmeStep>(std::move(ctx));
+  } else {
+    backend_ = std::make_unique<CpuAdamStep>(std::move(ctx));
+  }
 }
 
 void ZeroOptimizer::make_reducer() {
@@ -134,9 +167,11 @@ void ZeroOptimizer::make_reducer() {
   // Offload: the last micro-step's reduced shard is final; stream it to the host now,
   // while backward goes on.
   reducer_->on_issued = [this](int b, const comm::WorkPtr& work, bool final) {
-    // Not with post-scaling still to come (prescale_gradients, grad_scale): offload_step
+    // Not with post-scaling still to come (prescale_gradients, grad_scale): CpuAdamStep::update
     // copies those buckets once they are final.
-    if (opt_.offload_optimizer && final && !opt_.prescale_gradients && opt_.grad_scale == 1.0) stream_grad_to_host(b, work);
+    if (opt_.offload_optimizer && final && !opt_.prescale_gradients && opt_.grad_scale == 1.0) {
+      backend_->grad_issued(b, work);
+    }
   };
   // Stage 3: the unit's gradients are out; its full parameters are no longer needed.
   reducer_->on_done = [this](int b) {
@@ -145,7 +180,7 @@ void ZeroOptimizer::make_reducer() {
 }
 
 ZeroOptimizer::~ZeroOptimizer() {
-  if (worker_.joinable()) worker_.join();  // a delayed CPU step still running
+  backend_.reset();  // joins a delayed CPU step still running, which uses this shard group's buffers
 }
 
 void ZeroOptimizer::begin_backward(bool boundary, bool first_micro_step) {
@@ -178,9 +213,9 @@ StepOutcome ZeroOptimizer::apply_step(const torch::Tensor& sq, const StepInputs&
   torch::NoGradGuard no_grad;
   StepOutcome out;
   double factor = 1.0 / in.loss_scale;
-  const bool defer = in.defer && device_ && device_->can_defer();
+  const bool defer = in.defer && backend_->can_defer();
   if (defer) {
-    device_->defer(sq, in);  // overflow check and clipping stay on the device
+    backend_->defer(sq, in);  // overflow check and clipping stay on the device
     out.norm_sq = sq;
     factor = 1.0;
   } else {
@@ -195,16 +230,11 @@ StepOutcome ZeroOptimizer::apply_step(const torch::Tensor& sq, const StepInputs&
       if (coef < 1.0) factor *= coef;
     }
   }
-  params_written_ = false;
-  if (opt_.offload_optimizer) {
-    offload_step(factor, in);  // CPU step, uploads, then the stage's refresh below
-  } else {
-    params_written_ = device_->step(
-        factor, in, [this](int b) { return reducer_->grad(b); },
-        [this](int b) { return opt_.stage <= 2 ? L_.owned_in_flat(flat_param_, b) : torch::Tensor(); });
-  }
+  // Offload: the CPU step and its uploads (delayed: the previous step's put in place), then
+  // the stage's refresh below.
+  params_written_ = backend_->update(factor, in);
   refresh_params();
-  if (device_) device_->clear_deferred();
+  backend_->end_step();
   return out;
 }
 
@@ -295,18 +325,15 @@ void ZeroOptimizer::zero_grad() { reducer_->zero_grad(); }
 ModelStateBytes ZeroOptimizer::state_bytes() const {
   auto nb = [](const torch::Tensor& t) -> int64_t { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; };
   ModelStateBytes m;
-  m.params = nb(flat_param_) + nb(param_shard_) + nb(delayed_stage_);
+  m.params = nb(flat_param_) + nb(param_shard_);
   m.frozen_storage = frozen_storage_ ? frozen_storage_->shard_bytes() : 0;
   m.frozen = (frozen_ ? frozen_->shard_bytes() : 0) + m.frozen_storage;
   m.grads = reducer_->grad_bytes();
   m.master = state_.master_bytes();
   m.optimizer = state_.moment_bytes();
-  if (opt_.offload_optimizer) {
-    m.host = m.master + m.optimizer + nb(host_grad_) + nb(host_grad_spare_) +
-             (host_param_.is_same(param_shard_) ? 0 : nb(host_param_));
-    if (opt_.offload_param) m.host += nb(param_shard_);
-  }
-  if (nvme_) nvme_state_bytes(m);  // master and Adam state on the drive, staging buffers in host memory
+  // Offload: the host buffers (NVMe: master and Adam state on the drive, staging buffers in
+  // host memory); the delayed update's device stage.
+  backend_->add_state_bytes(m);
   if (param_nvme_) param_nvme_state_bytes(m);  // the compute-dtype shard on the drive, its slots in host memory
   return m;
 }
@@ -321,7 +348,7 @@ std::vector<torch::Tensor> ZeroOptimizer::gather_master_params() {
   torch::NoGradGuard no_grad;
   flush_delayed_update();
   // NVMe: the master is read back from the swap file (a host copy of this rank's shard).
-  const torch::Tensor master = nvme_ ? nvme_read_state(/*master_only=*/true)[0] : state_.master;
+  const torch::Tensor master = backend_->state_buffers(/*master_only=*/true)[0];
   torch::Tensor full;
   if (L_.owns_all) {
     full = master;
@@ -339,6 +366,44 @@ std::vector<torch::Tensor> ZeroOptimizer::gather_master_params() {
     result[user_index_[i]] = full.narrow(0, L_.flat.params[i].offset, L_.flat.params[i].numel).view(shape).clone();
   }
   return result;
+}
+
+// ---- Offload glue: where the CPU step writes, and the host memory it needs ----
+
+torch::Tensor ZeroOptimizer::param_dst(int b) {
+  if (opt_.stage == 3) return opt_.offload_param ? torch::Tensor() : L_.owned_view(param_shard_, b);
+  return L_.owned_in_flat(flat_param_, b);
+}
+
+void ZeroOptimizer::flush_delayed_update() {
+  torch::NoGradGuard no_grad;
+  if (backend_->flush()) refresh_params();
+}
+
+void ZeroOptimizer::check_host_memory() const {
+  const int64_t per_rank = CpuAdamStep::host_bytes_planned(opt_, L_);
+  if (per_rank == 0) return;
+  const int local = std::max(1, comm::discover_rank().local_world_size);
+  // Every rank reads the host's free memory before any of them allocates (agree ends in a
+  // collective), and all of them decide alike.
+  agree<ConfigError>(group_, [&] {
+    std::string source;
+    const int64_t avail = offload::host_memory_available(&source);
+    if (avail < 0) return;  // unknown: nothing to check against
+    const int64_t need = per_rank * local;
+    ZT_CHECK_T(need <= avail, ConfigError, "zero_optimization.offload_optimizer: the offloaded model state needs ",
+               bytes_text(need), " of host memory (", bytes_text(per_rank), " per rank x ", local,
+               " rank(s) on this host), but ", bytes_text(avail), " is available (", source,
+               "). Put part of it on NVMe (zero_optimization.offload_param.device \"nvme\" moves 2 bytes per "
+               "parameter there at stage 3, offload_optimizer.device \"nvme\" 12), use more hosts, or train a "
+               "smaller model.");
+  });
+}
+
+std::string ZeroOptimizer::nvme_file() const { return backend_->swap_file(); }
+
+torch::Tensor ZeroOptimizer::host_buffer(int64_t numel, std::optional<at::ScalarType> dtype) const {
+  return CpuAdamStep::host_buffer(opt_, numel, dtype);
 }
 
 }  // namespace zt::zero

@@ -4,9 +4,9 @@
 //   GradReducer    (grad_reducer.h)    hooks, buckets, all-reduce / reduce-scatter
 //   ParamGatherer  (param_gatherer.h)  stage 3: units, prefetch, reuse, persistence
 //   OptimizerRule, OwnedState (optimizer_state.h)  the rule, parameter groups, fp32 state
-//   DeviceStep     (step_device.h)     the device step backend (fused kernel / ATen)
-//   the CPU Adam step with the delayed update and the NVMe-swapped CPU Adam step are
-//                  still this class's (zero_offload*.cpp)
+//   StepBackend    (step_backend.h)    the step, picked at construction: DeviceStep
+//                  (fused kernel / ATen), CpuAdamStep (offload, with the delayed update)
+//                  or NvmeStep (NVMe-swapped CPU Adam)
 // The engine (src/engine) drives it; it holds no timing or reporting logic. Partial
 // gradient norms combine over shard groups and the model-parallel group (grad_norm.h).
 //
@@ -27,8 +27,6 @@
 #include <torch/torch.h>
 
 #include <chrono>
-#include <exception>
-#include <thread>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -44,94 +42,14 @@
 #include "zero/param_gatherer.h"
 #include "zero/partition.h"
 #include "zero/shard_layout.h"
-#include "zero/step_device.h"
+#include "zero/step_backend.h"
+#include "zero/zero_options.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/report.h"
 
 namespace zt::zero {
 
-struct ZeroOptions {
-  int stage = 0;
-  at::ScalarType dtype = at::kFloat;  // compute dtype of params and grads
-  torch::Device device = torch::kCPU;
-  int64_t reduce_bucket_numel = 500000000;
-  int64_t allgather_bucket_numel = 500000000;
-  bool overlap_comm = true;            // reduce buckets from backward hooks (stages 0, 2)
-  bool prescale_gradients = false;
-  double gradient_predivide_factor = 1.0;
-  OptimizerConfig optimizer;
-  // Parameter groups: the step uses lr x lr_scale and weight_decay of the parameter's
-  // group. Empty = one group {1, optimizer.params.weight_decay}.
-  using Group = ParamGroupSpec;
-  std::vector<Group> groups;
-  std::vector<int> param_group;  // user index -> index into groups; empty = all in group 0
-
-  // Stage 3. Units in forward order (user parameter indices); parameters in no unit form
-  // the "root" unit, gathered for the whole forward+backward. Parameters with fewer than
-  // persistence_threshold elements form the "persistent" unit, never released.
-  struct Unit {
-    std::string name;
-    std::vector<int> params;
-    std::vector<int> frozen;  // its members of the frozen group (indices into `frozen` below)
-    std::vector<int> frozen_storage;  // its members of the frozen storage group (indices into `frozen_storage`)
-  };
-  std::vector<Unit> units;
-  std::vector<std::string> param_names;   // user index -> name (diagnostics); may be empty
-  int64_t prefetch_numel = 50000000;      // stage3_prefetch_bucket_size
-  int64_t max_live_numel = 1000000000;    // stage3_max_live_parameters
-  int64_t max_reuse_distance = 1000000000; // stage3_max_reuse_distance
-  int64_t persistence_threshold = 100000; // stage3_param_persistence_threshold
-  // Placeholders to materialise (user index -> full shape, empty = a real parameter) and
-  // their initialisation (user index, full-size tensor on the device).
-  std::vector<std::vector<int64_t>> deferred_shapes;
-  std::function<void(int, torch::Tensor&)> deferred_init;
-  // Stage 3: the parameters without gradients (frozen_shards.h), partitioned and gathered
-  // with the same units (Unit::frozen). Empty: none.
-  std::vector<torch::Tensor> frozen;
-  std::vector<std::string> frozen_names;
-  // Stage 3: frozen byte storage (EngineOptions::frozen_storage: QLoRA's NF4 base), uint8,
-  // partitioned and gathered byte for byte (no cast) in a shard group of its own with the
-  // same units (Unit::frozen_storage) and the same release rule ([Frozen Units]). Empty: none.
-  std::vector<torch::Tensor> frozen_storage;
-  std::vector<std::string> frozen_storage_names;
-
-  // ZeRO-Offload (stages 1-3): fp32 master and Adam state in host memory, the step on the
-  // CPU (src/optim/cpu_adam.h), updated compute-dtype shards uploaded per sub-group.
-  bool offload_optimizer = false;
-  bool offload_param = false;       // stage 3: the compute-dtype shard lives in host memory too
-  bool pin_memory = false;          // page-locked host buffers (async copies)
-  int64_t sub_group_numel = 1000000000;  // sub_group_size: CPU step / upload granularity
-  bool delayed_update = false;      // offload_optimizer.delayed_param_update
-  // ZeRO-Infinity (offload_optimizer.device nvme, zero_offload_nvme.cpp): master and Adam
-  // state in one swap file per rank under nvme_path instead of host memory, swapped per
-  // sub-group through buffer_count staging buffers. Needs offload_optimizer.
-  bool nvme = false;
-  std::string nvme_path;
-  int64_t buffer_count = 4;         // offload_optimizer.buffer_count
-  offload::AioOptions aio;          // the "aio" section
-  // offload_param.device nvme (stage 3, with offload_optimizer cpu or nvme; [NVMe Params]
-  // in src/offload/nvme_state.h): the compute-dtype shard lives in a swap file under
-  // param_nvme_path instead of host memory, read per unit through param_buffer_count slots.
-  bool param_nvme = false;
-  std::string param_nvme_path;
-  int64_t param_buffer_count = 5;           // offload_param.buffer_count
-  int64_t param_buffer_size = 100000000;    // offload_param.buffer_size: the largest unit shard must fit
-  // The model-parallel group (tensor x pipeline ranks holding disjoint parameters): the
-  // partial squared gradient norms, and with them the overflow flag, are summed over it
-  // as well (zero/grad_norm.h). Null or size 1: this group's norm is the global one.
-  comm::GroupPtr model_parallel;
-  // Weight of each parameter's squared gradient norm in that sum (user index -> weight;
-  // empty = 1 for every parameter). A parameter replicated on k ranks of model_parallel
-  // (a LayerNorm under tensor parallelism, a tied embedding on two pipeline stages) has
-  // weight 1/k, so the global norm counts it once. Weights must be finite and >= 0.
-  std::vector<double> norm_weight;
-  // Multiplies this shard group's reduced gradients once per step (ReducerOptions::
-  // grad_scale): 1 for dense parameters; 1/ep for an expert shard group ([Expert Groups]).
-  double grad_scale = 1.0;
-};
-
-struct NvmeOffload;  // zero_offload_nvme.cpp
 struct NvmeParams;   // zero_offload_nvme.cpp
 
 // StepInputs: zero/optimizer_state.h.
@@ -212,7 +130,7 @@ class ZeroOptimizer {
   ModelStateBytes state_bytes() const;
   // NVMe: the swap file of this rank ("" without NVMe offload), and the last step's swap.
   std::string nvme_file() const;
-  StepReport::Nvme nvme_step_stats() const { return nvme_step_; }
+  StepReport::Nvme nvme_step_stats() const { return backend_->swap_stats(); }
   std::vector<torch::Tensor> gather_master_params();
   const FlatLayout& layout() const { return L_.flat; }
   int64_t buckets_launched() const { return reducer_->buckets_launched(); }
@@ -257,45 +175,19 @@ class ZeroOptimizer {
   torch::Tensor grad_norm_sq();
   // Makes reducer_ over params_ and L_ (the layout must exist).
   void make_reducer();
-  // ZeRO-Offload (zero_offload.cpp).
-  void init_offload();
-  void offload_step(double factor, const StepInputs& in);
-  // Where the CPU step sends each updated compute-dtype shard: nowhere, into the
-  // parameters (param_dst), or into delayed_stage_ (the delayed update's worker).
-  enum class Upload { kNone, kParams, kDelayedStage };
-  void cpu_update(const torch::Tensor& grads, double factor, const StepInputs& in, Upload upload);
-  void upload_bucket(int b, Upload to);  // bucket b's updated compute-dtype shard
-  void upload_all();                     // every bucket's, into the parameters
-  void apply_delayed_update();           // joins the worker and puts its update in place
+  // Makes backend_ (the layout, the rule and the owned state must exist).
+  void make_backend();
   // A zero-filled host buffer (offloaded state): page-locked at its exact size with
   // pin_memory on CUDA (offload/host_memory.h). The dtype defaults to the compute dtype.
   torch::Tensor host_buffer(int64_t numel, std::optional<at::ScalarType> dtype = std::nullopt) const;
-  // Bytes of host memory the offload set-up allocates on this rank (the fp32 master and Adam
-  // state, the gradient buffers, the upload buffer, the stage-3 host parameter shard; not
-  // the NVMe staging buffers). Needs layout_. Equals state_bytes().host with CPU offload.
-  int64_t host_bytes_planned() const;
-  // Elements of host_param_ when it is a buffer of its own (init_offload): the whole owned
-  // part, or one bucket's scratch with offload_param nvme; 0 when the CPU step writes the
-  // host-resident shard (offload_param cpu) or the NVMe staging buffers instead.
-  int64_t upload_buffer_numel() const;
   // A ConfigError on every rank, before any of it is allocated, when the ranks of this host
-  // together need more than the host has available (offload/host_memory.h).
+  // together need more than the host has available (offload/host_memory.h;
+  // CpuAdamStep::host_bytes_planned).
   void check_host_memory() const;
   int group_of_user(int user_index) const {
     return opt_.param_group.empty() ? 0 : opt_.param_group[user_index];
   }
-  // NVMe (zero_offload_nvme.cpp). check_nvme runs before any state exists; init_nvme
-  // creates the swap file and writes the initial state into it.
-  void check_nvme(int64_t owned);
-  void init_nvme(int64_t owned);
-  void nvme_update(const torch::Tensor& grads, double factor, const StepInputs& in);
-  // The owned fp32 state read back from the swap file into host tensors (state_kinds()
-  // order; master only when master_only).
-  std::vector<torch::Tensor> nvme_read_state(bool master_only);
-  void nvme_import(const StateFetch& fetch);
-  void nvme_finish_import();
-  void nvme_state_bytes(ModelStateBytes& m) const;
-  // offload_param nvme: the stage-3 shard in its swap file ([NVMe Params]). Element ranges
+  // offload_param nvme (zero_offload_nvme.cpp): the stage-3 shard in its swap file ([NVMe Params]). Element ranges
   // of the shard; a read is a host tensor in a staging slot, valid until param_buffer_count
   // more reads; param_nvme_uploaded(slot) records that an upload from it was issued.
   void init_param_nvme(int64_t max_unit_shard);
@@ -308,8 +200,7 @@ class ZeroOptimizer {
   // parameters (collective at stages 1-2). Called before anything reads the master.
   void flush_delayed_update();
  private:
-  void stream_grad_to_host(int b, const comm::WorkPtr& reduce);
-  torch::Tensor param_dst(int b);  // where bucket b's updated compute-dtype shard goes
+  torch::Tensor param_dst(int b);  // where bucket b's updated compute-dtype shard goes (offload)
   void refresh_params();
 
   // Stage 3 (zero3.cpp): units, layout and partition of the parameters; the gatherer.
@@ -338,20 +229,10 @@ class ZeroOptimizer {
 
   torch::Tensor flat_param_;   // (total) compute dtype: every param is a view into it
   OwnedState state_;           // fp32 master and moments of the owned elements (device or host; none with NVMe)
-  std::unique_ptr<DeviceStep> device_;  // the device step backend; null with offload (zero_offload*.cpp)
-
-  // Offload state.
-  torch::Tensor host_grad_;              // (owned) compute dtype, host: gradients for the CPU step
-  torch::Tensor host_param_;             // (owned) compute dtype, host: the CPU step's output
-  std::vector<bool> streamed_;           // per bucket: gradient already copied to host in backward
-  std::shared_ptr<void> streams_;        // CUDA copy streams (zero_offload.cpp)
-  torch::Tensor host_grad_spare_;        // delayed update: backward fills one while the CPU reads the other
-  torch::Tensor delayed_stage_;          // delayed update (CUDA): the worker's uploads, (owned) compute dtype
-  std::thread worker_;                   // delayed update: the CPU step of the previous step
-  std::exception_ptr worker_error_;
-  std::shared_ptr<NvmeOffload> nvme_;    // NVMe: the swap file, staging buffers, upload events
+  // The step backend (step_backend.h): DeviceStep, CpuAdamStep or NvmeStep. Destroyed first
+  // (~ZeroOptimizer): a delayed step's worker uses the buffers below.
+  std::unique_ptr<StepBackend> backend_;
   std::shared_ptr<NvmeParams> param_nvme_;  // offload_param nvme: the parameter file, its slots' upload events
-  StepReport::Nvme nvme_step_;           // NVMe: the last step's swap (nvme_update)
 
   // Stage 3 state.
   std::unique_ptr<ParamGatherer> gatherer_;  // null at stages 0-2
@@ -359,7 +240,7 @@ class ZeroOptimizer {
   std::unique_ptr<FrozenShards> frozen_storage_;  // stage 3 with frozen byte storage (uint8), else null
   // The frozen groups' gatherers (driven by the same calls as the trained group's).
   std::vector<ParamGatherer*> frozen_gatherers() const;
-  torch::Tensor param_shard_;            // (shard) compute dtype: only while initialize() partitions
+  torch::Tensor param_shard_;            // (shard) compute dtype: only while initialize() partitions; kept with offload
   std::vector<std::vector<int64_t>> shapes_;  // layout index -> full shape
   Zero3Stats no_z3_;                     // stages 0-2: no gathers
 };

@@ -1,6 +1,9 @@
 // ZeroOptimizer's checkpoint state: export as per-parameter element ranges, import from
 // any such tiling (any world size, any stage). See zero_optimizer.h and docs/checkpoints.md.
 #include "zero/zero_optimizer.h"
+
+#include <string>
+
 #include "zerotrain/error.h"
 
 namespace zt::zero {
@@ -26,8 +29,7 @@ std::vector<ZeroOptimizer::StateFragment> ZeroOptimizer::state_fragments() {
   flush_delayed_update();  // a delayed CPU step still writing the master: finish it first
   // NVMe: a host copy of the state read back from the swap file; the fragments are views
   // into it and keep it alive until the checkpoint is written.
-  const auto bufs = nvme_ ? nvme_read_state(/*master_only=*/false)
-                          : state_.buffers();
+  const auto bufs = backend_->state_buffers(/*master_only=*/false);
   std::vector<StateFragment> out;
   for (size_t b = 0; b < L_.flat.buckets.size(); ++b) {
     const Bucket& B = L_.flat.buckets[b];
@@ -50,10 +52,11 @@ std::vector<ZeroOptimizer::StateFragment> ZeroOptimizer::state_fragments() {
 
 void ZeroOptimizer::import_state(const StateFetch& fetch) {
   torch::NoGradGuard no_grad;
-  if (worker_.joinable()) worker_.join();  // its update is replaced by the loaded state
-  worker_error_ = nullptr;
-  if (nvme_) {
-    nvme_import(fetch);  // sub-group by sub-group through the staging buffers
+  backend_->drop_in_flight();  // a delayed step's update is replaced by the loaded state
+  // NVMe: sub-group by sub-group through the staging buffers.
+  if (backend_->import_state([&](int li, int64_t begin, int64_t end, const std::string& kind) {
+        return fetch(user_index_[li], begin, end, kind);
+      })) {
     return;
   }
   const auto kinds = state_kinds();
@@ -77,23 +80,9 @@ void ZeroOptimizer::import_state(const StateFetch& fetch) {
 
 void ZeroOptimizer::finish_state_import() {
   torch::NoGradGuard no_grad;
-  if (nvme_) {
-    nvme_finish_import();
-  } else if (opt_.offload_optimizer) {
-    // With offload the step writes the compute-dtype copy itself (refresh_params does not
-    // cast the master): bring this rank's copy in line with the loaded master here.
-    for (size_t b = 0; b < L_.flat.buckets.size(); ++b) {
-      const int bi = static_cast<int>(b);
-      auto master = L_.owned_view(state_.master, bi);
-      if (param_nvme_) {
-        param_nvme_write(L_.owned_begin(bi), master.to(opt_.dtype));
-        continue;
-      }
-      L_.owned_view(host_param_, bi).copy_(master);
-      auto dst = param_dst(bi);
-      if (dst.defined()) dst.copy_(master);
-    }
-  }
+  // Offload: the step writes the compute-dtype copy itself (refresh_params does not cast
+  // the master); the backend brings this rank's copy in line with the loaded master.
+  backend_->finish_import();
   refresh_params();
 }
 
