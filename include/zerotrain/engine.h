@@ -260,7 +260,8 @@ class Engine {
   // writer error is thrown (CheckpointError naming the file) by the call that publishes;
   // when that call is save_checkpoint, its own save is taken first (sync: written and
   // published; async: started) and the previous failure is thrown after it, the message
-  // saying what became of this save (docs/reliability.md).
+  // saying what became of this save; load_checkpoint likewise loads first
+  // (docs/reliability.md).
   virtual void save_checkpoint(const std::string& dir, const std::string& tag = "",
                                const nlohmann::json& client_state = nlohmann::json::object(),
                                bool async = false) = 0;
@@ -275,6 +276,9 @@ class Engine {
   // LR schedule position and RNG states from DIR/TAG (tag "" = the tag in DIR/latest),
   // saved by any world size and ZeRO stage. Verifies every file it reads (size, CRC-32C,
   // tensor shapes). Returns the saved client_state. Call right after initialize().
+  // An asynchronous save in flight is published first; when it failed, the checkpoint is
+  // still loaded and then the failure is thrown (CheckpointError on every rank, saying the
+  // load succeeded), as save_checkpoint does (docs/reliability.md).
   virtual nlohmann::json load_checkpoint(const std::string& dir, const std::string& tag = "") = 0;
 };
 
