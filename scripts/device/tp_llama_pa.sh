@@ -13,7 +13,7 @@ set -uo pipefail
 source scripts/device/common.sh tp_pa zerotrain_cli || exit 1
 STEPS=${STEPS:-8}; WARMUP=${WARMUP:-3}; MB=${LLAMA_MB:-2}
 ( CUDA_VISIBLE_DEVICES=0,1 MODELS=llama SP="0 1" STEPS=$STEPS WARMUP=$WARMUP LLAMA_MB=$MB ZT_TIMEOUT=200 MG_TIMEOUT=200 \
-  bash scripts/device/tp_2gpu.sh > $OUT/job_tp.txt 2>&1; tar -czf $OUT/tp_2gpu.tar.gz -C $OUT tp_2gpu && rm -rf $OUT/tp_2gpu ) &
+  bash scripts/device/tp_2gpu.sh > $OUT/job_tp.txt 2>&1 ) &  # tp_2gpu.sh packs $OUT/tp_2gpu.tar.gz itself
 for pa in false true; do
   CUDA_VISIBLE_DEVICES=2,3 timeout 200 $Z launch -n 2 -- $Z train --config bench/configs/llama_bf16_z0.json --device cuda \
     --tp 2 --model bench/configs/models/llama3.2-3b.json --seq 2048 --set train_micro_batch_size_per_gpu=$MB \
