@@ -187,9 +187,10 @@ class ZeroOptimizer {
   int group_of_user(int user_index) const {
     return opt_.param_group.empty() ? 0 : opt_.param_group[user_index];
   }
-  // offload_param nvme (zero_offload_nvme.cpp): the stage-3 shard in its swap file ([NVMe Params]). Element ranges
-  // of the shard; a read is a host tensor in a staging slot, valid until param_buffer_count
-  // more reads; param_nvme_uploaded(slot) records that an upload from it was issued.
+  // offload_param nvme (zero_offload_nvme.cpp): the stage-3 shard in its swap file
+  // ([NVMe Params]). Element ranges of the shard; a read is a host tensor in a staging slot,
+  // valid until param_buffer_count more reads; param_nvme_uploaded(slot) records that an
+  // upload from it was issued.
   void init_param_nvme(int64_t max_unit_shard);
   std::pair<torch::Tensor, int> param_nvme_read(int64_t begin, int64_t numel);
   void param_nvme_uploaded(int slot);
