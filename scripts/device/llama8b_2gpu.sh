@@ -13,12 +13,12 @@
 #   PHASE=5  issue 21 on one GPU: bf16 LoRA, `zerotrain train --lora` against transformers +
 #            peft on a bf16 base, torch AdamW (--mode single)
 # Knobs: PHASE (default 1), STEPS (timed, default 8), LAYERS (0: the shape's 32), SKIP_ZT,
-# SKIP_ANCHORS, SKIP_FSDP, SKIP_DS (phase 1). Prints the table last; files under $OUT/llama8b_p$PHASE/.
+# SKIP_ANCHORS, SKIP_FSDP, SKIP_DS (phase 1); phase 4: ZT_EXTRA (more train flags), ZT_TAG (suffix of its run name). Prints the table last; files under $OUT/llama8b_p$PHASE/.
 set -uo pipefail
 PHASE=${PHASE:-1}; S=${STEPS:-8}; W=3; L=${LAYERS:-0}
 N=2; STAGE=3; [ "$PHASE" -ge 4 ] && { N=1; STAGE=0; }  # phases 4-5: one GPU, no partitioning
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target ${SITE:-/tmp/site} .whl/*.whl \
-  $(ls .whl-bnb/*.whl 2>/dev/null) && export PYTHONPATH=${SITE:-/tmp/site} || exit 1
+[ -n "${SKIP_ANCHORS:-}" ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target ${SITE:-/tmp/site} .whl/*.whl \
+  $(ls .whl-bnb/*.whl 2>/dev/null) && export PYTHONPATH=${SITE:-/tmp/site} || exit 1; }
 source scripts/device/common.sh llama8b_p$PHASE ${SKIP_ZT:+--no-build} zerotrain_cli
 LAYER_FLAG=""; [ "$L" != 0 ] && LAYER_FLAG="--layers $L"
 LORA="r=16,alpha=32,targets=q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj"
@@ -43,7 +43,7 @@ case $PHASE in
      [ -n "${SKIP_ANCHORS:-}" ] || anchor peft_deepspeed_z3 "--mode deepspeed --lora 16" ;;
   3) [ -n "${SKIP_ZT:-}" ] || zt zerotrain_qlora "--lora $LORA --qlora --lora-out $R/adapter"
      [ -n "${SKIP_ANCHORS:-}" ] || anchor peft_bnb_deepspeed_z3 "--mode deepspeed --lora 16 --qlora" ;;
-  4) [ -n "${SKIP_ZT:-}" ] || zt zerotrain_qlora_1gpu "--lora $LORA --qlora --lora-out $R/adapter"
+  4) [ -n "${SKIP_ZT:-}" ] || zt zerotrain_qlora_1gpu${ZT_TAG:-} "--lora $LORA --qlora --lora-out $R/adapter ${ZT_EXTRA:-}"
      [ -n "${SKIP_ANCHORS:-}" ] || anchor peft_bnb_1gpu "--mode single --lora 16 --qlora" ;;
   5) [ -n "${SKIP_ZT:-}" ] || zt zerotrain_lora_1gpu "--lora $LORA --lora-out $R/adapter"
      [ -n "${SKIP_ANCHORS:-}" ] || anchor peft_bf16_1gpu "--mode single --lora 16" ;;
