@@ -83,8 +83,9 @@ class PeriodicSaves {
 const char* kTrainUsage =
     "usage: zerotrain train --config CONFIG.json --model NAME [options]\n\n"
     "  --model NAME        gpt2-tiny | gpt2 | gpt2-medium | gpt2-large | gpt2-xl |\n"
-    "                      llama-tiny | llama3.2-1b | llama3-8b | path/to/config.json (Hugging Face\n"
-    "                      LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM)\n"
+    "                      llama-tiny | llama3.2-1b | llama3-8b | mixtral-tiny | path/to/config.json\n"
+    "                      (Hugging Face LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM or\n"
+    "                      MixtralForCausalLM)\n"
     "  --layers/--embd/--heads/--vocab N   override the named size\n"
     "  --data PATH|random  token shards (a glob such as 'dir/train_*.bin', written by zerotrain tokenize;\n"
     "                      memory-mapped, each rank reads its windows), a text file (byte tokens, for the\n"
@@ -123,7 +124,7 @@ const char* kTrainUsage =
     "                      or Llama over N ranks (Megatron-style; sequence parallelism with\n"
     "                      --set tensor_parallel.sequence_parallel=true; docs/tensor-parallel.md);\n"
     "                      --tp M --pp N together: GPT-2 in N stages of M-way tensor-parallel layers\n"
-    "                      --ep N > 1 splits the experts of an MoE model (--model gpt2-tiny-moe) over\n"
+    "                      --ep N > 1 splits the experts of an MoE model (gpt2-tiny-moe, mixtral-tiny) over\n"
     "                      N ranks, ZeRO 1-3 over dp for the dense part and over expert-dp = dp / N\n"
     "                      for the experts (docs/moe.md; checkpoints store experts by global index and\n"
     "                      load at any --ep); not with --tp/--pp\n"
@@ -499,6 +500,8 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
              "--tp alone (docs/pipeline.md)");
   ZT_CHECK_T(!impl || impl->config().moe_num_experts == 0, ConfigError, "train: --pp with the MoE model ", model.name,
              " is not supported yet (the pipeline stages hold dense GPT-2 blocks); run without --pp");
+  ZT_CHECK_T(!llama || !llama->config().is_moe(), ConfigError, "train: --pp with the MoE model ", model.name,
+             " is not supported yet (the pipeline stages do not add the router's load-balancing loss); run without --pp");
   const int64_t seq = a.seq > 0 ? a.seq : std::min<int64_t>(1024, model.max_seq);
   ZT_CHECK_T(seq <= model.max_seq, ConfigError, "train: --seq ", seq, " exceeds the model's ", model.max_seq,
              " positions");
@@ -715,7 +718,7 @@ void check_expert_parallel_args(const TrainArgs& a, int64_t ep) {
     ZT_CHECK_T(!given, ConfigError, "train: ", what, " with --ep ", ep, " is not supported yet (", why,
                "); run without it, or without --ep (docs/moe.md)");
   };
-  refuse(!a.init_from.empty(), "--init-from", "Hugging Face weights of an MoE GPT-2");
+  refuse(!a.init_from.empty(), "--init-from", "Hugging Face weights of an MoE model split over ep");
   refuse(!a.lora.empty() || a.qlora, "--lora/--qlora", "adapters on the experts");
   refuse(!a.val_data.empty(), "--val-data", "validation of the expert-parallel model is not tested");
 }

@@ -117,6 +117,11 @@ TrainModel::MoeStats gpt2_moe_stats(models::GPT2Impl& m) {
           m.take_moe_all_to_all_spans()};
 }
 
+// [Mixtral]: the routing of the last loss() (the model-level load-balancing loss, dropless).
+TrainModel::MoeStats llama_moe_stats(models::LlamaForCausalLMImpl& m) {
+  return {m.last_moe_aux_tensor(), 0.0, m.last_moe_kept_per_expert(), m.take_moe_all_to_all_spans()};
+}
+
 TrainModel build_gpt2(const TrainModelOptions& o, const Config& cfg) {
   models::GPT2Config mc = models::named_gpt2(o.model);
   if (o.layers) mc.n_layer = o.layers;
@@ -211,12 +216,25 @@ TrainModel build_llama(const TrainModelOptions& o, const Config& cfg) {
     mc.head_dim = mc.hidden_size / mc.num_attention_heads;
   }
   mc.layer_sliding.resize(static_cast<size_t>(mc.num_hidden_layers), mc.sliding_window > 0);
+  // [Mixtral]: the experts come from the config (num_local_experts, num_experts_per_tok,
+  // router_aux_loss_coef, output_router_logits), not from GPT-2's --moe-* flags.
+  const bool moe_shape_flags = o.moe.experts || o.moe.k || o.moe.every || o.moe.capacity_factor >= 0 || o.moe.aux_coef >= 0;
+  ZT_CHECK_T(!moe_shape_flags, ConfigError, "train: --moe-experts/--moe-k/--moe-every/--moe-capacity-factor/"
+             "--moe-aux-coef shape GPT-2's MoE; a Llama's experts come from its config.json (MixtralForCausalLM: "
+             "num_local_experts, num_experts_per_tok, router_aux_loss_coef, output_router_logits) or --model "
+             "mixtral-tiny");
+  ZT_CHECK_T(!o.moe.timing || mc.is_moe(), ConfigError, "train: --moe-timing times the experts' all-to-alls; ",
+             o.model, " has no experts (use --model mixtral-tiny or a MixtralForCausalLM config.json)");
+  ZT_CHECK_T(!mc.is_moe() || !o.lora, ConfigError, "train: --lora/--qlora with the MoE model ", o.model,
+             " is not supported yet (adapters on the experts); train it without --lora");
   std::shared_ptr<const models::HfCheckpointReader> ckpt;
   if (!o.init_from.empty() && !o.weights_later) ckpt = std::make_shared<models::HfCheckpointReader>(o.init_from);
   // Partitioned construction at ZeRO-3 (never whole on a rank) and whenever the weights
   // come from a checkpoint (each tensor read straight into its place: never twice).
-  // With LoRA the frozen base is not the engine's: built whole and loaded here.
-  mc.deferred_init = (cfg.zero_optimization.stage == 3 || ckpt != nullptr || o.weights_later) && !o.lora;
+  // With LoRA the frozen base is not the engine's: built whole and loaded here. A Mixtral
+  // has no placeholders for its experts: built whole, then initialize() partitions it at
+  // ZeRO-3 (as the MoE GPT-2; docs/moe.md), and --init-from loads it whole.
+  mc.deferred_init = (cfg.zero_optimization.stage == 3 || ckpt != nullptr || o.weights_later) && !o.lora && !mc.is_moe();
   lora::Nf4Bases nf4_bases;
   models::LlamaForCausalLM model =
       o.lora && !ckpt ? build_llama_layerwise(mc, o, nf4_bases) : models::LlamaForCausalLM(mc);
@@ -253,25 +271,59 @@ TrainModel build_llama(const TrainModelOptions& o, const Config& cfg) {
   };
   t.attach = [m = model.ptr()](Engine& e) { models::attach_llama_engine(*m, e); };
   t.detach = [m = model.ptr()] { m->set_layer_runner({}); };
+  if (mc.is_moe()) {
+    model->set_moe_timing(o.moe.timing);
+    t.moe = [m = model.ptr()] { return llama_moe_stats(*m); };
+  }
+  return t;
+}
+
+// [Expert-Parallel Train] of a Mixtral: `whole` (every expert) -> the model with this rank's
+// experts, by global index, and the engine options for its units and experts.
+TrainModel llama_ep_train_model(const TrainModel& full, const models::LlamaForCausalLMImpl& whole,
+                                const TrainModelOptions& o, const Config& cfg, const comm::GroupPtr& ep) {
+  const models::LlamaConfig mc = whole.config();
+  models::LlamaForCausalLM m(mc, ep);
+  if (checkpointing(o, cfg)) {
+    m->set_activation_checkpointing(true, cfg.activation_checkpointing.number_checkpoints,
+                                    cfg.activation_checkpointing.cpu_checkpointing);
+  }
+  {
+    torch::NoGradGuard no_grad;
+    std::map<std::string, torch::Tensor> weights;
+    for (const auto& kv : whole.named_parameters()) weights[kv.key()] = kv.value();
+    for (const auto& kv : m->named_parameters()) kv.value().copy_(weights.at(m->global_param_name(kv.key())));
+  }
+  TrainModel t = full;
+  t.module = m.ptr();
+  t.loss = [p = m.ptr()](const torch::Tensor& x, const torch::Tensor& y) { return p->loss(x, y); };
+  t.loss_with_positions = nullptr;  // refused with --ep (train.cpp)
+  m->set_moe_timing(o.moe.timing);
+  t.moe = [p = m.ptr()] { return llama_moe_stats(*p); };
+  t.model_json["expert_parallel"] = {{"size", ep ? ep->size() : 1}};
+  t.flops_per_token = [mc](int64_t seq) { return models::llama_flops_per_token(mc, seq); };  // not the whole model's closure
+  t.engine_options = [m](EngineOptions& eo) {
+    models::llama_engine_options(m, eo, nullptr);  // the units (ZeRO-3 gathers a layer, its experts over expert-dp)
+    eo.is_expert = models::llama_is_expert_param;
+    eo.expert_global_name = [p = m.ptr()](const std::string& name) { return p->global_param_name(name); };
+  };
+  t.attach = [p = m.ptr()](Engine& e) { models::attach_llama_engine(*p, e); };
+  t.detach = [p = m.ptr()] { p->set_layer_runner({}); };
   return t;
 }
 
 }  // namespace
 
 TrainModel build_train_model(const TrainModelOptions& o, const Config& cfg) {
-  if (wants_llama(o)) {
-    ZT_CHECK_T(!o.moe.any(), ConfigError, "train: --moe-* makes GPT-2's MLPs MoEs; an MoE Llama is not implemented "
-               "yet (use a GPT-2 model)");
-    return build_llama(o, cfg);
-  }
+  if (wants_llama(o)) return build_llama(o, cfg);  // --moe-* checked there ([Mixtral])
   const auto gpt2 = models::gpt2_names();
   if (std::find(gpt2.begin(), gpt2.end(), o.model) == gpt2.end()) {
     std::string known;
     for (const auto& n : gpt2) known += n + ", ";
     for (const auto& n : models::llama_names()) known += n + ", ";
     throw ConfigError(detail::cat("train: unknown --model '", o.model, "': known models are ", known,
-                                  "or a Hugging Face config.json of LlamaForCausalLM, MistralForCausalLM or "
-                                  "Qwen2ForCausalLM"));
+                                  "or a Hugging Face config.json of LlamaForCausalLM, MistralForCausalLM, "
+                                  "Qwen2ForCausalLM or MixtralForCausalLM"));
   }
   return build_gpt2(o, cfg);
 }
@@ -283,9 +335,12 @@ TrainModel build_ep_train_model(const TrainModelOptions& o, const Config& cfg, c
   // The whole model first, as the plain path builds it (the caller seeded the generator):
   // ep N starts from ep 1's weights.
   TrainModel full = build_train_model(o, cfg);
+  if (auto llama = std::dynamic_pointer_cast<models::LlamaForCausalLMImpl>(full.module); llama && llama->config().is_moe()) {
+    return llama_ep_train_model(full, *llama, o, cfg, ep);  // [Mixtral]
+  }
   auto whole = std::dynamic_pointer_cast<models::GPT2Impl>(full.module);
   ZT_CHECK_T(whole && whole->config().moe_num_experts > 0, ConfigError, "train: --ep ", n, " splits the experts "
-             "of an MoE model; ", full.name, " has none (use --model gpt2-tiny-moe, docs/moe.md)");
+             "of an MoE model; ", full.name, " has none (use --model gpt2-tiny-moe or mixtral-tiny, docs/moe.md)");
   const models::GPT2Config mc = whole->config();
   models::GPT2 m(mc, ep);
   // Activation checkpointing as the whole model has it ([Checkpointed Aux] in
@@ -402,6 +457,8 @@ TrainModel build_tp_train_model(const TrainModelOptions& o, const Config& cfg, c
     auto whole_llama = std::dynamic_pointer_cast<models::LlamaForCausalLMImpl>(full.module);
     ZT_ASSERT(whole_llama, "train: the Llama model is not a LlamaForCausalLMImpl");
     models::LlamaConfig mc = whole_llama->config();
+    ZT_CHECK_T(!mc.is_moe(), ConfigError, "train: --tp ", n, " with the MoE model ", full.name,
+               " is not supported yet (the tensor-parallel Llama has no MoE layers); run without --tp, or with --ep");
     mc.deferred_init = false;
     models::LlamaTP m(mc, tp, sequence_parallel);
     hf ? models::load_hf_llama_tp(*m, *hf) : m->load_full(weights);

@@ -108,10 +108,34 @@ torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
   return proj(down_proj, F::silu(proj(gate_proj, x)) * proj(up_proj, x));  // (B, T, I) inside
 }
 
-LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer) {
-  // Registration order = HF's: self_attn, mlp, input_layernorm, post_attention_layernorm.
+MixtralExpertImpl::MixtralExpertImpl(const LlamaConfig& c) {
+  // HF's registration order: w1, w2, w3.
+  w1 = register_module("w1", make_linear(c, c.hidden_size, c.intermediate_size, false));
+  w2 = register_module("w2", make_linear(c, c.intermediate_size, c.hidden_size, false));
+  w3 = register_module("w3", make_linear(c, c.hidden_size, c.intermediate_size, false));
+}
+
+torch::Tensor MixtralExpertImpl::forward(const torch::Tensor& x) {
+  return proj(w2, F::silu(proj(w1, x)) * proj(w3, x));
+}
+
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer, comm::GroupPtr ep_group) {
+  // Registration order = HF's: self_attn, mlp (block_sparse_moe), input_layernorm, post_attention_layernorm.
   self_attn = register_module("self_attn", LlamaAttention(c, layer));
-  mlp = register_module("mlp", LlamaMLP(c));
+  if (c.is_moe()) {
+    // [Mixtral]: MixtralSparseMoeBlock = the MoE layer with Mixtral's routing (gate, experts).
+    ZT_CHECK_T(!c.deferred_init, ConfigError, "MixtralForCausalLM: partitioned construction (deferred_init) is not "
+               "implemented for the experts; build the model whole (ZeRO-3 then partitions it in initialize())");
+    MoEOptions o;
+    o.hidden = c.hidden_size;
+    o.num_experts = c.num_local_experts;
+    o.gate.routing = GateRouting::Mixtral;
+    o.gate.k = c.num_experts_per_tok;
+    o.ep_group = std::move(ep_group);
+    block_sparse_moe = register_module("block_sparse_moe", MoE(o, [c] { return torch::nn::AnyModule(MixtralExpert(c)); }));
+  } else {
+    mlp = register_module("mlp", LlamaMLP(c));
+  }
   input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
   post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
 }
@@ -119,21 +143,42 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer
 torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                              const torch::Tensor& sin, const torch::Tensor& mask) {
   auto h = x + self_attn(input_layernorm(x), cos, sin, mask);
-  return h + mlp(post_attention_layernorm(h));
+  if (!block_sparse_moe) return h + mlp(post_attention_layernorm(h));
+  auto out = block_sparse_moe(post_attention_layernorm(h));  // [Mixtral]
+  router_prob_mean = out.gate.prob_mean;
+  router_choice_fraction = out.gate.choice_fraction;
+  kept_per_expert = std::move(out.gate.kept_counts);
+  return h + out.output;
 }
 
-LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) {
+torch::Tensor mixtral_load_balancing_loss(const std::vector<torch::Tensor>& prob_mean,
+                                          const std::vector<torch::Tensor>& choice_fraction) {
+  ZT_CHECK_T(!prob_mean.empty() && prob_mean.size() == choice_fraction.size(), InternalError,
+             "mixtral_load_balancing_loss: ", prob_mean.size(), " probability means for ", choice_fraction.size(),
+             " choice fractions");
+  // Every layer routes the same tokens: the means over the concatenated logits are the
+  // means of the layers' means.
+  const auto me = torch::stack(prob_mean).mean(0);                 // [E]
+  const auto ce = torch::stack(choice_fraction).mean(0).detach();  // [k, E]
+  return (ce * me.unsqueeze(0)).sum() * static_cast<double>(me.size(0));
+}
+
+bool llama_is_expert_param(const std::string& name) {
+  return name.find(".block_sparse_moe.experts.") != std::string::npos;
+}
+
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, comm::GroupPtr ep_group) {
   const bool d = c.deferred_init;
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(d ? 1 : c.vocab_size, d ? 1 : c.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(c, i));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(c, i, ep_group));
   norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
 }
 
 // ---- the model ----------------------------------------------------------------------
 
-LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& cfg) : cfg_(cfg) {
-  model = register_module("model", LlamaModel(cfg));
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& cfg, comm::GroupPtr ep_group) : cfg_(cfg) {
+  model = register_module("model", LlamaModel(cfg, std::move(ep_group)));
   for (size_t i = 0; i < model->layers->size(); ++i)
     layers_.push_back(LlamaDecoderLayer(model->layers->ptr<LlamaDecoderLayerImpl>(i)));
   if (!cfg.tie_word_embeddings) {
@@ -360,10 +405,29 @@ torch::Tensor LlamaForCausalLMImpl::hidden(const torch::Tensor& idx, const torch
     };
     CheckpointFn fn = body;
     if (ckpt_enabled_ && i < ckpt_count_ && torch::GradMode::is_enabled()) {
-      fn = [body, cpu = ckpt_cpu_](const torch::Tensor& t) { return checkpoint(body, t, cpu); };
+      if (layer_ptr->block_sparse_moe) {
+        // [Checkpointed Aux] (models/checkpoint.h), as GPT-2's MoE blocks: the loss takes this
+        // forward's mean router probabilities, whose gradient reaches the gate through the
+        // recompute; the recompute's are not kept.
+        fn = [body, layer = layer_ptr.ptr(), cpu = ckpt_cpu_](const torch::Tensor& t) {
+          auto both = checkpoint_with_aux(
+              [body, layer](const torch::Tensor& u) {
+                auto y = body(u);
+                auto me = layer->router_prob_mean;
+                if (in_checkpoint_recompute()) layer->router_prob_mean = me.detach();
+                return std::make_pair(y, me);
+              },
+              t, cpu);
+          layer->router_prob_mean = both.second;
+          return both.first;
+        };
+      } else {
+        fn = [body, cpu = ckpt_cpu_](const torch::Tensor& t) { return checkpoint(body, t, cpu); };
+      }
     }
     x = runner_ ? runner_(i, fn, x) : fn(x);
   }
+  if (cfg_.is_moe()) last_aux_ = router_aux_loss().detach();
   return model->norm(x);
 }
 
@@ -383,12 +447,64 @@ torch::Tensor LlamaForCausalLMImpl::loss(const torch::Tensor& idx, const torch::
   const auto t = targets.masked_fill(targets.eq(-100), -1).reshape({-1});
   const auto h = hidden(idx, pos);  // (B, T, d)
   const auto w = lm_head_weight();
+  torch::Tensor lm;
   if (h.scalar_type() != torch::kHalf) {
-    return lm_head_cross_entropy(h.reshape({-1, h.size(-1)}), w, t, cfg_.lm_head_pad_multiple, loss_chunk_rows(cfg_));
+    lm = lm_head_cross_entropy(h.reshape({-1, h.size(-1)}), w, t, cfg_.lm_head_pad_multiple, loss_chunk_rows(cfg_));
+  } else {
+    // fp16: unfused (see lm_head_loss.h), the softmax in fp32.
+    const auto logits = F::linear(h, w).to(torch::kFloat).view({-1, cfg_.vocab_size});
+    lm = F::cross_entropy(logits, t, F::CrossEntropyFuncOptions().ignore_index(-1));
   }
-  // fp16: unfused (see lm_head_loss.h), the softmax in fp32.
-  const auto logits = F::linear(h, w).to(torch::kFloat).view({-1, cfg_.vocab_size});
-  return F::cross_entropy(logits, t, F::CrossEntropyFuncOptions().ignore_index(-1));
+  // [Mixtral]: MixtralForCausalLM adds the load-balancing loss only with output_router_logits.
+  if (!cfg_.is_moe() || !cfg_.output_router_logits) return lm;
+  return lm + cfg_.router_aux_loss_coef * router_aux_loss();
+}
+
+torch::Tensor LlamaForCausalLMImpl::router_aux_loss() const {
+  if (!cfg_.is_moe()) return {};
+  std::vector<torch::Tensor> me, ce;
+  for (const auto& l : layers_) {
+    ZT_CHECK_T(l->router_prob_mean.defined(), InternalError, "Mixtral: router_aux_loss before a forward");
+    me.push_back(l->router_prob_mean);
+    ce.push_back(l->router_choice_fraction);
+  }
+  return mixtral_load_balancing_loss(me, ce);
+}
+
+std::vector<std::vector<int64_t>> LlamaForCausalLMImpl::last_moe_kept_per_expert() const {
+  std::vector<std::vector<int64_t>> out;
+  for (const auto& l : layers_)
+    if (l->block_sparse_moe) out.push_back(l->kept_per_expert);
+  return out;
+}
+
+std::string LlamaForCausalLMImpl::global_param_name(const std::string& name) const {
+  const std::string key = ".block_sparse_moe.experts.", pre = "model.layers.";
+  const size_t at = name.find(key);
+  if (at == std::string::npos || name.rfind(pre, 0) != 0) return name;
+  const int64_t layer = std::stoll(name.substr(pre.size(), name.find('.', pre.size()) - pre.size()));
+  const size_t from = at + key.size(), dot = name.find('.', from);
+  ZT_CHECK_T(layer >= 0 && layer < cfg_.num_hidden_layers && dot != std::string::npos, ConfigError, "'", name,
+             "' is not an expert parameter of this Mixtral model");
+  const int64_t local = std::stoll(name.substr(from, dot - from));
+  const auto& moe = layers_[static_cast<size_t>(layer)]->block_sparse_moe;
+  ZT_CHECK_T(moe, ConfigError, "'", name, "' is not an expert parameter of this Mixtral model");
+  return name.substr(0, from) + std::to_string(moe->first_expert() + local) + name.substr(dot);
+}
+
+void LlamaForCausalLMImpl::set_moe_timing(bool on) {
+  for (auto& l : layers_)
+    if (l->block_sparse_moe) l->block_sparse_moe->set_timing(on);
+}
+
+std::vector<DeviceSpan> LlamaForCausalLMImpl::take_moe_all_to_all_spans() {
+  std::vector<DeviceSpan> out;
+  for (auto& l : layers_) {
+    if (!l->block_sparse_moe) continue;
+    auto s = l->block_sparse_moe->take_all_to_all_spans();
+    out.insert(out.end(), std::make_move_iterator(s.begin()), std::make_move_iterator(s.end()));
+  }
+  return out;
 }
 
 void LlamaForCausalLMImpl::set_activation_checkpointing(bool enabled, std::optional<int64_t> number_checkpoints,

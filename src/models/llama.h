@@ -34,6 +34,8 @@
 #include <vector>
 
 #include "checkpoint.h"  // sibling-relative, as gpt2.h's users expect
+#include "moe.h"
+#include "zerotrain/comm.h"
 
 namespace zt::models {
 
@@ -81,6 +83,19 @@ struct LlamaConfig {
   bool deferred_init = false;
   // Pads the LM head to a multiple of this (see GPT2Config::lm_head_pad_multiple).
   int64_t lm_head_pad_multiple = 64;
+  // [Mixtral] Hugging Face's MixtralForCausalLM (architecture "MixtralForCausalLM"):
+  // num_local_experts E > 0 makes every decoder layer's MLP an MoE ("block_sparse_moe":
+  // gate (E, d) and E SwiGLU experts w1/w3 (I, d), w2 (d, I)) with GateRouting::Mixtral
+  // (models/moe.h [Mixtral Routing]): top num_experts_per_tok of softmax(gate logits),
+  // renormalised, dropless. With output_router_logits the loss adds router_aux_loss_coef x
+  // HF's load_balancing_loss_func over the router logits of ALL layers concatenated (not a
+  // sum of per-layer losses), as MixtralForCausalLM does; without it nothing is added.
+  int64_t num_local_experts = 0;      // 0 = dense (LlamaMLP)
+  int64_t num_experts_per_tok = 2;    // k, 1..E
+  double router_aux_loss_coef = 0.001;  // HF MixtralConfig's default
+  bool output_router_logits = false;    // HF's default: no aux loss in the loss
+
+  bool is_moe() const { return num_local_experts > 0; }
 
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
@@ -88,14 +103,17 @@ struct LlamaConfig {
 
 // "llama-tiny" (2 layers, d 128, 4 heads / 2 kv heads, V 256 for the byte tokenizer:
 // trains on a laptop CPU), "llama3.2-1b" and "llama3-8b" (Meta's HF hyperparameters:
-// V 128256, rope_theta 5e5; 3.2-1B with llama3 rope scaling and tied embeddings).
+// V 128256, rope_theta 5e5; 3.2-1B with llama3 rope scaling and tied embeddings),
+// "mixtral-tiny" ([Mixtral]: 2 layers, d 64, 4 heads / 2 kv heads, 4 experts of width
+// 128, top-2, V 256, output_router_logits on with coefficient 0.02 as Mixtral-8x7B's).
 // Throws ConfigError listing the known names for anything else.
 LlamaConfig named_llama(const std::string& name);
 std::vector<std::string> llama_names();
 bool is_llama_name(const std::string& name);
 
 // Reads an HF config.json (a file, or a directory holding one). architectures (or
-// model_type) must be Llama, Mistral or Qwen2; any other is a ConfigError naming it.
+// model_type) must be Llama, Mistral, Qwen2 or Mixtral ([Mixtral]); any other is a
+// ConfigError naming it (Qwen-MoE: naming what is not built).
 // Fields that change the math and are not implemented (hidden_act other than silu,
 // attention_dropout, other rope types, partial rotary) are ConfigErrors too. Both the
 // transformers 4 keys (rope_theta, rope_scaling {"type"|"rope_type"}) and 5
@@ -117,7 +135,8 @@ int64_t llama_num_params(const LlamaConfig& cfg);  // the tied head counted once
 //   6 * (N_layers + V * d) + 12 * L * (H * head_dim) * T
 // N_layers = every parameter but the embedding table and the LM head (the embedding is a
 // lookup; the LM head's matmul is the V*d term, tied or not); the last term is attention's
-// QK^T and AV (full T x T, as nanoGPT and the MFU figure count it).
+// QK^T and AV (full T x T, as nanoGPT and the MFU figure count it). [Mixtral]:
+// N_layers counts the num_experts_per_tok experts a token runs through, not all E.
 double llama_flops_per_token(const LlamaConfig& cfg, int64_t seq);
 
 // Rows per chunk of the fused LM-head loss (about 512 MiB of fp32 logits, at least 64): what
@@ -162,20 +181,49 @@ struct LlamaMLPImpl : torch::nn::Module {
 };
 TORCH_MODULE(LlamaMLP);
 
+// [Mixtral] One expert (HF MixtralBlockSparseTop2MLP): w2(silu(w1 x) * w3 x), no biases.
+struct MixtralExpertImpl : torch::nn::Module {
+  explicit MixtralExpertImpl(const LlamaConfig& cfg);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::Linear w1{nullptr};  // (I, d)
+  torch::nn::Linear w2{nullptr};  // (d, I)
+  torch::nn::Linear w3{nullptr};  // (I, d)
+};
+TORCH_MODULE(MixtralExpert);
+
 struct LlamaDecoderLayerImpl : torch::nn::Module {
-  LlamaDecoderLayerImpl(const LlamaConfig& cfg, int64_t layer);
+  // ep_group: a [Mixtral] layer's experts split over it (models/moe.h [Expert Parallel]);
+  // null = every expert here.
+  LlamaDecoderLayerImpl(const LlamaConfig& cfg, int64_t layer, comm::GroupPtr ep_group = nullptr);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& mask = {});
   LlamaAttention self_attn{nullptr};
-  LlamaMLP mlp{nullptr};
+  LlamaMLP mlp{nullptr};               // null in a [Mixtral] layer
+  MoE block_sparse_moe{nullptr};       // [Mixtral] only: gate + experts.<i>.w1/w2/w3
   RMSNorm input_layernorm{nullptr};
   RMSNorm post_attention_layernorm{nullptr};
+  // [Mixtral] The routing of the last forward: mean router probability per expert [E]
+  // (differentiable: the aux loss's gradient path), the fraction of tokens whose j-th choice
+  // is e [k, E], and the assignments each global expert got (host).
+  torch::Tensor router_prob_mean, router_choice_fraction;
+  std::vector<int64_t> kept_per_expert;
 };
 TORCH_MODULE(LlamaDecoderLayer);
 
+// [Mixtral] HF's load_balancing_loss_func over the router logits of all layers concatenated
+// (L layers of T tokens each): E x sum_{j,e} ce[j, e] x me[e], ce = mean over layers of each
+// layer's choice fraction [k, E], me = mean over layers of its mean probability [E] (the
+// means over the concatenation, every layer having the same tokens). Gradient through me only.
+torch::Tensor mixtral_load_balancing_loss(const std::vector<torch::Tensor>& prob_mean,
+                                          const std::vector<torch::Tensor>& choice_fraction);
+
+// [Mixtral] True for an expert parameter ("....block_sparse_moe.experts.<e>...."), the
+// engine's EngineOptions::is_expert.
+bool llama_is_expert_param(const std::string& name);
+
 // HF's LlamaModel: the trunk, registered as "model" so names carry the "model." prefix.
 struct LlamaModelImpl : torch::nn::Module {
-  explicit LlamaModelImpl(const LlamaConfig& cfg);
+  explicit LlamaModelImpl(const LlamaConfig& cfg, comm::GroupPtr ep_group = nullptr);
   torch::nn::Embedding embed_tokens{nullptr};  // (V, d)
   torch::nn::ModuleList layers{nullptr};
   RMSNorm norm{nullptr};
@@ -189,12 +237,15 @@ using LayerRunner = std::function<torch::Tensor(int64_t layer, const CheckpointF
 
 struct LlamaForCausalLMImpl : torch::nn::Module {
   // Parameters on the CPU in fp32, N(0, initializer_range) from the global generator.
-  explicit LlamaForCausalLMImpl(const LlamaConfig& cfg);
+  // ep_group: a [Mixtral] model's experts split over it (local experts.0 .. E/ep - 1 of each
+  // layer; global_param_name maps them); null = every expert here.
+  explicit LlamaForCausalLMImpl(const LlamaConfig& cfg, comm::GroupPtr ep_group = nullptr);
 
   // idx (B, T) int64, T <= max_position_embeddings -> logits (B, T, V). `pos` (B, T)
   // int64: per-example position ids ([SFT Attention]); undefined = plain causal.
   torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& pos = {});
-  // Mean next-token cross entropy in fp32; targets (B, T) int64 are the labels already
+  // Mean next-token cross entropy in fp32 ([Mixtral] with output_router_logits: plus
+  // router_aux_loss_coef x the load-balancing loss of this forward); targets (B, T) int64 are the labels already
   // shifted (targets[t] is the token after idx[t]); entries equal to -100 (HF's
   // ignore_index, for masked fine-tuning) are ignored. The mean is over the counted
   // targets: transformers' loss for labels L equals loss(idx, L shifted left by one with
@@ -244,6 +295,19 @@ struct LlamaForCausalLMImpl : torch::nn::Module {
   double flops_per_token(int64_t seq) const { return llama_flops_per_token(cfg_, seq); }
   torch::Tensor lm_head_weight() const;  // (V, d): lm_head, or embed_tokens when tied
 
+  // [Mixtral] The load-balancing loss of the last hidden()/forward()/loss() (unscaled,
+  // differentiable; undefined for a dense model), its detached copy as loss() saw it (also
+  // computed when output_router_logits is off, for the log), and the assignments each global
+  // expert got per layer.
+  torch::Tensor router_aux_loss() const;
+  const torch::Tensor& last_moe_aux_tensor() const { return last_aux_; }
+  std::vector<std::vector<int64_t>> last_moe_kept_per_expert() const;
+  // "model.layers.<l>.block_sparse_moe.experts.<i>.<rest>" (local expert i) -> its ep-1 name
+  // (global index first_expert() + i); any other name unchanged. EngineOptions::expert_global_name.
+  std::string global_param_name(const std::string& name) const;
+  void set_moe_timing(bool on);
+  std::vector<DeviceSpan> take_moe_all_to_all_spans();
+
   LlamaModel model{nullptr};
   torch::nn::Linear lm_head{nullptr};  // null when tie_word_embeddings
 
@@ -253,6 +317,7 @@ struct LlamaForCausalLMImpl : torch::nn::Module {
                                                const torch::Tensor& pos = {}) const;
 
   LlamaConfig cfg_;
+  torch::Tensor last_aux_;  // [Mixtral] detached
   bool skeleton_ = false;  // built by skeleton(), init_layerwise not yet run
   std::vector<LlamaDecoderLayer> layers_;
   torch::Tensor inv_freq_;  // (head_dim / 2) fp32, CPU; moved to the device per forward

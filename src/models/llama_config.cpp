@@ -74,13 +74,39 @@ LlamaConfig llama3_8b() {
   return c;
 }
 
-const NamedLlamaConfig kNamed[] = {{"llama-tiny", tiny}, {"llama3.2-1b", llama32_1b}, {"llama3-8b", llama3_8b}};
+// [Mixtral] A tiny Mixtral for CPU tests: Mixtral-8x7B's layout (GQA, 4 of 8 -> 2 kv heads
+// here, rope_theta 1e6, no sliding window) at 2 layers of width 64, 4 experts, top-2.
+// output_router_logits on (HF's default is off) so that training balances the experts, with
+// Mixtral-8x7B's router_aux_loss_coef 0.02.
+LlamaConfig mixtral_tiny() {
+  LlamaConfig c;
+  c.architecture = "MixtralForCausalLM";
+  c.vocab_size = 256;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;
+  c.max_position_embeddings = 256;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 1e6;
+  c.num_local_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.router_aux_loss_coef = 0.02;
+  c.output_router_logits = true;
+  return c;
+}
 
-const char* kArchitectures[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"};
+const NamedLlamaConfig kNamed[] = {
+    {"llama-tiny", tiny}, {"llama3.2-1b", llama32_1b}, {"llama3-8b", llama3_8b}, {"mixtral-tiny", mixtral_tiny}};
+
+const char* kArchitectures[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "MixtralForCausalLM"};
 
 std::string model_type_of(const std::string& arch) {
   if (arch == "MistralForCausalLM") return "mistral";
   if (arch == "Qwen2ForCausalLM") return "qwen2";
+  if (arch == "MixtralForCausalLM") return "mixtral";
   return "llama";
 }
 
@@ -102,6 +128,16 @@ void validate(const LlamaConfig& c, const std::string& where) {
   ZT_CHECK_T(c.layer_sliding.empty() || static_cast<int64_t>(c.layer_sliding.size()) == c.num_hidden_layers,
              ConfigError, where, ": layer_types has ", c.layer_sliding.size(), " entries for ", c.num_hidden_layers,
              " layers");
+  ZT_CHECK_T(c.num_local_experts >= 0 && (c.num_local_experts > 0) == (c.architecture == "MixtralForCausalLM"),
+             ConfigError, where, ": num_local_experts = ", c.num_local_experts, " with architecture ", c.architecture,
+             " (experts > 0 is MixtralForCausalLM, and a Mixtral has experts)");
+  if (c.num_local_experts > 0) {
+    ZT_CHECK_T(c.num_experts_per_tok >= 1 && c.num_experts_per_tok <= c.num_local_experts, ConfigError, where,
+               ": num_experts_per_tok = ", c.num_experts_per_tok, " must be in 1..num_local_experts (",
+               c.num_local_experts, ")");
+    ZT_CHECK_T(c.router_aux_loss_coef >= 0, ConfigError, where, ": router_aux_loss_coef must be >= 0, got ",
+               c.router_aux_loss_coef);
+  }
   if (c.rope_type == RopeType::kLlama3) {
     ZT_CHECK_T(c.rope_high_freq_factor > c.rope_low_freq_factor && c.rope_low_freq_factor > 0 &&
                    c.rope_original_max_position_embeddings > 0,
@@ -163,7 +199,7 @@ bool is_llama_hf_config(const std::string& path) {
       for (const char* k : kArchitectures)
         if (a.is_string() && a.get<std::string>() == k) return true;
   const std::string mt = j.value("model_type", "");
-  return mt == "llama" || mt == "mistral" || mt == "qwen2";
+  return mt == "llama" || mt == "mistral" || mt == "qwen2" || mt == "mixtral";
 }
 
 LlamaConfig llama_config_from_hf_json(const std::string& path) {
@@ -196,15 +232,27 @@ LlamaConfig llama_config_from_hf_json_text(const std::string& text, const std::s
     arch = j["architectures"][0].get<std::string>();
   } else if (j.contains("model_type") && j["model_type"].is_string()) {
     const std::string mt = j["model_type"].get<std::string>();
-    arch = mt == "llama" ? "LlamaForCausalLM" : mt == "mistral" ? "MistralForCausalLM" : mt == "qwen2" ? "Qwen2ForCausalLM" : mt;
+    arch = mt == "llama"     ? "LlamaForCausalLM"
+           : mt == "mistral" ? "MistralForCausalLM"
+           : mt == "qwen2"   ? "Qwen2ForCausalLM"
+           : mt == "mixtral" ? "MixtralForCausalLM"
+                             : mt;
   }
+  const bool qwen_moe = arch == "Qwen2MoeForCausalLM" || arch == "qwen2_moe" || arch == "Qwen3MoeForCausalLM" ||
+                        arch == "qwen3_moe";
+  ZT_CHECK_T(!qwen_moe, ConfigError, where, ": architecture '", arch, "' (Qwen-MoE) is not supported: its shared "
+             "expert (shared_expert_intermediate_size, with its sigmoid shared_expert_gate), norm_topk_prob, "
+             "decoder_sparse_step / mlp_only_layers and the q/k/v biases of its MoE layers are not built; "
+             "MixtralForCausalLM is the MoE Llama zerotrain trains (docs/models.md)");
   bool known = false;
   for (const char* k : kArchitectures) known = known || arch == k;
   ZT_CHECK_T(known, ConfigError, where, ": architecture '", arch,
              "' is not supported by zerotrain's Llama family (supported: LlamaForCausalLM, MistralForCausalLM, "
-             "Qwen2ForCausalLM)");
+             "Qwen2ForCausalLM, MixtralForCausalLM)");
   c.architecture = arch;
-  const bool qwen2 = arch == "Qwen2ForCausalLM", mistral = arch == "MistralForCausalLM";
+  const bool qwen2 = arch == "Qwen2ForCausalLM", mixtral = arch == "MixtralForCausalLM";
+  // Mixtral's attention is Mistral's (every layer slides when sliding_window is set; no biases).
+  const bool mistral = arch == "MistralForCausalLM" || mixtral;
 
   c.vocab_size = get_int("vocab_size");
   c.hidden_size = get_int("hidden_size");
@@ -333,6 +381,30 @@ LlamaConfig llama_config_from_hf_json_text(const std::string& text, const std::s
   c.sliding_window = any ? window : 0;
   if (any) c.layer_sliding = sliding;
 
+  // [Mixtral] The experts (MixtralConfig's keys and defaults).
+  used.insert("num_local_experts");
+  used.insert("num_experts_per_tok");
+  used.insert("router_aux_loss_coef");
+  used.insert("output_router_logits");
+  used.insert("router_jitter_noise");
+  if (mixtral) {
+    c.num_local_experts = has("num_local_experts") ? get_int("num_local_experts") : 8;
+    c.num_experts_per_tok = has("num_experts_per_tok") ? get_int("num_experts_per_tok") : 2;
+    if (has("router_aux_loss_coef")) c.router_aux_loss_coef = num(j, "router_aux_loss_coef", where);
+    if (has("output_router_logits")) {
+      ZT_CHECK_T(j["output_router_logits"].is_boolean(), ConfigError, where, ": output_router_logits must be a boolean");
+      c.output_router_logits = j["output_router_logits"].get<bool>();
+    }
+    if (has("router_jitter_noise"))
+      ZT_CHECK_T(num(j, "router_jitter_noise", where) == 0.0, ConfigError, where, ": router_jitter_noise ",
+                 j["router_jitter_noise"].dump(), " is not supported (the gate draws no noise; set it to 0)");
+  } else {
+    for (const char* k : {"num_local_experts", "num_experts_per_tok", "router_aux_loss_coef", "output_router_logits",
+                          "router_jitter_noise"}) {
+      if (has(k)) used.erase(k);  // another class's key: kept, not read
+    }
+  }
+
   nlohmann::json extra = nlohmann::json::object();
   for (const auto& [k, v] : j.items())
     if (!used.count(k)) extra[k] = v;
@@ -343,7 +415,8 @@ LlamaConfig llama_config_from_hf_json_text(const std::string& text, const std::s
 
 std::string llama_config_to_hf_json(const LlamaConfig& c) {
   nlohmann::json j = nlohmann::json::parse(c.hf_extra_json);
-  const bool qwen2 = c.architecture == "Qwen2ForCausalLM", mistral = c.architecture == "MistralForCausalLM";
+  const bool qwen2 = c.architecture == "Qwen2ForCausalLM", mixtral = c.architecture == "MixtralForCausalLM";
+  const bool mistral = c.architecture == "MistralForCausalLM" || mixtral;  // Mixtral's attention is Mistral's
   j["architectures"] = {c.architecture};
   j["model_type"] = model_type_of(c.architecture);
   j["vocab_size"] = c.vocab_size;
@@ -382,6 +455,13 @@ std::string llama_config_to_hf_json(const LlamaConfig& c) {
   } else {
     j["rope_scaling"] = nullptr;
   }
+  if (mixtral) {
+    j["num_local_experts"] = c.num_local_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["output_router_logits"] = c.output_router_logits;
+    j["router_jitter_noise"] = 0.0;
+  }
   const bool any = std::find(c.layer_sliding.begin(), c.layer_sliding.end(), true) != c.layer_sliding.end();
   if (mistral) {
     j["sliding_window"] = any ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);
@@ -413,12 +493,23 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> llama_param_shapes(con
     if (c.qkv_bias) out.push_back({p + "self_attn.v_proj.bias", {kv}});
     out.push_back({p + "self_attn.o_proj.weight", {d, q}});
     if (c.o_bias) out.push_back({p + "self_attn.o_proj.bias", {d}});
-    out.push_back({p + "mlp.gate_proj.weight", {I, d}});
-    if (c.mlp_bias) out.push_back({p + "mlp.gate_proj.bias", {I}});
-    out.push_back({p + "mlp.up_proj.weight", {I, d}});
-    if (c.mlp_bias) out.push_back({p + "mlp.up_proj.bias", {I}});
-    out.push_back({p + "mlp.down_proj.weight", {d, I}});
-    if (c.mlp_bias) out.push_back({p + "mlp.down_proj.bias", {d}});
+    if (c.is_moe()) {
+      // [Mixtral]: HF's MixtralSparseMoeBlock names.
+      out.push_back({p + "block_sparse_moe.gate.weight", {c.num_local_experts, d}});
+      for (int64_t e = 0; e < c.num_local_experts; ++e) {
+        const std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+        out.push_back({x + "w1.weight", {I, d}});
+        out.push_back({x + "w2.weight", {d, I}});
+        out.push_back({x + "w3.weight", {I, d}});
+      }
+    } else {
+      out.push_back({p + "mlp.gate_proj.weight", {I, d}});
+      if (c.mlp_bias) out.push_back({p + "mlp.gate_proj.bias", {I}});
+      out.push_back({p + "mlp.up_proj.weight", {I, d}});
+      if (c.mlp_bias) out.push_back({p + "mlp.up_proj.bias", {I}});
+      out.push_back({p + "mlp.down_proj.weight", {d, I}});
+      if (c.mlp_bias) out.push_back({p + "mlp.down_proj.bias", {d}});
+    }
     out.push_back({p + "input_layernorm.weight", {d}});
     out.push_back({p + "post_attention_layernorm.weight", {d}});
   }
@@ -440,7 +531,12 @@ int64_t llama_num_params(const LlamaConfig& c) {
 double llama_flops_per_token(const LlamaConfig& c, int64_t seq) {
   const double V = static_cast<double>(c.vocab_size), d = static_cast<double>(c.hidden_size);
   const double tables = (c.tie_word_embeddings ? 1.0 : 2.0) * V * d;  // embed_tokens (+ lm_head)
-  const double n_layers = static_cast<double>(llama_num_params(c)) - tables;
+  // [Mixtral]: a token runs through k of the E experts of each layer.
+  const double idle_experts = c.is_moe() ? static_cast<double>(c.num_hidden_layers) *
+                                               static_cast<double>(c.num_local_experts - c.num_experts_per_tok) * 3.0 *
+                                               static_cast<double>(c.intermediate_size) * d
+                                         : 0.0;
+  const double n_layers = static_cast<double>(llama_num_params(c)) - tables - idle_experts;
   return 6.0 * (n_layers + V * d) +
          12.0 * static_cast<double>(c.num_hidden_layers) * static_cast<double>(c.q_dim()) * static_cast<double>(seq);
 }
