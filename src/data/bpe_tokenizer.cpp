@@ -100,9 +100,7 @@ BpeTokenizer BpeTokenizer::from_file(const std::string& path) {
 BpeTokenizer::BpeTokenizer(const json& j, const std::string& name) : name_(name) {
   ZT_CHECK_T(j.is_object() && j.contains("model"), ConfigError, "tokenizer '", name_,
              "': not a Hugging Face tokenizer.json (no \"model\" key)");
-  const json& norm = j.value("normalizer", json());
-  ZT_CHECK_T(norm.is_null(), ConfigError, "tokenizer '", name_, "': normalizer '", type_of(norm),
-             "' is not supported (only \"normalizer\": null)");
+  parse_normalizer(j.value("normalizer", json()));
   parse_model(j["model"]);
   parse_pre_tokenizer(j.value("pre_tokenizer", json()));
   const json& dec = j.value("decoder", json());
@@ -131,9 +129,39 @@ BpeTokenizer::BpeTokenizer(const json& j, const std::string& name) : name_(name)
   for (auto& v : added_by_byte_) v.assign(256, {});
   for (size_t k = 0; k < added_.size(); ++k) {
     const auto& a = added_[k];
-    added_by_byte_[a.normalized ? 1 : 0][static_cast<uint8_t>(a.content[0])].push_back(static_cast<int32_t>(k));
+    // A normalized added token is matched on the normalized text by its normalized content.
+    added_match_.push_back(a.normalized ? normalize(a.content) : a.content);
+    if (added_match_.back().empty()) continue;
+    added_by_byte_[a.normalized ? 1 : 0][static_cast<uint8_t>(added_match_.back()[0])].push_back(static_cast<int32_t>(k));
   }
   parse_post_processor(j.value("post_processor", json()));
+}
+
+void BpeTokenizer::parse_normalizer(const json& n) {
+  if (n.is_null()) return;
+  const std::string t = type_of(n);
+  if (t == "Sequence") {
+    ZT_CHECK_T(n.contains("normalizers") && n["normalizers"].is_array(), ConfigError, "tokenizer '", name_,
+               "': normalizer Sequence has no \"normalizers\" list");
+    for (const json& c : n["normalizers"]) parse_normalizer(c);
+    return;
+  }
+  UnicodeForm f;
+  ZT_CHECK_T(unicode_form_from_name(t, f), ConfigError, "tokenizer '", name_, "': normalizer '", t,
+             "' is not supported (NFC, NFD, NFKC, NFKD, a Sequence of them, or \"normalizer\": null)");
+  normalizers_.push_back(f);
+}
+
+std::vector<std::string> BpeTokenizer::normalizer_forms() const {
+  std::vector<std::string> out;
+  for (UnicodeForm f : normalizers_) out.emplace_back(unicode_form_name(f));
+  return out;
+}
+
+std::string BpeTokenizer::normalize(std::string_view text) const {
+  std::string out(text);
+  for (UnicodeForm f : normalizers_) out = unicode_normalize(out, f);
+  return out;
 }
 
 void BpeTokenizer::parse_model(const json& m) {
@@ -319,17 +347,20 @@ void BpeTokenizer::split_added(std::string_view text, bool normalized_pass, std:
   while (i < text.size()) {
     const auto& cands = by_byte[static_cast<uint8_t>(text[i])];
     const AddedToken* best = nullptr;
+    const std::string* best_text = nullptr;
     for (int32_t k : cands) {
       const auto& a = added_[static_cast<size_t>(k)];
-      if (text.compare(i, a.content.size(), a.content) == 0 && (!best || a.content.size() > best->content.size())) {
+      const std::string& m = added_match_[static_cast<size_t>(k)];
+      if (text.compare(i, m.size(), m) == 0 && (!best || m.size() > best_text->size())) {
         best = &a;
+        best_text = &m;
       }
     }
     if (!best) {
       ++i;
       continue;
     }
-    size_t start = i, stop = i + best->content.size();
+    size_t start = i, stop = i + best_text->size();
     i = stop;
     if (best->single_word) {
       const bool start_space = start == 0 || !is_word_cp(last_cp(text.substr(0, start)));
@@ -461,13 +492,19 @@ void BpeTokenizer::encode(std::string_view text, std::vector<int32_t>& out, BpeW
                "TemplateProcessing post-processor)");
     out.insert(out.end(), prefix_ids_.begin(), prefix_ids_.end());
   }
+  std::deque<std::string> owned;  // normalized and prefixed pieces (stable addresses for the views)
   std::vector<Segment> first, segs;
   split_added(text, /*normalized_pass=*/false, first);
   for (const Segment& s : first) {
-    if (s.added >= 0) segs.push_back(s);
-    else split_added(s.text, /*normalized_pass=*/true, segs);
+    if (s.added >= 0) {
+      segs.push_back(s);
+    } else if (normalizers_.empty()) {
+      split_added(s.text, /*normalized_pass=*/true, segs);
+    } else {  // [Normalizer]: normalize the text between non-normalized added tokens
+      owned.push_back(normalize(s.text));
+      split_added(owned.back(), /*normalized_pass=*/true, segs);
+    }
   }
-  std::deque<std::string> owned;  // prefixed pieces (stable addresses for the views)
   std::vector<std::string_view> pieces, next;
   for (const Segment& s : segs) {
     if (s.added >= 0) {

@@ -2,7 +2,8 @@
 // giving the ids `tokenizers` gives (Tokenizer.encode(text).ids) and decoding them.
 //
 // What a tokenizer.json may hold (anything else is a ConfigError naming the key):
-//   normalizer     null
+//   normalizer     null, NFC, NFD, NFKC, NFKD, or a Sequence of those ([Normalizer] in
+//                  data/normalize.h: applied to the text between non-normalized added tokens)
 //   pre_tokenizer  ByteLevel (use_regex: the GPT-2 pattern; add_prefix_space), Split
 //                  with the GPT-2, Llama 3 or Qwen2 regex and behavior "Isolated", or a
 //                  Sequence of those (see data/pretokenize.h)
@@ -27,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "data/normalize.h"
 #include "data/pretokenize.h"
 
 namespace zt::data {
@@ -75,6 +77,10 @@ class BpeTokenizer {
   std::optional<int32_t> end_of_text_id() const;
   // Pattern names of the pre-tokenizer's splits in order, e.g. {"llama3"} (for logs and tests).
   std::vector<std::string> pre_tokenizer_patterns() const;
+  // The normalizer's forms in order, e.g. {"NFC"} (empty for "normalizer": null).
+  std::vector<std::string> normalizer_forms() const;
+  // `text` through the normalizer (the text itself when there is none).
+  std::string normalize(std::string_view text) const;
 
  private:
   struct Merge {
@@ -91,6 +97,7 @@ class BpeTokenizer {
   };
 
   void parse_model(const nlohmann::json& m);
+  void parse_normalizer(const nlohmann::json& n);
   void parse_pre_tokenizer(const nlohmann::json& p);
   void parse_post_processor(const nlohmann::json& p);
   void split_added(std::string_view text, bool normalized_pass, std::vector<Segment>& out) const;
@@ -109,6 +116,9 @@ class BpeTokenizer {
   bool ignore_merges_ = false;
   std::vector<PreStep> pre_;
   std::vector<AddedToken> added_;
+  std::vector<std::string> added_match_;                  // by index into added_: the text matched (normalized
+                                                          // content for a normalized token, as tokenizers does)
+  std::vector<UnicodeForm> normalizers_;                  // applied in order
   std::vector<std::vector<int32_t>> added_by_byte_[2];    // [normalized] first byte -> indices into added_
   std::vector<int32_t> prefix_ids_, suffix_ids_;          // post-processor template around the text
   std::string post_processor_error_;                      // set when the template is unsupported

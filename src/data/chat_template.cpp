@@ -6,7 +6,9 @@
 
 #include <cctype>
 #include <fstream>
+#include <regex>
 #include <sstream>
+#include <string_view>
 
 #include "zerotrain/error.h"
 
@@ -15,9 +17,64 @@ namespace zt::data {
 struct ChatTemplate::Impl {
   std::shared_ptr<minja::TemplateNode> root;
   nlohmann::ordered_json special_tokens;  // {"bos_token": "<s>", ...}
+  bool generation = false;                // the template has {% generation %} blocks
 };
 
 namespace {
+
+// [Generation Blocks] markers: minja parses {% generation %} as a no-op, so each tag is
+// rewritten to an `if` block that prints a marker, keeping the tag's whitespace control
+// ({%- ... -%}, trim_blocks, lstrip_blocks act on the `if` and `endif` tags exactly as on
+// the generation tag). Control characters that chat text does not hold.
+constexpr std::string_view kChatGenOpen = "\x1e\x1fzt:generation\x1f\x1e";
+constexpr std::string_view kChatGenClose = "\x1e\x1fzt:endgeneration\x1f\x1e";
+
+// `source` with the generation tags replaced; `count` the number of blocks. ConfigError
+// when the tags do not pair up.
+std::string chat_mark_generation(const std::string& source, const std::string& where, int& count) {
+  static const std::regex tag(R"(\{%([-+]?)\s*(generation|endgeneration)\s*([-+]?)%\})");
+  std::string out;
+  int depth = 0;
+  count = 0;
+  auto last = source.cbegin();
+  for (std::sregex_iterator it(source.begin(), source.end(), tag), end; it != end; ++it) {
+    const auto& m = *it;
+    out.append(last, m[0].first);
+    last = m[0].second;
+    const bool open = m[2] == "generation";
+    if (open) {
+      ++depth;
+      ++count;
+    } else {
+      ZT_CHECK_T(depth > 0, ConfigError, "chat template of '", where,
+                 "': {% endgeneration %} without a {% generation %} before it");
+      --depth;
+    }
+    out += "{%" + m[1].str() + " if true %}";
+    out += open ? kChatGenOpen : kChatGenClose;
+    out += "{% endif " + m[3].str() + "%}";
+  }
+  out.append(last, source.cend());
+  ZT_CHECK_T(depth == 0, ConfigError, "chat template of '", where, "': ", depth,
+             " {% generation %} block(s) without {% endgeneration %}");
+  return out;
+}
+
+// `text` without the generation markers.
+std::string chat_strip_generation(std::string text) {
+  for (std::string_view mark : {kChatGenOpen, kChatGenClose}) {
+    size_t w = 0;
+    for (size_t r = 0; r < text.size();) {
+      if (text.compare(r, mark.size(), mark) == 0) {
+        r += mark.size();
+      } else {
+        text[w++] = text[r++];
+      }
+    }
+    text.resize(w);
+  }
+  return text;
+}
 
 // A tokenizer_config.json token entry: "<s>" or {"content": "<s>", ...}; "" otherwise.
 std::string chat_token_text(const nlohmann::json& v) {
@@ -69,9 +126,12 @@ ChatTemplate ChatTemplate::from_tokenizer_config(const std::string& path) {
 ChatTemplate::ChatTemplate(const std::string& source, const nlohmann::json& special_tokens, std::string where)
     : where_(std::move(where)) {
   auto impl = std::make_shared<Impl>();
+  int blocks = 0;
+  const std::string marked = chat_mark_generation(source, where_, blocks);
+  impl->generation = blocks > 0;
   try {
     // transformers' Jinja environment: trim_blocks, lstrip_blocks.
-    impl->root = minja::Parser::parse(source, minja::Options{true, true, false});
+    impl->root = minja::Parser::parse(marked, minja::Options{true, true, false});
   } catch (const std::exception& e) {
     throw ConfigError(detail::cat("chat template of '", where_, "' does not parse: ", e.what()));
   }
@@ -80,6 +140,13 @@ ChatTemplate::ChatTemplate(const std::string& source, const nlohmann::json& spec
 }
 
 std::string ChatTemplate::render(const nlohmann::json& messages, bool add_generation_prompt) const {
+  std::string text = render_marked(messages, add_generation_prompt);
+  return impl_->generation ? chat_strip_generation(std::move(text)) : text;
+}
+
+bool ChatTemplate::has_generation_blocks() const { return impl_->generation; }
+
+std::string ChatTemplate::render_marked(const nlohmann::json& messages, bool add_generation_prompt) const {
   nlohmann::ordered_json ctx = impl_->special_tokens;
   ctx["messages"] = nlohmann::ordered_json::parse(messages.dump());
   ctx["add_generation_prompt"] = add_generation_prompt;
@@ -105,7 +172,7 @@ std::vector<ChatSegment> ChatTemplate::segments(const nlohmann::json& messages, 
   auto at = [&](const std::string& what) { return detail::cat(where, ": ", what); };
   std::string full;
   try {
-    full = render(messages, false);
+    full = impl_->generation ? render_marked(messages, false) : render(messages, false);
   } catch (const ConfigError& e) {
     throw ConfigError(at(e.what()));
   }
@@ -115,6 +182,29 @@ std::vector<ChatSegment> ChatTemplate::segments(const nlohmann::json& messages, 
     if (!out.empty() && out.back().train == train) out.back().text += text;
     else out.push_back({std::move(text), train});
   };
+  if (impl_->generation) {  // [Generation Blocks]: exactly the text inside the blocks is trained
+    int depth = 0;
+    size_t from = 0;
+    bool trained = false;
+    for (size_t i = 0; i < full.size();) {
+      const bool open = full.compare(i, kChatGenOpen.size(), kChatGenOpen) == 0;
+      const bool close = !open && full.compare(i, kChatGenClose.size(), kChatGenClose) == 0;
+      if (!open && !close) {
+        ++i;
+        continue;
+      }
+      push(full.substr(from, i - from), depth > 0);
+      trained |= depth > 0 && i > from;
+      depth += open ? 1 : -1;
+      i += open ? kChatGenOpen.size() : kChatGenClose.size();
+      from = i;
+    }
+    push(full.substr(from), depth > 0);
+    ZT_CHECK_T(trained, ConfigError, where, ": the {% generation %} blocks of the chat template of '", where_,
+               "' hold no text for this conversation, so nothing would be trained (the blocks should wrap the "
+               "assistant turns)");
+    return out;
+  }
   size_t done = 0;  // full[0, done) is in `out`
   for (size_t i = 0; i < messages.size(); ++i) {
     if (messages[i]["role"] != "assistant") continue;

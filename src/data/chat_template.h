@@ -13,6 +13,15 @@
 // once later ones follow (e.g. one that drops the reasoning of earlier assistant turns) is
 // a ConfigError naming the file and the message.
 //
+// [Generation Blocks] A template that marks what the model generates with
+// `{% generation %}...{% endgeneration %}` (the blocks of transformers'
+// `return_assistant_tokens_mask`) is cut by them instead: exactly the text rendered inside
+// the blocks is trained, the rest is context, and the prefix rule above is not used (such
+// a template may rewrite earlier turns). A conversation whose render has no text inside a
+// block is a ConfigError; so are tags that do not pair up. minja itself treats the tags as
+// no-ops: each is rewritten before parsing to an `if` block that prints a marker (with the
+// tag's whitespace control), and the markers are cut out of the render.
+//
 // As transformers' apply_chat_template: trim_blocks and lstrip_blocks, the context holds
 // `messages`, `add_generation_prompt` and the special tokens of tokenizer_config.json
 // (bos_token, eos_token, ...); `raise_exception` raises a ConfigError. Unlike it,
@@ -47,7 +56,10 @@ class ChatTemplate {
 
   // The template applied to `messages` (a JSON array of {"role", "content", ...}).
   std::string render(const nlohmann::json& messages, bool add_generation_prompt) const;
-  // The whole conversation's render cut into untrained and trained pieces ([Chat Mask]),
+  // Whether the template has {% generation %} blocks ([Generation Blocks]).
+  bool has_generation_blocks() const;
+  // The whole conversation's render cut into untrained and trained pieces ([Chat Mask], or
+  // [Generation Blocks] when the template has them),
   // adjacent pieces merged, empty ones dropped. ConfigError naming `where` (file:line) for
   // messages that are not a list of objects with a string role, a conversation without an
   // assistant turn, and a template whose renders are not prefixes of one another.
@@ -55,6 +67,8 @@ class ChatTemplate {
   const std::string& where() const { return where_; }
 
  private:
+  // render() with the [Generation Blocks] markers left in.
+  std::string render_marked(const nlohmann::json& messages, bool add_generation_prompt) const;
   struct Impl;
   std::shared_ptr<const Impl> impl_;
   std::string where_;

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "data/bpe_tokenizer.h"
+#include "data/normalize.h"
 #include "data/pretokenize.h"
 #include "data/unicode.h"
 #include "zerotrain/error.h"
@@ -179,17 +180,22 @@ TEST_F(BpeFixture, BatchEqualsOneByOne) {
 
 TEST_F(BpeFixture, UnsupportedPiecesAreNamed) {
   json j = base_;
-  j["normalizer"] = {{"type", "NFKC"}};
+  // A normalizer other than the Unicode forms, also inside a Sequence.
+  j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}, {{"type", "Lowercase"}}}}};
   EXPECT_THROW(
       {
         try {
           BpeTokenizer t(j, "x.json");
         } catch (const zt::ConfigError& e) {
-          EXPECT_NE(std::string(e.what()).find("normalizer 'NFKC'"), std::string::npos) << e.what();
+          EXPECT_NE(std::string(e.what()).find("normalizer 'Lowercase' is not supported (NFC, NFD, NFKC, NFKD"),
+                    std::string::npos)
+              << e.what();
           throw;
         }
       },
       zt::ConfigError);
+  j["normalizer"] = {{"type", "Sequence"}};
+  EXPECT_THROW(BpeTokenizer(j, "x.json"), zt::ConfigError);
   j = base_;
   j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "\\w+"}}}, {"behavior", "Isolated"}};
   EXPECT_THROW(BpeTokenizer(j, "x.json"), zt::ConfigError);
@@ -202,6 +208,81 @@ TEST_F(BpeFixture, UnsupportedPiecesAreNamed) {
   EXPECT_THROW(BpeTokenizer::from_file(kDir + "missing.json"), zt::ConfigError);
   const BpeTokenizer tok(base_);
   EXPECT_THROW(tok.decode(std::vector<int32_t>{5000}), zt::Error);
+}
+
+// [Normalizer] (data/normalize.h): the fixture's tokenizer.json with each normalizer and two
+// added tokens (a normalized one, "\uFB01x", matched as "fix" under NFKC; a non-normalized
+// one, "e\u0301!", matched on the raw text before NFC composes it) gives the ids
+// `tokenizers` 0.23.3 gives (scripts/make_bpe_normalizer_fixture.py) for normalize.txt:
+// 20 000 characters of test.txt, the same in NFD, and edge cases (decomposed accents,
+// Hangul jamo, mark reordering, singletons, compatibility characters, marks after special
+// tokens).
+TEST(BpeNormalizer, IdsEqualHuggingFaceForEveryForm) {
+  const json base = json::parse(read_file(kDir + "tokenizer.json"));
+  const json fx = json::parse(read_file(kDir + "normalizers.json"));
+  const std::string text = read_file(kDir + "normalize.txt");
+  ASSERT_EQ(fx["forms"].size(), 5u);
+  for (const auto& [name, f] : fx["forms"].items()) {
+    SCOPED_TRACE(name);
+    json j = base;
+    j["normalizer"] = f["normalizer"];
+    for (const auto& a : fx["added_tokens"]) j["added_tokens"].push_back(a);
+    const BpeTokenizer tok(j, name);
+    EXPECT_FALSE(tok.normalizer_forms().empty());
+    const auto want = read_u16(kDir + "expected_norm_" + name + ".u16");
+    ASSERT_EQ(want.size(), f["ids"].get<size_t>());
+    EXPECT_EQ(first_diff(tok.encode(text), want), "");
+    const auto& edge = fx["edge"];
+    for (size_t i = 0; i < edge.size(); ++i) {
+      const std::string e = edge[i].get<std::string>();
+      EXPECT_EQ(tok.normalize(e), f["edge_normalized"][i].get<std::string>()) << i;
+      EXPECT_EQ(tok.encode(e), f["edge_ids"][i].get<std::vector<int32_t>>()) << i;
+    }
+  }
+}
+
+// The same facts by hand, from the vocabulary: text whose normal form differs tokenizes
+// under the normalizer exactly as its normal form does without one, and not as itself.
+TEST(BpeNormalizer, NormalizedTextGivesTheIdsOfItsNormalForm) {
+  const json base = json::parse(read_file(kDir + "tokenizer.json"));
+  auto with = [&](const json& norm) {
+    json j = base;
+    j["normalizer"] = norm;
+    return BpeTokenizer(j, "n.json");
+  };
+  const BpeTokenizer plain(base), nfc = with({{"type", "NFC"}}), nfkc = with({{"type", "NFKC"}}),
+      nfd = with({{"type", "NFD"}});
+  EXPECT_EQ(nfc.normalizer_forms(), std::vector<std::string>{"NFC"});
+  struct Case {
+    const BpeTokenizer* tok;
+    const char* in;
+    const char* normal;
+  };
+  for (const Case& c : {
+           Case{&nfc, "Cafe\u0301", "Caf\u00e9"},                   // decomposed e + acute
+           Case{&nfc, "\u1112\u1161\u11ab\u1100\u1173\u11af", "\ud55c\uae00"},  // Hangul jamo -> syllables
+           Case{&nfc, "\u212b \u2126", "\u00c5 \u03a9"},               // singletons: Angstrom, Ohm
+           Case{&nfc, "a\u0301\u0323", "\u1ea1\u0301"},              // marks reordered, then composed
+           Case{&nfkc, "\ufb01ne \uff21\uff22 \u2460 x\u00b2", "fine AB 1 x2"},  // compatibility characters
+           Case{&nfd, "\u00e9t\u00e9", "e\u0301te\u0301"},
+       }) {
+    SCOPED_TRACE(c.in);
+    EXPECT_EQ(c.tok->normalize(c.in), c.normal);
+    EXPECT_EQ(c.tok->encode(c.in), plain.encode(c.normal));
+    EXPECT_NE(plain.encode(c.in), plain.encode(c.normal));  // the normalizer makes the difference
+  }
+  // Special tokens are split out of the raw text first: a mark after <|im_end|> stays alone.
+  const auto end = *plain.token_to_id("<|im_end|>");
+  std::vector<int32_t> want = plain.encode("\u00e9");
+  want.push_back(end);
+  for (int32_t t : plain.encode("\u0301")) want.push_back(t);
+  EXPECT_EQ(nfc.encode("e\u0301<|im_end|>\u0301"), want);
+  // Malformed UTF-8 is carried byte by byte; each bad byte ends a run of normalization.
+  EXPECT_EQ(unicode_normalize("e\u0301\xFF\u0301e\u0301 \xE4\xB8", UnicodeForm::kNFC),
+            "\u00e9\xFF\u0301\u00e9 \xE4\xB8");
+  EXPECT_EQ(nfc.decode(nfc.encode("e\u0301\xFFok")), "\u00e9\xFFok");
+  EXPECT_EQ(unicode_normalize("plain ascii", UnicodeForm::kNFKD), "plain ascii");
+  EXPECT_EQ(unicode_normalize("\u00e9", UnicodeForm::kNFC), "\u00e9");
 }
 
 }  // namespace zt_test_bpe_tokenizer

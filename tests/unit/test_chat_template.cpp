@@ -292,4 +292,119 @@ TEST_F(ChatTemplateTest, TokenizeSftFormatsMessagesWithTheTemplate) {
       << e.output;
 }
 
+// [Generation Blocks]: templates that wrap the assistant turns in {% generation %} give
+// the ids and the mask transformers 5.24 gives (apply_chat_template(...,
+// return_assistant_tokens_mask=True) with the BPE fixture's tokenizer.json, recorded
+// below): exactly the text inside the blocks is trained. "chatml": the blocks hold the
+// content and <|im_end|>; "think": earlier assistant turns lose their <think> part (the
+// prefix rule refuses this template); "blocks": trim_blocks / lstrip_blocks leave the
+// newline after <|im_end|> inside the block, so it is trained too (the prefix rule would
+// not train it).
+TEST_F(ChatTemplateTest, GenerationBlocksGiveTransformersAssistantMask) {
+  const char* chatml = R"tmpl({% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\n' }}{% else %}{{ message['content'] + '<|im_end|>' + '\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %})tmpl";
+  const char* think = R"tmpl({%- for message in messages %}
+    {%- if message.role == 'assistant' %}
+        {%- set content = message.content %}
+        {%- if not loop.last %}
+            {%- set content = content.split('</think>')[-1] %}
+        {%- endif %}
+        {{- '<|im_start|>assistant\n' }}
+        {%- generation %}
+        {{- content + '<|im_end|>' }}
+        {%- endgeneration %}
+        {{- '\n' }}
+    {%- else %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+)tmpl";
+  const char* blocks = R"tmpl({% for message in messages %}
+  {% if message.role == 'assistant' %}
+<|im_start|>assistant
+  {% generation %}
+{{ message.content }}<|im_end|>
+  {% endgeneration %}
+  {% else %}
+<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+  {% endif %}
+{% endfor %})tmpl";
+  const json think_chat = json::array({{{"role", "user"}, {"content", "2+2?"}},
+                                       {{"role", "assistant"}, {"content", "<think>four</think>4."}},
+                                       {{"role", "user"}, {"content", "3+3?"}},
+                                       {{"role", "assistant"}, {"content", "<think>six</think>6."}}});
+  struct Case {
+    const char* name;
+    const char* source;
+    json messages;
+    std::string text;
+    std::vector<uint32_t> ids;
+    std::vector<uint8_t> mask;  // transformers' assistant_masks
+  };
+  const std::vector<Case> cases = {
+      {"chatml", chatml, kChatMlChat, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\nBye.<|im_end|>\n",
+       {1, 1146, 263, 202, 43, 76, 2, 202, 1, 2247, 1169, 460, 202, 43, 72, 353, 82, 4, 2, 202, 1, 1146, 263, 202, 37, 92, 72, 2, 202, 1, 2247, 1169, 460, 202, 37, 92, 72, 17, 2, 202},
+       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0}},
+      {"think", think, think_chat, "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4.<|im_end|>\n<|im_start|>user\n3+3?<|im_end|>\n<|im_start|>assistant\n<think>six</think>6.<|im_end|>\n",
+       {1, 1146, 263, 202, 21, 14, 21, 34, 2, 202, 1, 2247, 1169, 460, 202, 23, 17, 2, 202, 1, 1146, 263, 202, 22, 14, 22, 34, 2, 202, 1, 2247, 1169, 460, 202, 31, 260, 1228, 33, 343, 91, 31, 18, 260, 1228, 33, 25, 17, 2, 202},
+       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0}},
+      {"blocks", blocks, kChatMlChat, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\nBye.<|im_end|>\n",
+       {1, 1146, 263, 202, 43, 76, 2, 202, 1, 2247, 1169, 460, 202, 43, 72, 353, 82, 4, 2, 202, 1, 1146, 263, 202, 37, 92, 72, 2, 202, 1, 2247, 1169, 460, 202, 37, 92, 72, 17, 2, 202},
+       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1}},
+  };
+  const fs::path d = dir_ / "gen";
+  write_chat_tokenizer(d, chatml);
+  const auto tok = BpeTokenizer::from_file((d / "tokenizer.json").string());
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const ChatTemplate tmpl(c.source, json::object(), c.name);
+    EXPECT_TRUE(tmpl.has_generation_blocks());
+    EXPECT_EQ(tmpl.render(c.messages, false), c.text);  // no marker left in the text
+    const SftExample ex = parse_sft_json(json{{"messages", c.messages}}, "gen.jsonl:1", &tmpl);
+    std::vector<std::vector<int32_t>> ids;
+    for (const auto& seg : ex.segments) ids.push_back(tok.encode(seg.text));
+    std::vector<uint32_t> tokens;
+    std::vector<uint8_t> mask;
+    append_sft_segments(ids, ex.segments, std::nullopt, tokens, mask);
+    EXPECT_EQ(tokens, c.ids);
+    std::vector<uint8_t> want_mask;
+    for (size_t i = 0; i < c.mask.size(); ++i)
+      want_mask.push_back(static_cast<uint8_t>((c.mask[i] ? kSftTarget : 0) | (i == 0 ? kSftExampleStart : 0)));
+    EXPECT_EQ(mask, want_mask);
+  }
+  // Without the tags the prefix rule applies: it trains no newline after <|im_end|> (the
+  // "blocks" template's block does), and refuses "think".
+  auto untagged = [](std::string s) {
+    for (const char* t : {"{% generation %}", "{% endgeneration %}", "{%- generation %}", "{%- endgeneration %}"}) {
+      for (size_t at; (at = s.find(t)) != std::string::npos;) s.erase(at, std::string(t).size());
+    }
+    return s;
+  };
+  const ChatTemplate plain_chatml(untagged(chatml), json::object(), "plain");
+  EXPECT_FALSE(plain_chatml.has_generation_blocks());
+  EXPECT_EQ(plain_chatml.segments(kChatMlChat, "x")[1], (ChatSegment{"Hello!<|im_end|>", true}));
+  EXPECT_EQ(ChatTemplate(blocks, json::object(), "b").segments(kChatMlChat, "x")[1],
+            (ChatSegment{"Hello!<|im_end|>\n", true}));
+  const ChatTemplate plain_think(untagged(think), json::object(), "plain_think");
+  EXPECT_NE(error_of([&] { plain_think.segments(think_chat, "x"); }).find("differently from the whole conversation"),
+            std::string::npos);
+  // Tags that do not pair up, and blocks that hold nothing for a conversation.
+  EXPECT_NE(error_of([&] { ChatTemplate("{% generation %}x", json::object(), "open.json"); })
+                .find("chat template of 'open.json': 1 {% generation %} block(s) without {% endgeneration %}"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ChatTemplate("x{% endgeneration %}", json::object(), "close.json"); })
+                .find("{% endgeneration %} without a {% generation %}"),
+            std::string::npos);
+  const ChatTemplate bot_only(
+      "{% for m in messages %}{% if m.role == 'bot' %}{% generation %}{{ m.content }}{% endgeneration %}{% else %}{{ "
+      "m.content }}{% endif %}{% endfor %}",
+      json::object(), "bot.json");
+  EXPECT_NE(error_of([&] { bot_only.segments(kChatMlChat, "c.jsonl:9"); })
+                .find("c.jsonl:9: the {% generation %} blocks of the chat template of 'bot.json' hold no text"),
+            std::string::npos);
+}
+
 }  // namespace zt_test_chat_template
