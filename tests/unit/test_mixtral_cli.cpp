@@ -133,6 +133,14 @@ TEST(MixtralCli, ExpertParallelCheckpointResumesAtEpOneAndConverts) {
   EXPECT_TRUE(tensors.count("model.layers.1.block_sparse_moe.experts.3.w2.weight"));
   EXPECT_TRUE(tensors.count("model.layers.0.block_sparse_moe.gate.weight"));
   EXPECT_EQ(tensors.size(), 1u + 2u * (4u + 1u + 4u * 3u + 2u) + 2u);
+  // The converted directory is a Mixtral --init-from reads by name (ZeRO-3: built whole, then
+  // partitioned).
+  const auto init = mixtral_cli_run(kMixtralZt + " launch -n 2 -- " + kMixtralZt + " train --config " + cfg.string() +
+                                    " --init-from " + hf.string() + " --device cpu --steps 2 --seq 32 --print-every 1 "
+                                    "--data random --set zero_optimization.stage=3");
+  ASSERT_EQ(init.rc, 0) << init.out;
+  EXPECT_TRUE(mixtral_cli_has(init.out, "(MixtralForCausalLM)")) << init.out;
+  EXPECT_EQ(mixtral_cli_losses(init.out, 2).size(), 2u) << init.out;
   zt::ckpt::remove_tree(dir.string());
   zt::ckpt::remove_tree(hf.string());
   fs::remove(cfg);
