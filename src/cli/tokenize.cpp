@@ -303,7 +303,9 @@ int cmd_tokenize(int argc, char** argv) {
             } catch (const ConfigError& e) {
               throw ConfigError(detail::cat("tokenize --sft: ", path, ":", lineno, ": ", e.what()));
             }
-            log::info("tokenize --sft: chat template from %s", config_path.c_str());
+            log::info("tokenize --sft: chat template from %s (%s)", config_path.c_str(),
+                      chat->has_generation_blocks() ? "its {% generation %} blocks are trained"
+                                                    : "the assistant turns are trained");
           }
           add_sft(data::parse_sft_json(j, detail::cat(path, ":", lineno), chat ? &*chat : nullptr), bytes);
           continue;

@@ -358,6 +358,12 @@ TEST_F(ChatTemplateTest, GenerationBlocksGiveTransformersAssistantMask) {
   const fs::path d = dir_ / "gen";
   write_chat_tokenizer(d, chatml);
   const auto tok = BpeTokenizer::from_file((d / "tokenizer.json").string());
+  auto hf_mask = [](const Case& c) {
+    std::vector<uint8_t> m;
+    for (size_t i = 0; i < c.mask.size(); ++i)
+      m.push_back(static_cast<uint8_t>((c.mask[i] ? kSftTarget : 0) | (i == 0 ? kSftExampleStart : 0)));
+    return m;
+  };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const ChatTemplate tmpl(c.source, json::object(), c.name);
@@ -370,10 +376,28 @@ TEST_F(ChatTemplateTest, GenerationBlocksGiveTransformersAssistantMask) {
     std::vector<uint8_t> mask;
     append_sft_segments(ids, ex.segments, std::nullopt, tokens, mask);
     EXPECT_EQ(tokens, c.ids);
-    std::vector<uint8_t> want_mask;
-    for (size_t i = 0; i < c.mask.size(); ++i)
-      want_mask.push_back(static_cast<uint8_t>((c.mask[i] ? kSftTarget : 0) | (i == 0 ? kSftExampleStart : 0)));
-    EXPECT_EQ(mask, want_mask);
+    EXPECT_EQ(mask, hf_mask(c));
+  }
+  // zerotrain tokenize --sft with the "blocks" template writes the same ids and mask.
+  {
+    const fs::path bd = dir_ / "gen_cli";
+    write_chat_tokenizer(bd, blocks);
+    std::ofstream(dir_ / "gen.jsonl") << json{{"messages", kChatMlChat}}.dump() << "\n";
+    const std::string out = (dir_ / "gen_shards").string();
+    const auto r = zt::test_support::run_shell("OMP_NUM_THREADS=1 timeout -k 5 120 " + std::string(ZT_BINARY_DIR) +
+                                               "/zerotrain tokenize --sft --tokenizer " + bd.string() + " --out " + out +
+                                               " " + (dir_ / "gen.jsonl").string());
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("its {% generation %} blocks are trained"), std::string::npos) << r.output;
+    MappedShard sh(out + "/data_train_000000.bin"), m(mask_path(out + "/data_train_000000.bin"));
+    std::vector<uint32_t> tokens;
+    std::vector<uint8_t> mask;
+    for (int64_t i = 0; i < sh.info().num_tokens; ++i) {
+      tokens.push_back(sh.token(i));
+      mask.push_back(static_cast<uint8_t>(m.token(i)));
+    }
+    EXPECT_EQ(tokens, cases[2].ids);
+    EXPECT_EQ(mask, hf_mask(cases[2]));
   }
   // Without the tags the prefix rule applies: it trains no newline after <|im_end|> (the
   // "blocks" template's block does), and refuses "think".
