@@ -4,8 +4,8 @@
 // chosen expert's w2(silu(w1 x) * w3 x) from its weight matrices), and the aux loss against
 // Hugging Face's load_balancing_loss_func written out here: the router logits of ALL layers
 // concatenated, one softmax / top-k / one-hot, the means over the concatenation. Also the
-// config.json fields, the mixtral-tiny preset, and a checkpoint written here under HF's
-// tensor names read back by name.
+// config.json fields, the mixtral-tiny preset, a checkpoint written here under HF's tensor
+// names read back by name, and transformers' own MixtralForCausalLM on a committed fixture.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -169,6 +169,30 @@ TEST(MixtralModel, LogitsLossAndGradientsEqualThePerTokenReference) {
       EXPECT_EQ(sum, 16 * k);
     }
   }
+}
+
+TEST(MixtralMatchesTransformers, LogitsLossAndAux) {
+  // tests/fixtures/llama/mixtral (tests/fixtures/make_mixtral_fixture.py, transformers 5.24):
+  // a random MixtralForCausalLM saved by save_pretrained (the Hub's block_sparse_moe names),
+  // its logits, its loss with output_router_logits (cross entropy + 0.02 x aux) and its aux.
+  const fs::path dir = fs::path(ZT_SOURCE_DIR) / "tests" / "fixtures" / "llama" / "mixtral";
+  LlamaForCausalLM m = zt::models::load_hf_llama_pretrained(dir.string());
+  EXPECT_EQ(m->config().num_local_experts, 4);
+  EXPECT_TRUE(m->config().output_router_logits);
+  const auto io = zt::io::load_safetensors((dir / "io.safetensors").string());
+  const auto ids = io.at("input_ids"), labels = io.at("labels");
+  // HF's labels -> zerotrain's targets: shifted left by one, -100 appended.
+  auto targets = torch::full_like(labels, -100);
+  targets.narrow(1, 0, labels.size(1) - 1).copy_(labels.narrow(1, 1, labels.size(1) - 1));
+  torch::NoGradGuard ng;
+  const double dl = (m->forward(ids) - io.at("logits")).abs().max().item<double>();
+  EXPECT_LE(dl, 1e-4);
+  const auto loss = m->loss(ids, targets);
+  EXPECT_NEAR(loss.item<double>(), io.at("loss").item<double>(), 1e-5);
+  EXPECT_NEAR(m->router_aux_loss().item<double>(), io.at("aux_loss").item<double>(), 1e-5);
+  std::printf("[mixtral] vs transformers: logits %.3g, loss %.3g, aux %.3g\n", dl,
+              std::abs(loss.item<double>() - io.at("loss").item<double>()),
+              std::abs(m->router_aux_loss().item<double>() - io.at("aux_loss").item<double>()));
 }
 
 TEST(MixtralModel, AuxLossOnlyWithOutputRouterLogits) {
