@@ -718,7 +718,6 @@ void check_expert_parallel_args(const TrainArgs& a, int64_t ep) {
     ZT_CHECK_T(!given, ConfigError, "train: ", what, " with --ep ", ep, " is not supported yet (", why,
                "); run without it, or without --ep (docs/moe.md)");
   };
-  refuse(!a.init_from.empty(), "--init-from", "Hugging Face weights of an MoE model split over ep");
   refuse(!a.lora.empty() || a.qlora, "--lora/--qlora", "adapters on the experts");
   refuse(!a.val_data.empty(), "--val-data", "validation of the expert-parallel model is not tested");
 }

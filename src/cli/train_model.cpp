@@ -280,9 +280,18 @@ TrainModel build_llama(const TrainModelOptions& o, const Config& cfg) {
 
 // [Expert-Parallel Train] of a Mixtral: `whole` (every expert) -> the model with this rank's
 // experts, by global index, and the engine options for its units and experts.
-TrainModel llama_ep_train_model(const TrainModel& full, const models::LlamaForCausalLMImpl& whole,
+TrainModel llama_ep_train_model(const TrainModel& full, models::LlamaForCausalLMImpl& whole,
                                 const TrainModelOptions& o, const Config& cfg, const comm::GroupPtr& ep) {
   const models::LlamaConfig mc = whole.config();
+  if (!o.init_from.empty()) {
+    // --init-from: every rank reads the checkpoint into the whole model (checked by name and
+    // shape first), then keeps its own experts below.
+    models::load_hf_llama(whole, o.init_from);
+    if (o.rank == 0) {
+      log::info("initialized from Hugging Face weights in %s (%s): every rank read them and kept its experts",
+                o.init_from.c_str(), mc.architecture.c_str());
+    }
+  }
   models::LlamaForCausalLM m(mc, ep);
   if (checkpointing(o, cfg)) {
     m->set_activation_checkpointing(true, cfg.activation_checkpointing.number_checkpoints,
@@ -330,8 +339,13 @@ TrainModel build_train_model(const TrainModelOptions& o, const Config& cfg) {
 
 TrainModel build_ep_train_model(const TrainModelOptions& o, const Config& cfg, const comm::GroupPtr& ep) {
   const int n = ep ? ep->size() : 1;
-  ZT_CHECK_T(o.init_from.empty() && !o.lora, ConfigError, "train: --init-from/--lora with --ep ", n,
-             " is not supported yet; train from a seed without adapters, or run without --ep");
+  ZT_CHECK_T(!o.lora, ConfigError, "train: --lora/--qlora with --ep ", n,
+             " is not supported yet; train without adapters, or run without --ep");
+  // --init-from: a Mixtral directory ([Mixtral]; Hugging Face GPT-2 weights have no experts).
+  ZT_CHECK_T(o.init_from.empty() ||
+                 (models::is_llama_hf_config(o.init_from) && models::llama_config_from_hf_json(o.init_from).is_moe()),
+             ConfigError, "train: --init-from ", o.init_from, " with --ep ", n, " needs a Hugging Face Mixtral "
+             "directory (MixtralForCausalLM config.json); other weights have no experts to split");
   // The whole model first, as the plain path builds it (the caller seeded the generator):
   // ep N starts from ep 1's weights.
   TrainModel full = build_train_model(o, cfg);

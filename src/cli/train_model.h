@@ -89,8 +89,9 @@ TrainModel build_train_model(const TrainModelOptions& o, const Config& cfg);
 // the dense parameters and its own experts (global index first_expert() + i), and frees
 // the rest, so `train --ep N` starts where `train` starts. The engine options get
 // is_expert (the experts' names); the caller sets group (dp), ep and expert_dp.
-// ConfigError (before any step) for a model without experts, experts that do not divide
-// by ep (the layer's check), --init-from, --lora, ZeRO-3.
+// --init-from (a Mixtral directory only): every rank reads the weights into the whole
+// model first. ConfigError (before any step) for a model without experts, experts that do
+// not divide by ep (the layer's check), --init-from of weights without experts, --lora.
 TrainModel build_ep_train_model(const TrainModelOptions& o, const Config& cfg, const comm::GroupPtr& ep);
 
 // [Tensor-Parallel Train] The model of build_train_model (same name, sizes and seed) cut

@@ -146,6 +146,33 @@ TEST(MixtralCli, ExpertParallelCheckpointResumesAtEpOneAndConverts) {
   fs::remove(cfg);
 }
 
+// --init-from a Hugging Face Mixtral (the transformers fixture) with --ep 2: every rank reads
+// the weights and keeps its experts; the losses equal the same run without --ep (1e-5).
+TEST(MixtralCli, InitFromAtEp2EqualsEp1) {
+  const fs::path cfg = mixtral_cli_file("ds_init.json", R"({"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 2}})");
+  const std::string fixture = std::string(ZT_SOURCE_DIR) + "/tests/fixtures/llama/mixtral";
+  const std::string two = kMixtralZt + " launch -n 2 -- " + kMixtralZt + " train --config " + cfg.string() +
+                          " --init-from " + fixture + " --device cpu --steps 3 --warmup 1 --seq 16 --print-every 1 "
+                          "--data random";
+  const auto ref = mixtral_cli_run(two);
+  ASSERT_EQ(ref.rc, 0) << ref.out;
+  const auto ep = mixtral_cli_run(two + " --ep 2");
+  ASSERT_EQ(ep.rc, 0) << ep.out;
+  EXPECT_TRUE(mixtral_cli_has(ep.out, "every rank read them and kept its experts")) << ep.out;
+  const auto want = mixtral_cli_losses(ref.out, 3), got = mixtral_cli_losses(ep.out, 3);
+  ASSERT_EQ(want.size(), 3u) << ref.out;
+  ASSERT_EQ(got.size(), 3u) << ep.out;
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5) << "step " << i + 1;
+  // Dense weights have no experts to split.
+  const auto dense = mixtral_cli_run(kMixtralZt + " launch -n 2 -- " + kMixtralZt + " train --config " + cfg.string() +
+                                     " --init-from " + std::string(ZT_SOURCE_DIR) + "/tests/fixtures/llama/llama" +
+                                     " --device cpu --steps 1 --seq 16 --data random --ep 2");
+  EXPECT_NE(dense.rc, 0) << dense.out;
+  EXPECT_TRUE(mixtral_cli_has(dense.out, "needs a Hugging Face Mixtral directory")) << dense.out;
+  fs::remove(cfg);
+}
+
 TEST(MixtralCli, BadInputIsNamedBeforeTheFirstStep) {
   const fs::path cfg = mixtral_cli_file("ds_bad.json", R"({"train_micro_batch_size_per_gpu": 1})");
   // A Mixtral config.json with 3 experts: --ep 2 cannot split them.
