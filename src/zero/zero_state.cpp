@@ -83,6 +83,9 @@ void ZeroOptimizer::finish_state_import() {
   // Offload: the step writes the compute-dtype copy itself (refresh_params does not cast
   // the master); the backend brings this rank's copy in line with the loaded master.
   backend_->finish_import();
+  // The last step's fused kernel wrote the parameters (params_written_); the loaded master
+  // has not been: refresh_params casts it in (stages 0-2 on the device).
+  params_written_ = false;
   refresh_params();
 }
 
