@@ -529,6 +529,13 @@ GroupPtr world_group() {
     int inited = 0;
     MPI_Initialized(&inited);
     if (!inited) {
+      // Open MPI's shared-memory single-copy path (CMA) mishandles a message longer than the
+      // posted receive: the receiver's heap is corrupted instead of MPI_ERR_TRUNCATE being
+      // returned, so a size mismatch could not be named (P2P.SizeAndDtypeMismatchNamed under a
+      // plain mpirun). `zerotrain launch` sets this too; here it also covers mpirun/srun. A
+      // value the user set is kept.
+      setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);
+      setenv("OMPI_MCA_btl_sm_single_copy_mechanism", "none", 0);
       int provided = 0;
       ZT_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
     }
