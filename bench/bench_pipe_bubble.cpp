@@ -2,9 +2,12 @@
 // memory per stage; GPT-2, pp = world size (or --pp, dp = world / pp), ZeRO 0 (or --zero-stage
 // 1|2 over dp), one JSON line per schedule.
 //
-// CPU ranks (the default: GPT-2 with 4 blocks, C 256, T 128, micro-batch 4, fp32, one
-// thread per rank):
-//   OMP_NUM_THREADS=1 build/zerotrain launch -n 2 -- build/bench_pipe_bubble --micro-batches 8 --batches 5
+// CPU ranks (the default: GPT-2 with 8 blocks, C 512, T 128, micro-batch 4, fp32, partition
+// type:GPT2Block so that every chunk, also at 2 virtual stages, holds 2 blocks; one thread per
+// rank). scripts/pipe_bubble_cpu.sh runs issue 18's measurement (pp 2, m 8, every schedule,
+// at high scheduler priority, repeated while other processes load the CPUs):
+//   OMP_NUM_THREADS=1 build/zerotrain launch -n 2 -- build/bench_pipe_bubble --micro-batches 8 --batches 5 \
+//       --max-other-load 0.1 --attempts 3
 // GPUs (one per rank; CUDA-event timing, see [Pipeline Execution]):
 //   build/zerotrain launch -n 2 -- build/bench_pipe_bubble --device cuda --model gpt2-xl \
 //       --micro-batch 4 --seq 1024 --micro-batches 8 --batches 5 --dtype bf16
@@ -16,21 +19,28 @@
 // checkpoint interval, default 0), --pp N (default: world size / tp; dp = world / (tp x N)),
 // --zero-stage S (0, 1 or 2 over dp; default 0), --tp M (default 1: each stage's layers
 // cut over M tensor-parallel ranks, GPT2TP from the same weights; [Pipeline x Tensor
-// Parallel] in pipe/gpt2_pipe.h).
+// Parallel] in pipe/gpt2_pipe.h), --layers N / --embd C (the small CPU model's blocks and
+// width; default 8, 512), --partition P (default type:GPT2Block for the small model,
+// parameters for a named one), --max-other-load X --attempts N (CPU: time the batches again,
+// up to N rounds in all, while other processes used more than X CPU cores during them;
+// default: once).
 //
 // Per schedule: the median measured bubble ((max stage wall - max stage busy) / max stage
 // busy), the published formula, the bubble the simulator predicts from the measured
 // per-micro-batch F / B / W times of the busiest stage (unequal stage and pass times are
 // what separate measurement from formula), each stage's busy fraction, the median batch
 // time (host clock, the optimizer step included) and tokens/s, and each stage's peak
-// device memory (the engine's phase peaks, CUDA caching allocator; CPU: not measured).
+// device memory (the engine's phase peaks, CUDA caching allocator; CPU: not measured);
+// each batch's bubble, and on CPU the cores other processes used meanwhile and the rounds.
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -44,6 +54,8 @@
 #include "pipe/pipe_engine.h"
 #include "zerotrain/comm.h"
 
+#include <sys/resource.h>
+
 namespace {
 
 double median(std::vector<double> v) {
@@ -53,7 +65,11 @@ double median(std::vector<double> v) {
 
 struct Args {
   std::string device = "cpu", model, dtype = "fp32", schedules = "gpipe,1f1b,interleaved,zb-h1";
+  std::string partition;  // default: "uniform" for the small CPU model, "parameters" for a named one
   int64_t micro = 4, seq = 128, m = 8, batches = 5, warmup = 2, ckpt = 0, pp = 0, zero = 0, tp = 1;
+  int64_t layers = 8, embd = 512;  // the small CPU model's blocks and width
+  double max_other_load = -1;      // CPU cores other processes may use during the timed batches
+  int64_t attempts = 1;            // timed rounds at most while they use more
 };
 
 Args parse(int argc, char** argv) {
@@ -75,6 +91,11 @@ Args parse(int argc, char** argv) {
     else if (f == "--pp") a.pp = std::stoll(v);
     else if (f == "--zero-stage") a.zero = std::stoll(v);
     else if (f == "--tp") a.tp = std::stoll(v);
+    else if (f == "--layers") a.layers = std::stoll(v);
+    else if (f == "--embd") a.embd = std::stoll(v);
+    else if (f == "--partition") a.partition = v;
+    else if (f == "--max-other-load") a.max_other_load = std::stod(v);
+    else if (f == "--attempts") a.attempts = std::stoll(v);
     else throw std::runtime_error("unknown flag " + f);
   }
   if (a.device != "cpu" && a.device != "cuda") throw std::runtime_error("--device is cpu or cuda");
@@ -103,6 +124,33 @@ double batch_peak_gib(zt::Engine& e) {
   return static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0);
 }
 
+// [Bubble Bench Load] CPU seconds the whole machine has been busy (Linux /proc/stat: every
+// state but idle and iowait), and this process's own CPU seconds (all its threads). Their
+// difference over the timed batches, less every rank's own, is what other processes took:
+// a CPU bubble is only the schedule's on an otherwise idle machine (one rank per core).
+double bubble_bench_machine_busy_s() {
+  std::ifstream f("/proc/stat");
+  std::string cpu;
+  f >> cpu;
+  if (cpu != "cpu") return -1;
+  std::vector<double> v;
+  std::string line;
+  std::getline(f, line);
+  std::istringstream in(line);
+  for (double x; in >> x;) v.push_back(x);
+  if (v.size() < 5) return -1;
+  double busy = 0;
+  for (size_t i = 0; i < v.size() && i < 8; ++i)
+    if (i != 3 && i != 4) busy += v[i];  // user nice system [idle iowait] irq softirq steal
+  return busy / 100.0;  // USER_HZ
+}
+double bubble_bench_own_cpu_s() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -118,9 +166,9 @@ int main(int argc, char** argv) {
     const int dp = world->size() / (pp * tp);
     zt::models::GPT2Config cfg;
     if (a.model.empty()) {
-      cfg.n_layer = 4;
+      cfg.n_layer = a.layers;
       cfg.n_head = 4;
-      cfg.n_embd = 256;
+      cfg.n_embd = a.embd;
       cfg.vocab_size = 256;
       cfg.n_positions = 128;
     } else {
@@ -138,7 +186,9 @@ int main(int argc, char** argv) {
                           {"pipeline",
                            {{"stages", pp},
                             {"schedule", sched},
-                            {"partition", a.model.empty() ? "uniform" : "parameters"},
+                            {"partition", !a.partition.empty()  ? a.partition
+                                          : a.model.empty() ? "type:GPT2Block"
+                                                            : "parameters"},
                             {"activation_checkpoint_interval", a.ckpt}}}};
       if (a.dtype == "bf16") j["bf16"] = {{"enabled", true}};
       if (tp > 1) j["tensor_parallel"] = {{"autotp_size", tp}};
@@ -174,25 +224,48 @@ int main(int argc, char** argv) {
         return zt::pipe::MicroBatch{s.narrow(1, 0, T).contiguous(), s.narrow(1, 1, T).contiguous()};
       };
       for (int w = 0; w < a.warmup; ++w) pipe->train_batch(next);
-      double peak = 0;
+      double peak = 0, other_cores = -1;
       std::vector<double> bubbles, predicted, batch_ms;
       std::vector<std::vector<double>> busy(static_cast<size_t>(pp));
-      for (int b = 0; b < a.batches; ++b) {
-        const auto t0 = std::chrono::steady_clock::now();
-        pipe->train_batch(next);  // returns after the loss is on the host: the batch is done
-        batch_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-        peak = std::max(peak, dev.is_cuda() ? batch_peak_gib(pipe->engine()) : 0.0);
-        const auto& r = pipe->last_report();
-        bubbles.push_back(r.bubble);
-        size_t hot = 0;
-        for (size_t s = 0; s < r.timing.size(); ++s) {
-          busy[s].push_back(r.timing[s].busy_fraction());
-          if (r.timing[s].busy_ms > r.timing[hot].busy_ms) hot = s;
+      int attempt = 0;
+      for (;;) {  // the timed batches; again while other processes loaded the CPUs (--max-other-load)
+        ++attempt;
+        bubbles.clear();
+        predicted.clear();
+        batch_ms.clear();
+        for (auto& v : busy) v.clear();
+        const double machine0 = bubble_bench_machine_busy_s(), own0 = bubble_bench_own_cpu_s();
+        const auto wall0 = std::chrono::steady_clock::now();
+        for (int b = 0; b < a.batches; ++b) {
+          const auto t0 = std::chrono::steady_clock::now();
+          pipe->train_batch(next);  // returns after the loss is on the host: the batch is done
+          batch_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+          peak = std::max(peak, dev.is_cuda() ? batch_peak_gib(pipe->engine()) : 0.0);
+          const auto& r = pipe->last_report();
+          bubbles.push_back(r.bubble);
+          size_t hot = 0;
+          for (size_t s = 0; s < r.timing.size(); ++s) {
+            busy[s].push_back(r.timing[s].busy_fraction());
+            if (r.timing[s].busy_ms > r.timing[hot].busy_ms) hot = s;
+          }
+          const double per = static_cast<double>(m * pipe->schedule().spec.virtual_stages);
+          const auto& h = r.timing[hot];
+          zt::pipe::UnitTimes u{h.forward_ms / per, h.backward_ms / per, h.weight_ms / per};
+          predicted.push_back(zt::pipe::simulate(pipe->schedule(), u).bubble);
         }
-        const double per = static_cast<double>(m * pipe->schedule().spec.virtual_stages);
-        const auto& h = r.timing[hot];
-        zt::pipe::UnitTimes u{h.forward_ms / per, h.backward_ms / per, h.weight_ms / per};
-        predicted.push_back(zt::pipe::simulate(pipe->schedule(), u).bubble);
+        // Other processes' CPU load during the timed batches, in cores ([Bubble Bench Load];
+        // one host's ranks: the machine's busy time less every rank's own); the ranks agree
+        // on the largest reading.
+        auto own = torch::tensor({bubble_bench_own_cpu_s() - own0}, torch::kDouble);
+        world->all_reduce(own, zt::comm::ReduceOp::kSum);
+        const double timed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+        const double machine1 = bubble_bench_machine_busy_s();
+        auto other = torch::tensor(
+            {machine0 < 0 || machine1 < 0 ? -1.0 : std::max(0.0, (machine1 - machine0 - own.item<double>()) / timed_s)},
+            torch::kDouble);
+        world->all_reduce(other, zt::comm::ReduceOp::kMax);
+        other_cores = other.item<double>();
+        if (a.max_other_load < 0 || other_cores <= a.max_other_load || attempt >= a.attempts) break;
       }
       // Each stage's peak memory and the slowest rank's batch time, on every rank (CPU: MPI).
       // Every rank sends (its stage, its peak); a stage's peak is the largest of its dp replicas.
@@ -207,7 +280,8 @@ int main(int argc, char** argv) {
       auto ms = torch::tensor({median(batch_ms)}, torch::kDouble);
       world->all_reduce(ms, zt::comm::ReduceOp::kMax);
       if (world->rank() == 0) {
-        std::string fr, pk;
+        std::string fr, pk, per;
+        for (double b : bubbles) per += (per.empty() ? "" : ", ") + std::to_string(b);
         for (auto& v : busy) fr += (fr.empty() ? "" : ", ") + std::to_string(median(v));
         for (int s = 0; s < pp; ++s) pk += (s ? ", " : "") + std::to_string(peaks[s].item<double>());
         const auto& r = pipe->last_report();
@@ -216,12 +290,12 @@ int main(int argc, char** argv) {
         std::printf(
             "{\"bench\": \"pipe_bubble\", \"device\": \"%s\", \"model\": \"%s\", \"dtype\": \"%s\", \"schedule\": \"%s\", "
             "\"stages\": %d, \"tp\": %d, \"dp\": %d, \"zero_stage\": %d, \"micro_batches\": %d, \"micro_batch\": %lld, \"seq\": %lld, \"virtual_stages\": %d, "
-            "\"bubble_measured\": %.4f, \"bubble_formula\": %.4f, \"bubble_simulated_from_measured_times\": %.4f, "
-            "\"stage_busy_fraction\": [%s], \"ms_per_batch\": %.2f, \"tokens_per_s\": %.1f, \"peak_gib_per_stage\": [%s], "
+            "\"bubble_measured\": %.4f, \"bubble_per_batch\": [%s], \"bubble_formula\": %.4f, \"bubble_simulated_from_measured_times\": %.4f, "
+            "\"stage_busy_fraction\": [%s], \"other_processes_cpu_cores\": %.2f, \"attempts\": %d, \"ms_per_batch\": %.2f, \"tokens_per_s\": %.1f, \"peak_gib_per_stage\": [%s], "
             "\"loss_last\": %.4f, \"last_stage_ms\": {\"F\": %.2f, \"B\": %.2f, \"W\": %.2f, \"step\": %.2f}}\n",
             a.device.c_str(), a.model.empty() ? "tiny" : a.model.c_str(), a.dtype.c_str(), sched.c_str(), pp, tp, dp, static_cast<int>(a.zero), m,
             static_cast<long long>(B), static_cast<long long>(T), pipe->schedule().spec.virtual_stages,
-            median(bubbles), r.bubble_formula, median(predicted), fr.c_str(), batch, tokens_per_s, pk.c_str(), r.loss,
+            median(bubbles), per.c_str(), r.bubble_formula, median(predicted), fr.c_str(), other_cores, attempt, batch, tokens_per_s, pk.c_str(), r.loss,
             r.timing.back().forward_ms, r.timing.back().backward_ms, r.timing.back().weight_ms,
             r.timing.back().step_ms);
         std::fflush(stdout);

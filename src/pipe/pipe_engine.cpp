@@ -87,8 +87,10 @@ nlohmann::json PipeReport::to_json() const {
           {"stage_timing", st}};
 }
 
-// Waits on posted sends in a helper thread; see [Pipeline Execution]. Work::wait() polls
-// MPI_Test with the group's timeout; the main thread never waits on a Work it handed here.
+// Waits on posted sends in a helper thread, and keeps MPI moving the prefetched receives
+// while no send is pending; see [Pipeline Execution] and [Pipeline Receive Prefetch].
+// Work::wait() polls MPI_Test with the group's timeout; the main thread never waits on a
+// Work it handed here, and takes a watched receive back (unwatch) before waiting on it.
 class PipeEngine::SendProgress {
  public:
   SendProgress() : thread_([this] { loop(); }) {}
@@ -108,6 +110,30 @@ class PipeEngine::SendProgress {
     }
     cv_.notify_all();
   }
+  // A posted receive: tested (MPI_Test, never waited on) between sends until unwatch().
+  void watch(comm::Work* w) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      watched_.push_back({w, nullptr});
+      nap_us_ = 50;
+    }
+    cv_.notify_all();
+  }
+  // Hands a watched receive back to the caller (who then waits on it); rethrows a failure
+  // the helper saw while testing it.
+  void unwatch(comm::Work* w) {
+    std::exception_ptr e;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (auto it = watched_.begin(); it != watched_.end(); ++it) {
+        if (it->work != w) continue;
+        e = it->error;
+        watched_.erase(it);
+        break;
+      }
+    }
+    if (e) std::rethrow_exception(e);
+  }
   // Blocks until every pushed send has completed; rethrows the first failure.
   void drain() {
     std::unique_lock<std::mutex> lk(mu_);
@@ -120,11 +146,44 @@ class PipeEngine::SendProgress {
   }
 
  private:
+  struct Watched {
+    comm::Work* work;
+    std::exception_ptr error;  // set once: completed() threw (the Work is abandoned)
+  };
+  bool testing() const {
+    for (const auto& r : watched_)
+      if (!r.error) return true;
+    return false;
+  }
   void loop() {
     std::unique_lock<std::mutex> lk(mu_);
     for (;;) {
-      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stop_ with nothing left
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty() || testing(); });
+      if (queue_.empty() && stop_) return;
+      if (queue_.empty()) {
+        // Only receives in flight: test each (MPI progresses every request of the rank,
+        // which is what moves a large message on a shared-memory transport), then sleep,
+        // 50 us doubling to 800 us while nothing completes (a stage that computes for
+        // milliseconds is not interrupted 20 000 times a second).
+        bool any = false;
+        for (auto it = watched_.begin(); it != watched_.end();) {
+          bool done = false;
+          if (!it->error) {
+            try {
+              done = it->work->completed();
+            } catch (...) {
+              it->error = std::current_exception();
+            }
+          }
+          any = any || done;
+          it = done ? watched_.erase(it) : it + 1;
+        }
+        nap_us_ = any ? 50 : std::min(nap_us_ * 2, 800);
+        lk.unlock();
+        std::this_thread::sleep_for(std::chrono::microseconds(nap_us_));
+        lk.lock();
+        continue;
+      }
       comm::WorkPtr w = std::move(queue_.front());
       queue_.pop_front();
       lk.unlock();
@@ -144,6 +203,8 @@ class PipeEngine::SendProgress {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<comm::WorkPtr> queue_;
+  std::vector<Watched> watched_;
+  int nap_us_ = 50;  // the helper's sleep between tests of the watched receives
   int inflight_ = 0;
   bool stop_ = false;
   std::exception_ptr error_;
@@ -336,6 +397,7 @@ PipeEngine::PipeEngine(const std::vector<LayerInfo>& layers, int model_tp,
 
 PipeEngine::~PipeEngine() {
   // Sends still in flight complete in their Work's destructor ([P2P Rules]).
+  abandon_prefetched();  // none outside a batch, unless one failed
   progress_.reset();
   pending_.clear();
   events_.reset();
@@ -363,19 +425,77 @@ void PipeEngine::send_p2p(const comm::GroupPtr& g, const torch::Tensor& t, int p
 }
 
 torch::Tensor PipeEngine::recv_p2p(const comm::GroupPtr& g, std::vector<int64_t> shape, int peer) {
+  auto raw = recv_buffer(shape);
+  g->recv(raw, peer);
+  return assemble_p2p(raw, shape);
+}
+
+torch::Tensor PipeEngine::recv_buffer(const std::vector<int64_t>& shape) const {
   const auto opts = torch::TensorOptions().dtype(engine_->compute_dtype()).device(engine_->device());
-  auto whole = torch::empty(shape, opts);
-  if (!partitioned_p2p()) {
-    g->recv(whole, peer);
-    return whole;
-  }
+  if (!partitioned_p2p()) return torch::empty(shape, opts);
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
   const int n = module_->tp_size();
-  ZT_ASSERT(whole.numel() % n == 0, "pipeline p2p: ", whole.numel(), " elements do not divide by tp ", n);
-  auto part = torch::empty({whole.numel() / n}, opts);
-  g->recv(part, peer);
+  ZT_ASSERT(numel % n == 0, "pipeline p2p: ", numel, " elements do not divide by tp ", n);
+  return torch::empty({numel / n}, opts);
+}
+
+torch::Tensor PipeEngine::assemble_p2p(const torch::Tensor& raw, const std::vector<int64_t>& shape) {
+  if (!partitioned_p2p()) return raw;
+  auto whole = torch::empty(shape, raw.options());
   auto flat = whole.view(-1);
-  module_->tp_group()->all_gather(flat, part);
+  module_->tp_group()->all_gather(flat, raw);
   return whole;
+}
+
+// [Pipeline Receive Prefetch]: posts the first receive at or after instruction `from` of
+// this stage's list on `channel` (0: activations, 1: gradients), if there is one.
+void PipeEngine::prefetch_from(int channel, size_t from, const std::vector<MicroBatch>& mbs) {
+  const auto& instrs = schedule_.stages[static_cast<size_t>(stage_)];
+  const Op want = channel == 0 ? Op::kRecvAct : Op::kRecvGrad;
+  Prefetched& pf = prefetch_[channel];
+  pf = Prefetched{};
+  for (size_t i = from; i < instrs.size(); ++i) {
+    if (instrs[i].op != want) continue;
+    const int p = schedule_.spec.stages;
+    const int peer = channel == 0 ? (stage_ + p - 1) % p : (stage_ + 1) % p;
+    const auto& idx = mbs[static_cast<size_t>(instrs[i].mb)].idx;
+    pf.shape = {idx.size(0), module_->hidden_len(idx.size(1)), module_->hidden_size()};
+    pf.buf = recv_buffer(pf.shape);
+    pf.work = (channel == 0 ? act_ : grad_)->batch_isend_irecv({comm::irecv(pf.buf, peer)});
+    pf.instr = i;
+    progress_->watch(pf.work.get());
+    return;
+  }
+}
+
+// The prefetched receive of instruction `at` (waited for here, with the group's timeout);
+// posts the channel's next one before returning.
+torch::Tensor PipeEngine::take_prefetched(int channel, size_t at, const std::vector<MicroBatch>& mbs) {
+  Prefetched pf = std::move(prefetch_[channel]);
+  prefetch_[channel] = Prefetched{};
+  ZT_ASSERT(pf.work && pf.instr == at, "pipeline: no receive prefetched for instruction ", at + 1);
+  progress_->unwatch(pf.work.get());
+  pf.work->wait();
+  prefetch_from(channel, at + 1, mbs);
+  return assemble_p2p(pf.buf, pf.shape);
+}
+
+// After a failure inside a batch: a receive still posted may yet be written by MPI (or
+// never complete), so it and its buffer are kept alive forever, as the comm layer does
+// with an abandoned request; the batch's messages are out of step from here on anyway.
+void PipeEngine::abandon_prefetched() {
+  for (auto& pf : prefetch_) {
+    if (!pf.work) continue;
+    if (progress_) {
+      try {
+        progress_->unwatch(pf.work.get());
+      } catch (...) {
+      }
+    }
+    new Prefetched(std::move(pf));  // NOLINT: intentional leak, see above
+    pf = Prefetched{};
+  }
 }
 
 void PipeEngine::finish_sends() {
@@ -384,7 +504,8 @@ void PipeEngine::finish_sends() {
   pending_.clear();
 }
 
-void PipeEngine::run(const Instr& in, std::vector<MicroBatch>& mbs, std::vector<Slot>& slots, StageTiming& t) {
+void PipeEngine::run(const Instr& in, size_t at, std::vector<MicroBatch>& mbs, std::vector<Slot>& slots,
+                     StageTiming& t) {
   const int p = schedule_.spec.stages, v = schedule_.spec.virtual_stages;
   const int next = (stage_ + 1) % p, prev = (stage_ + p - 1) % p;
   Slot* slot = in.mb >= 0 ? &slots[static_cast<size_t>(in.mb * v + in.chunk)] : nullptr;
@@ -420,7 +541,7 @@ void PipeEngine::run(const Instr& in, std::vector<MicroBatch>& mbs, std::vector<
   };
   switch (in.op) {
     case Op::kRecvAct: {
-      auto x = recv_p2p(act_, hidden_shape(), prev);
+      auto x = progress_ ? take_prefetched(0, at, mbs) : recv_p2p(act_, hidden_shape(), prev);
       slot->input = x.requires_grad_(true);
       break;
     }
@@ -441,7 +562,7 @@ void PipeEngine::run(const Instr& in, std::vector<MicroBatch>& mbs, std::vector<
       send_p2p(act_, slot->output.detach(), next);
       break;
     case Op::kRecvGrad: {
-      slot->out_grad = recv_p2p(grad_, hidden_shape(), next);
+      slot->out_grad = progress_ ? take_prefetched(1, at, mbs) : recv_p2p(grad_, hidden_shape(), next);
       break;
     }
     case Op::kBackward: {
@@ -563,16 +684,21 @@ double PipeEngine::train_batch(const std::function<MicroBatch()>& next) {
   // ([P2P Rules]); it is rethrown naming the instruction this stage was waiting in.
   size_t at = 0;
   try {
+    if (progress_) {
+      prefetch_from(0, 0, mbs);
+      prefetch_from(1, 0, mbs);
+    }
     for (; at < instrs.size(); ++at) {
       const auto& in = instrs[at];
       if (in.op == Op::kReduceGrads) {
         compute_end = Clock::now();
         if (events_) events_->compute_end();
       }
-      run(in, mbs, slots, t);
+      run(in, at, mbs, slots, t);
     }
     finish_sends();
   } catch (const CommError& e) {
+    abandon_prefetched();
     const bool in_loop = at < instrs.size();
     throw CommError(detail::cat("pipeline stage ", stage_, " of ", spec.stages, " (", schedule_name(spec.kind),
                                 ", ", spec.micro_batches, " micro-batches), batch ", steps_ + 1, ": ",
@@ -583,6 +709,9 @@ double PipeEngine::train_batch(const std::function<MicroBatch()>& next) {
                                 (in_loop && instrs[at].mb >= 0 ? " (micro-batch " + std::to_string(instrs[at].mb) + ")"
                                                                 : std::string()),
                                 " failed; a peer stage's rank stopped or died: ", e.what()));
+  } catch (...) {
+    abandon_prefetched();
+    throw;
   }
   if (events_) {
     events_->finish(t);

@@ -33,6 +33,16 @@
 //    the stage's next receive, and the stages ran one after the other (measured bubble
 //    ~1.0 for 1f1b at p 2, m 8). Needs MPI_THREAD_MULTIPLE (else sends complete at the
 //    next MPI call, as before).
+//  * [Pipeline Receive Prefetch] With that helper thread (CPU ranks), each channel's next
+//    receive of the batch is posted as soon as the previous one is taken (the first at
+//    the batch start), into a buffer of its own, and the helper tests it while no send
+//    is pending, so MPI moves the message while the stage computes (MPI's shared-memory
+//    transport without single-copy moves a large message only while both ranks are
+//    inside MPI: each 512 KiB receive cost ~1 ms at the instruction, 32 per batch in the
+//    interleaved schedule at p 2, m 8). The receive instruction then waits only for what
+//    has not arrived, with the group's timeout counted from there. Messages still pair in
+//    schedule order per channel; one extra buffer per channel. CUDA stages receive at the
+//    instruction, as before (NCCL runs on its own stream).
 //  * The gradient norm (clipping, overflow) is summed over the model-parallel group (the
 //    tp x pp ranks of one replica), so every stage and tp rank clips and skips alike.
 //    Tied weights: see [Pipeline Tied Weights]; tensor parallelism: see [Pipeline x Tensor
@@ -186,7 +196,7 @@ class PipeEngine {
   struct Slot;  // one (micro-batch, chunk)'s tensors
   class SendProgress;  // see [Pipeline Execution]: completes CPU sends while the stage computes
   class EventTimer;    // see [Pipeline Execution]: the CUDA-event timing of a batch
-  void run(const Instr& in, std::vector<MicroBatch>& mbs, std::vector<Slot>& slots, StageTiming& t);
+  void run(const Instr& in, size_t at, std::vector<MicroBatch>& mbs, std::vector<Slot>& slots, StageTiming& t);
   void finish_sends();
 
   PipeConfig cfg_;
@@ -209,6 +219,20 @@ class PipeEngine {
   bool partitioned_p2p() const;
   void send_p2p(const comm::GroupPtr& g, const torch::Tensor& t, int peer);
   torch::Tensor recv_p2p(const comm::GroupPtr& g, std::vector<int64_t> shape, int peer);
+  torch::Tensor recv_buffer(const std::vector<int64_t>& shape) const;  // the message: whole, or 1/tp part
+  torch::Tensor assemble_p2p(const torch::Tensor& raw, const std::vector<int64_t>& shape);  // all-gathers a part
+  // [Pipeline Receive Prefetch] (CPU ranks with the helper thread): per channel (0
+  // activations, 1 gradients) the next receive of this batch's list, posted early.
+  struct Prefetched {
+    comm::WorkPtr work;
+    torch::Tensor buf;
+    std::vector<int64_t> shape;
+    size_t instr = 0;  // its index in this stage's instruction list
+  };
+  Prefetched prefetch_[2];
+  void prefetch_from(int channel, size_t from, const std::vector<MicroBatch>& mbs);
+  torch::Tensor take_prefetched(int channel, size_t at, const std::vector<MicroBatch>& mbs);
+  void abandon_prefetched();
   int64_t p2p_bytes_ = 0;
   torch::Tensor tied_grad_;      // last stage: accumulated tied-copy gradient (zb-h1); first: received
   bool tied_grad_ready_ = false;  // first stage: received, not yet added
