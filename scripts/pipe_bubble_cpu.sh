@@ -6,7 +6,8 @@
 # bench repeats its timed batches while other processes took more than 0.1 CPU core
 # (--max-other-load, up to 3 rounds; "other_processes_cpu_cores" in each line). MPI's
 # shared-memory transport uses single-copy (CMA) here unless the environment says otherwise:
-# `zerotrain launch` defaults to none (containers often forbid CMA), whose copy-in/copy-out
+# zerotrain defaults to none (containers often forbid CMA, and CMA corrupts the receiver's
+# heap on a message longer than its buffer, docs/comm.md), whose copy-in/copy-out
 # moves a large message only while both ranks are inside MPI and so puts its latency on the
 # schedule's critical path; set OMPI_MCA_btl_vader_single_copy_mechanism=none to measure that.
 #   usage: scripts/pipe_bubble_cpu.sh [BUILD_DIR] [extra bench_pipe_bubble flags...]
