@@ -33,6 +33,7 @@
 #include "zerotrain/comm.h"
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
+#include "support/pipeline_test_util.h"
 
 namespace zt::pipe {
 namespace test_pipeline {
@@ -83,22 +84,14 @@ nlohmann::json ds_json(const Case& c, bool pipeline) {
 
 // Micro-batch `i` of step `step` on data-parallel rank `dp`: random bytes, next-token targets.
 MicroBatch micro_batch(int step, int i, int dp) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(1000 * step + 10 * i + dp + 1));
-  auto seq = torch::randint(0, 256, {kMicro, kSeq + 1}, gen, torch::kLong);
-  return {seq.narrow(1, 0, kSeq).contiguous(), seq.narrow(1, 1, kSeq).contiguous()};
+  auto [idx, targets] = test_support::seeded_tokens(static_cast<uint64_t>(1000 * step + 10 * i + dp + 1), kMicro, kSeq, 256);
+  return {idx, targets};
 }
 
-comm::GroupPtr world() {
-  comm::GroupPtr g = comm::world_group();
-  if (std::getenv("ZT_COMM_TIMEOUT") == nullptr) g->set_timeout(std::chrono::seconds(120));
-  return g;
-}
+comm::GroupPtr world() { return test_support::pipe_test_world(); }
 
 // The ranks of one copy of a case: groups of `n` consecutive world ranks.
-comm::GroupPtr case_group(int n) {
-  auto w = world();
-  return w->split(w->rank() / n, w->rank() % n);
-}
+comm::GroupPtr case_group(int n) { return test_support::consecutive_ranks(n); }
 
 struct Reference {
   std::vector<double> losses;  // per step, mean over this dp rank's micro-batches

@@ -37,6 +37,7 @@
 #include "zerotrain/comm.h"
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
+#include "support/pipeline_test_util.h"
 
 namespace zt::pipe {
 namespace test_pipeline_checkpoint {
@@ -86,16 +87,11 @@ nlohmann::json pipe_ckpt_json(const Layout& l) {
 
 // Micro-batch j (of kBatch) of step s: random bytes, next-token targets.
 MicroBatch pipe_ckpt_micro(int step, int j) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(7000 + 100 * step + j));
-  auto seq = torch::randint(0, 256, {kMicro, kSeq + 1}, gen, torch::kLong);
-  return {seq.narrow(1, 0, kSeq).contiguous(), seq.narrow(1, 1, kSeq).contiguous()};
+  auto [idx, targets] = test_support::seeded_tokens(static_cast<uint64_t>(7000 + 100 * step + j), kMicro, kSeq, 256);
+  return {idx, targets};
 }
 
-comm::GroupPtr pipe_ckpt_world() {
-  comm::GroupPtr g = comm::world_group();
-  if (std::getenv("ZT_COMM_TIMEOUT") == nullptr) g->set_timeout(std::chrono::seconds(120));
-  return g;
-}
+comm::GroupPtr pipe_ckpt_world() { return test_support::pipe_test_world(); }
 
 bool fits(const Layout& l, int world) { return world >= l.ranks() && world % l.ranks() == 0; }
 

@@ -49,6 +49,7 @@
 #include "zerotrain/comm.h"
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
+#include "support/pipeline_test_util.h"
 
 namespace zt::pipe {
 namespace test_pipeline_fp16 {
@@ -108,16 +109,12 @@ nlohmann::json fp16_json(const Fp16Case& c, bool parallel) {
 }
 
 MicroBatch fp16_micro_batch(int step, int i, int dp) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(1000 * step + 10 * i + dp + 1));
-  auto seq = torch::randint(0, 256, {kFp16Micro, kFp16Seq + 1}, gen, torch::kLong);
-  return {seq.narrow(1, 0, kFp16Seq).contiguous(), seq.narrow(1, 1, kFp16Seq).contiguous()};
+  auto [idx, targets] =
+      test_support::seeded_tokens(static_cast<uint64_t>(1000 * step + 10 * i + dp + 1), kFp16Micro, kFp16Seq, 256);
+  return {idx, targets};
 }
 
-comm::GroupPtr fp16_world() {
-  comm::GroupPtr g = comm::world_group();
-  if (std::getenv("ZT_COMM_TIMEOUT") == nullptr) g->set_timeout(std::chrono::seconds(120));
-  return g;
-}
+comm::GroupPtr fp16_world() { return test_support::pipe_test_world(); }
 
 bool fp16_injects(const Fp16Case& c, int step) {
   for (int s : c.inject) {

@@ -28,6 +28,7 @@
 #include "zerotrain/comm.h"
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
+#include "support/pipeline_test_util.h"
 
 namespace zt::pipe {
 namespace test_pipeline_llama {
@@ -85,23 +86,14 @@ nlohmann::json llama_pipe_json(const LlamaPipeCase& c, bool pipeline) {
 // Micro-batch `i` of step `step` on data-parallel rank `dp`: random tokens, next-token
 // targets, the first target of each row -100 (ignored).
 MicroBatch llama_pipe_micro(int step, int i, int dp) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(1000 * step + 10 * i + dp + 7));
-  auto seq = torch::randint(0, 256, {kLlamaPipeMicro, kLlamaPipeSeq + 1}, gen, torch::kLong);
-  auto targets = seq.narrow(1, 1, kLlamaPipeSeq).clone();
-  targets.select(1, 0).fill_(-100);
-  return {seq.narrow(1, 0, kLlamaPipeSeq).contiguous(), targets};
+  auto [idx, targets] = test_support::seeded_tokens(static_cast<uint64_t>(1000 * step + 10 * i + dp + 7),
+                                                    kLlamaPipeMicro, kLlamaPipeSeq, 256, -100);
+  return {idx, targets};
 }
 
-comm::GroupPtr llama_pipe_world() {
-  comm::GroupPtr g = comm::world_group();
-  if (std::getenv("ZT_COMM_TIMEOUT") == nullptr) g->set_timeout(std::chrono::seconds(120));
-  return g;
-}
+comm::GroupPtr llama_pipe_world() { return test_support::pipe_test_world(); }
 
-comm::GroupPtr llama_pipe_group(int n) {
-  auto w = llama_pipe_world();
-  return w->split(w->rank() / n, w->rank() % n);
-}
+comm::GroupPtr llama_pipe_group(int n) { return test_support::consecutive_ranks(n); }
 
 struct LlamaPipeReference {
   std::vector<double> losses;

@@ -31,6 +31,7 @@
 #include "zerotrain/comm.h"
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
+#include "support/pipeline_test_util.h"
 
 namespace zt::pipe {
 namespace test_pipeline_tp {
@@ -85,16 +86,12 @@ nlohmann::json tpxpp_json(const TpxppCase& c, bool parallel) {
 
 // Micro-batch `i` of step `step` on data-parallel rank `dp`: random tokens, next-token targets.
 MicroBatch tpxpp_micro_batch(int step, int i, int dp, int64_t vocab) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(1000 * step + 10 * i + dp + 1));
-  auto seq = torch::randint(0, vocab, {kTpxppMicro, kTpxppSeq + 1}, gen, torch::kLong);
-  return {seq.narrow(1, 0, kTpxppSeq).contiguous(), seq.narrow(1, 1, kTpxppSeq).contiguous()};
+  auto [idx, targets] =
+      test_support::seeded_tokens(static_cast<uint64_t>(1000 * step + 10 * i + dp + 1), kTpxppMicro, kTpxppSeq, vocab);
+  return {idx, targets};
 }
 
-comm::GroupPtr tpxpp_world() {
-  comm::GroupPtr g = comm::world_group();
-  if (std::getenv("ZT_COMM_TIMEOUT") == nullptr) g->set_timeout(std::chrono::seconds(120));
-  return g;
-}
+comm::GroupPtr tpxpp_world() { return test_support::pipe_test_world(); }
 
 struct TpxppReference {
   std::vector<double> losses;

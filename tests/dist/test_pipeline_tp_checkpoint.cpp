@@ -45,6 +45,7 @@
 #include "support/dist_util.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/engine.h"
+#include "support/pipeline_test_util.h"
 
 namespace zt::pipe {
 namespace test_pipeline_tp_checkpoint {
@@ -93,16 +94,12 @@ nlohmann::json tpc_json(const TpcLayout& l) {
 
 // Micro-batch j (of kTpcBatch) of step s.
 MicroBatch tpc_micro(int step, int j) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(9000 + 100 * step + j));
-  auto seq = torch::randint(0, kTpcVocab, {kTpcMicro, kTpcSeq + 1}, gen, torch::kLong);
-  return {seq.narrow(1, 0, kTpcSeq).contiguous(), seq.narrow(1, 1, kTpcSeq).contiguous()};
+  auto [idx, targets] =
+      test_support::seeded_tokens(static_cast<uint64_t>(9000 + 100 * step + j), kTpcMicro, kTpcSeq, kTpcVocab);
+  return {idx, targets};
 }
 
-comm::GroupPtr tpc_world() {
-  comm::GroupPtr g = comm::world_group();
-  if (std::getenv("ZT_COMM_TIMEOUT") == nullptr) g->set_timeout(std::chrono::seconds(120));
-  return g;
-}
+comm::GroupPtr tpc_world() { return test_support::pipe_test_world(); }
 
 // GPT-2 from one seed at one layout over the 4 ranks: the pipeline engine (pp > 1, a GPT2TP
 // cut at tp > 1), the engine on a GPT2TP (tp > 1 alone) or on the plain GPT2.

@@ -33,6 +33,7 @@
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
+#include "support/pipeline_test_util.h"
 
 namespace zt::models {
 namespace test_tensor_parallel {
@@ -113,12 +114,7 @@ nlohmann::json ds_config(int64_t micro, int stage, bool clipping) {
 // GPT-2, -100 for Llama): each dp rank counts as many targets, so the mean of the dp
 // ranks' means is the global batch's mean.
 std::pair<torch::Tensor, torch::Tensor> batch(int64_t global, int64_t vocab, int64_t ignore) {
-  auto g = at::make_generator<at::CPUGeneratorImpl>(1000);
-  auto idx = at::randint(0, vocab, {global, kSeq + 1}, g);
-  auto x = idx.narrow(1, 0, kSeq).contiguous();
-  auto y = idx.narrow(1, 1, kSeq).contiguous();
-  for (int64_t i = 0; i < global; i += kMicro) y.index_put_({i, torch::indexing::Slice(0, 3)}, ignore);
-  return {x, y};
+  return test_support::tp_global_batch(global, kMicro, kSeq, vocab, ignore);
 }
 
 struct TrainRun {
@@ -235,9 +231,7 @@ TrainRun tensor_parallel(const Case& c, parallel::Topology& topo) {
     engine->backward(loss);
     engine->step();
     // The global batch's loss: the mean of the dp ranks' (equal-sized) micro-batch means.
-    auto l = torch::tensor({engine->last_report().loss}, torch::kDouble);
-    dp->all_reduce(l, comm::ReduceOp::kAvg);
-    r.losses.push_back(l.item<double>());
+    r.losses.push_back(test_support::dp_mean_loss(dp, engine->last_report().loss));
     r.norms.push_back(engine->last_report().grad_norm);
   }
   r.state = m.full_state();

@@ -42,6 +42,7 @@
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
+#include "support/pipeline_test_util.h"
 
 namespace zt::models {
 namespace test_tp_zero3 {
@@ -112,12 +113,7 @@ nlohmann::json z3_ds_config(int64_t micro, int stage, bool clipping) {
 // The global batch, the same every step; the first three targets of each micro-batch's first
 // sample ignored (the dp ranks count the same number of targets).
 std::pair<torch::Tensor, torch::Tensor> z3_batch(int64_t global, int64_t vocab, int64_t ignore) {
-  auto g = at::make_generator<at::CPUGeneratorImpl>(1000);
-  auto idx = at::randint(0, vocab, {global, kZ3Seq + 1}, g);
-  auto x = idx.narrow(1, 0, kZ3Seq).contiguous();
-  auto y = idx.narrow(1, 1, kZ3Seq).contiguous();
-  for (int64_t i = 0; i < global; i += kZ3Micro) y.index_put_({i, torch::indexing::Slice(0, 3)}, ignore);
-  return {x, y};
+  return test_support::tp_global_batch(global, kZ3Micro, kZ3Seq, vocab, ignore);
 }
 
 struct Z3Net {
@@ -235,9 +231,7 @@ Z3Run z3_tensor_parallel(const Z3Case& c, parallel::Topology& topo, int stage, i
     auto loss = engine->forward([&] { return m.loss(x, y); });
     engine->backward(loss);
     engine->step();
-    auto l = torch::tensor({engine->last_report().loss}, torch::kDouble);
-    dp->all_reduce(l, comm::ReduceOp::kAvg);  // the global batch's loss: the dp ranks' mean
-    r.losses.push_back(l.item<double>());
+    r.losses.push_back(test_support::dp_mean_loss(dp, engine->last_report().loss));  // the global batch's loss
     r.norms.push_back(engine->last_report().grad_norm);
     r.gathers = engine->last_report().gathers;
   }
