@@ -359,6 +359,41 @@ TEST(PipelineCheckpointErrors, FailedAsyncSaveIsThrownAfterTheBatch) {
   EXPECT_EQ(l.item<double>(), loss) << "both stages report the batch's loss";
 }
 
+// [Failed Previous Save] on load through the pipeline: a load while a failed asynchronous save
+// is in flight loads, finishes the tied-weight exchange and the step count, then throws the
+// failure on every rank saying the load succeeded. Before, the engine's throw skipped the
+// exchange: the last stage kept the tied copy of a later step.
+TEST(PipelineCheckpointErrors, LoadAfterAFailedAsyncSaveLoadsThenThrows) {
+  auto world = pipe_ckpt_world();
+  if (world->size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  zt::test_support::SharedTempDir root(world, "pipe_ckpt_load_fail");
+  Trainer t({"pp2_dp1_z1", 2, 1, 1});
+  const std::string copy = std::to_string(world->rank() / 2);
+  const std::string good = root.path + "/good" + copy, bad = root.path + "/bad" + copy;
+  for (int s = 0; s < 3; ++s) t.step(s);
+  t.save(good, /*async=*/false);
+  const auto saved = t.params();
+  const double loss3 = t.step(3);
+  ::setenv("ZT_CKPT_TEST_FAIL", "global_step4:1", 1);
+  t.save(bad, /*async=*/true);
+  std::string err;
+  try {
+    t.load(good);
+  } catch (const CheckpointError& e) {
+    err = e.what();
+  }
+  ::unsetenv("ZT_CKPT_TEST_FAIL");
+  EXPECT_NE(err.find("injected by ZT_CKPT_TEST_FAIL"), std::string::npos) << err;
+  EXPECT_NE(err.find("succeeded (the engine is at global step 3)"), std::string::npos) << err;
+  EXPECT_EQ(t.eng().global_steps(), 3);
+  EXPECT_FALSE(t.eng().checkpoint_pending());
+  t.expect_tied_copy_equal("after the load");
+  for (const auto& [name, v] : t.params()) {
+    EXPECT_TRUE(torch::equal(v, saved.at(name))) << name << " is not the loaded value";
+  }
+  EXPECT_EQ(t.step(3), loss3) << "the step after the load repeats step 3 bit for bit";
+}
+
 }  // namespace
 }  // namespace test_pipeline_checkpoint
 }  // namespace zt::pipe
