@@ -61,7 +61,9 @@ docs/pipeline.md).
              llama: 6 N + 12 L heads head_dim seq) so that the two MFUs compare; peak_gib =
              max over ranks of torch.cuda.max_memory_allocated over the whole run,
              peak_gib_per_rank (world rank order) and peak_gib_per_stage (max over a stage's
-             ranks); loss = the mean over the micro-batches of the last stage, then over the
+             ranks); activation_gib (pp 1 only) = rank 0's memory allocated when a micro-batch's
+             forward reaches the loss minus at the step's start (what forward holds for
+             backward, as zerotrain's phase_mem_gib forward.after - step.after); loss = the mean over the micro-batches of the last stage, then over the
              dp replicas
 
 Run (2 GPUs, tp 2), from the repository root, after installing the wheel (scripts/device/tp_2gpu.sh):
@@ -311,12 +313,15 @@ def main():
         x, y = next(data_iterator)  # the first stage reads x, the last y; the others neither
 
         def loss_func(per_token):  # last stage: (b, s) fp32 losses -> mean; the schedule divides by M
+            # Memory when a micro-batch's forward has ended (its activations held for backward).
+            at_loss.append(torch.cuda.memory_allocated())
             loss = per_token.float().mean()
             return loss, {"lm loss": loss.detach().clone()}
 
         return model(input_ids=x, position_ids=pos, attention_mask=None, labels=y), loss_func
 
     times, losses = [], []
+    at_loss, act_bytes = [], []  # activation memory per step: max at a loss - at the step's start (pp 1)
     torch.cuda.reset_peak_memory_stats()
     for step in range(a.warmup + a.steps):
         batch = []
@@ -327,9 +332,13 @@ def main():
         t0 = time.perf_counter()
         model.zero_grad_buffer()
         opt.zero_grad()
+        at_loss.clear()
+        start_alloc = torch.cuda.memory_allocated()
         out = forward_backward(forward_step_func=forward_step, data_iterator=iter(batch), model=[model],
                                num_microbatches=M, seq_length=a.seq, micro_batch_size=a.micro_batch,
                                forward_only=False)
+        if at_loss:
+            act_bytes.append(max(at_loss) - start_alloc)
         ok, grad_norm, _ = opt.step()
         torch.cuda.synchronize()
         if step >= a.warmup:
@@ -341,6 +350,7 @@ def main():
         dist.all_reduce(lt)
         losses.append(lt.item() / (tp * dp))
     ms_rank = statistics.median(times)
+    act_gib = max(act_bytes[a.warmup:] or act_bytes or [0]) / GIB if pp == 1 else None
     mine = torch.tensor([torch.cuda.max_memory_allocated() / GIB, ms_rank, pp_rank, tp_rank, dp_rank],
                         device="cuda", dtype=torch.float64)
     every = torch.empty(world * mine.numel(), device="cuda", dtype=torch.float64)
@@ -368,6 +378,7 @@ def main():
         "tokens_per_iter": tokens_step, "tokens_per_s": tokens_per_s,
         "flops_per_token": fpt, "tflops_per_gpu": tflops, "peak_tflops": a.peak_tflops, "mfu": tflops / a.peak_tflops,
         "peak_gib": max(peak_per_rank), "peak_gib_per_rank": peak_per_rank, "peak_gib_per_stage": peak_per_stage,
+        "activation_gib": act_gib,
         "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
         "grad_norm_last": float(grad_norm) if grad_norm is not None else None, "status": "ok",
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,

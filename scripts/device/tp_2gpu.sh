@@ -11,7 +11,9 @@
 # tokens. zerotrain: bench/configs/llama_bf16_z0.json (ZeRO 0: Megatron's optimizer here is
 # not distributed either), ms/iter = mean wall time of the steps after WARMUP; Megatron:
 # median of its timed steps. Prints a table: ms/iter, tokens/s (each replica's once), MFU
-# (both with zerotrain's FLOPs per token and its peak for the GPU), peak GiB (max over the
+# (both with zerotrain's FLOPs per token and its peak for the GPU), activation GiB (what forward
+# leaves for backward: zerotrain's phase memory after forward - after the step, Megatron's
+# activation_gib), peak GiB (max over the
 # ranks), speed ratio zerotrain / Megatron. Results: $OUT/tp_2gpu.tar.gz.
 # Knobs: STEPS (12), WARMUP (3), GPT2_MB (4), LLAMA_MB (2), SP ("0 1": sequence parallelism
 # off / on), MODELS ("gpt2 llama"), ATTENTION (sdpa; "local": Megatron's own attention),
@@ -58,8 +60,16 @@ def load(name):
         return None
     return json.loads(open(p).read().strip().splitlines()[-1])
 print(open(f"{R}/device.txt").read().strip())
-print("| run | ms/iter | tokens/s | MFU | peak GiB | zerotrain / Megatron (tokens/s) |")
-print("|---|---|---|---|---|---|")
+print("| run | ms/iter | tokens/s | MFU | activation GiB | peak GiB | zerotrain / Megatron (tokens/s) |")
+print("|---|---|---|---|---|---|---|")
+def zact(z):  # what forward leaves for backward: memory after forward - after the step
+    m = z.get("phase_mem_gib") or {}
+    try:
+        return f"{m['forward']['after'] - m['step']['after']:.2f}"
+    except (KeyError, TypeError):
+        return "-"
+def mact(m):
+    return f"{m['activation_gib']:.2f}" if m.get("activation_gib") is not None else "-"
 for model in ("gpt2xl", "llama3b"):
     for sp in ("0", "1"):
         z, m = load(f"zt_{model}_sp{sp}"), load(f"mg_{model}_sp{sp}")
@@ -73,15 +83,15 @@ for model in ("gpt2xl", "llama3b"):
             return f"{100 * tok * fpt / 1e12 / peak:.1f}%" if fpt and peak else "-"
         ratio = f"{z['tokens_per_s'] / m['tokens_per_s']:.2f}x" if z and m and m.get("tokens_per_s") else "-"
         if z:
-            print(f"| zerotrain {tag} | {z['ms_per_iter']:.1f} | {z['tokens_per_s']:.0f} | {mfu(z['tokens_per_s'])} | "
+            print(f"| zerotrain {tag} | {z['ms_per_iter']:.1f} | {z['tokens_per_s']:.0f} | {mfu(z['tokens_per_s'])} | {zact(z)} | "
                   f"{z['peak_gib']:.1f} | {ratio} |")
         else:
-            print(f"| zerotrain {tag} | failed (see zt_{model}_sp{sp}.log) | | | | |")
+            print(f"| zerotrain {tag} | failed (see zt_{model}_sp{sp}.log) | | | | | |")
         if m:
-            print(f"| Megatron-core {tag} | {m['ms_per_iter']:.1f} | {m['tokens_per_s']:.0f} | {mfu(m['tokens_per_s'])} | "
+            print(f"| Megatron-core {tag} | {m['ms_per_iter']:.1f} | {m['tokens_per_s']:.0f} | {mfu(m['tokens_per_s'])} | {mact(m)} | "
                   f"{m['peak_gib']:.1f} | 1.00x |")
         else:
-            print(f"| Megatron-core {tag} | failed (see mg_{model}_sp{sp}.log) | | | | |")
+            print(f"| Megatron-core {tag} | failed (see mg_{model}_sp{sp}.log) | | | | | |")
 PY
 tar -czf $OUT/tp_2gpu.tar.gz -C $OUT tp_2gpu && rm -rf $R
 echo "total: $(( $(date +%s) - T0 )) s"
