@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "support/dist_util.h"
+#include "support/synthetic_cifar.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/data/cifar10.h"
@@ -49,24 +50,6 @@ comm::GroupPtr cifar_moe_world() {
   comm::GroupPtr g = comm::world_group();
   if (std::getenv("ZT_COMM_TIMEOUT") == nullptr) g->set_timeout(std::chrono::seconds(120));
   return g;
-}
-
-// data_batch_1..5.bin (`per_file` records each) and test_batch.bin in the CIFAR-10 binary
-// format: label ~ U{0..9}; pixels = clamp(128 + mean[label] + N(0, 40)), mean[label] a fixed
-// (3, 32, 32) image per class with std 40. The same bytes on every rank (fixed seed).
-void write_synthetic_cifar(const std::string& dir, int64_t per_file) {
-  auto g = at::make_generator<at::CPUGeneratorImpl>(2718);
-  const auto means = torch::randn({10, 3, 32, 32}, g) * 60.0;
-  auto write = [&](const std::string& name) {
-    const auto labels = torch::randint(0, 10, {per_file}, g);
-    const auto images = (128.0 + means.index_select(0, labels) + torch::randn({per_file, 3, 32, 32}, g) * 30.0)
-                            .round().clamp(0, 255).to(torch::kUInt8).reshape({per_file, 3072});
-    const auto records = torch::cat({labels.to(torch::kUInt8).unsqueeze(1), images}, 1).contiguous();
-    std::ofstream out(dir + "/" + name, std::ios::binary);
-    out.write(static_cast<const char*>(records.data_ptr()), static_cast<std::streamsize>(records.numel()));
-  };
-  for (int f = 1; f <= 5; ++f) write("data_batch_" + std::to_string(f) + ".bin");
-  write("test_batch.bin");
 }
 
 struct CifarMoECase {
@@ -170,7 +153,7 @@ TEST(CifarMoE, LossFallsOnSyntheticCifar) {
   auto w = cifar_moe_world();
   const int W = w->size();
   test_support::LocalTempDir dir("cifar_moe_loss");
-  write_synthetic_cifar(dir.path, 64);
+  test_support::write_synthetic_cifar(dir.path, 64, 2718);
   const int ep = W % 2 == 0 ? 2 : 1;
   const CifarMoECase c;  // the pyramid 2 4, PR-MoE, top-1, RSample
   const CifarMoERun run = train_cifar_moe(dir.path, c, ep, 40, 3e-3, true);
@@ -190,7 +173,7 @@ TEST(CifarMoE, ExpertParallelEqualsEpOne) {
   const int W = w->size();
   if (W < 2) GTEST_SKIP() << "needs 2 ranks (an ep size > 1)";
   test_support::LocalTempDir dir("cifar_moe_ep");
-  write_synthetic_cifar(dir.path, 32);
+  test_support::write_synthetic_cifar(dir.path, 32, 2718);
   constexpr int kSteps = 6;
   constexpr double kLr = 0.05;
   const std::vector<CifarMoECase> cases = {

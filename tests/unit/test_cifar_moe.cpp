@@ -15,6 +15,7 @@
 
 #include "ckpt/fs.h"
 #include "support/run_shell.h"
+#include "support/synthetic_cifar.h"
 
 #include "zerotrain/error.h"
 #include "zerotrain/models/cifar_moe_net.h"
@@ -38,24 +39,6 @@ std::string cifar_moe_error(const CifarMoEOptions& o, int ep) {
 }
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-// data_batch_1..5.bin and test_batch.bin in the CIFAR-10 binary format, `per_file` records
-// each: label ~ U{0..9}, pixels = clamp(128 + mean[label] + N(0, 30)), mean[label] a fixed
-// (3, 32, 32) image per class with std 60 (learnable).
-void write_cifar_moe_synthetic(const std::string& dir, int64_t per_file) {
-  auto g = at::make_generator<at::CPUGeneratorImpl>(31415);
-  const auto means = torch::randn({10, 3, 32, 32}, g) * 60.0;
-  auto write = [&](const std::string& name) {
-    const auto labels = torch::randint(0, 10, {per_file}, g);
-    const auto images = (128.0 + means.index_select(0, labels) + torch::randn({per_file, 3, 32, 32}, g) * 30.0)
-                            .round().clamp(0, 255).to(torch::kUInt8).reshape({per_file, 3072});
-    const auto records = torch::cat({labels.to(torch::kUInt8).unsqueeze(1), images}, 1).contiguous();
-    std::ofstream out(dir + "/" + name, std::ios::binary);
-    out.write(static_cast<const char*>(records.data_ptr()), static_cast<std::streamsize>(records.numel()));
-  };
-  for (int f = 1; f <= 5; ++f) write("data_batch_" + std::to_string(f) + ".bin");
-  write("test_batch.bin");
-}
 
 // The "loss: X" values of the example's progress lines.
 std::vector<double> cifar_moe_printed_losses(const std::string& out) {
@@ -195,7 +178,7 @@ TEST(CifarMoEExample, TrainsWithLaunchAtEpTwoLikeEpOne) {
   ASSERT_EQ(::access(bin.c_str(), X_OK), 0) << bin << " is missing: build the example_cifar10 target";
   const std::string dir = std::string(ZT_BINARY_DIR) + "/cifar_moe_example_" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
-  write_cifar_moe_synthetic(dir, 48);
+  zt::test_support::write_synthetic_cifar(dir, 48, 31415);
   const std::string cfg = dir + "/ds.json";
   std::ofstream(cfg) << R"({"train_batch_size": 32, "gradient_clipping": 1.0,
       "optimizer": {"type": "Adam", "params": {"lr": 3e-3, "betas": [0.8, 0.999], "eps": 1e-8}}})";
