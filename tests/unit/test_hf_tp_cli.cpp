@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -17,25 +16,19 @@
 #include "models/hf_gpt2.h"
 #include "support/file_util.h"
 #include "support/run_shell.h"
+#include "support/train_losses.h"
 
 namespace zt_test_hf_tp_cli {
 namespace {
 
 const std::string kHfTpZt = ZT_BINARY_DIR "/zerotrain";
 const std::string kHfTpFixtures = ZT_SOURCE_DIR "/tests/fixtures/llama/";
+using zt::test_support::train_printed_losses;
 
 bool hftp_has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 zt::test_support::ShellRun hftp_run(const std::string& cmd) {
   return zt::test_support::run_shell("OMP_NUM_THREADS=1 timeout -k 5 300 " + cmd);
-}
-
-std::vector<double> hftp_losses(const std::string& out, int steps) {
-  std::vector<double> v;
-  const std::regex re("Step [0-9]+/" + std::to_string(steps) + ", Loss: ([0-9.]+)");
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it)
-    v.push_back(std::stod((*it)[1].str()));
-  return v;
 }
 
 // A random GPT-2 tiny (2 layers, C 128) in Hugging Face format: Conv1D (in, out) weights,
@@ -81,7 +74,7 @@ TEST(HfTensorParallelCli, TrainTpInitFromEqualsOneRank) {
     const auto tp = hftp_run(kHfTpZt + " launch -n " + std::to_string(c.ranks) + " -- " + kHfTpZt + flags + c.flags);
     ASSERT_EQ(tp.code, 0) << tp.output;
     EXPECT_TRUE(hftp_has(tp.output, "each of the 2 tp ranks read only its slices")) << tp.output;
-    const auto want = hftp_losses(one.output, 5), got = hftp_losses(tp.output, 5);
+    const auto want = train_printed_losses(one.output, 5), got = train_printed_losses(tp.output, 5);
     ASSERT_EQ(want.size(), 5u) << one.output;
     ASSERT_EQ(got.size(), 5u) << tp.output;
     double worst = 0;

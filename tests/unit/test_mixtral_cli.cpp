@@ -11,17 +11,18 @@
 
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <string>
 #include <vector>
 
 #include "ckpt/fs.h"
 #include "io/safetensors.h"
 #include "support/run_shell.h"
+#include "support/train_losses.h"
 
 namespace zt_test_mixtral_cli {
 
 namespace fs = std::filesystem;
+using zt::test_support::train_printed_losses;
 
 namespace {
 
@@ -43,14 +44,6 @@ fs::path mixtral_cli_file(const std::string& name, const std::string& text) {
   return p;
 }
 
-std::vector<double> mixtral_cli_losses(const std::string& out, int steps) {
-  std::vector<double> v;
-  const std::regex re("Step [0-9]+/" + std::to_string(steps) + ", Loss: ([0-9.]+)");
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it)
-    v.push_back(std::stod((*it)[1].str()));
-  return v;
-}
-
 bool mixtral_cli_has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
@@ -65,7 +58,7 @@ TEST(MixtralCli, TrainExpertParallelEqualsEpOne) {
     SCOPED_TRACE("one rank");
     const auto one = mixtral_cli_run(kMixtralZt + flags + " --metrics " + (cfg.string() + ".metrics"));
     ASSERT_EQ(one.rc, 0) << one.out;
-    const auto l = mixtral_cli_losses(one.out, 5);
+    const auto l = train_printed_losses(one.out, 5);
     ASSERT_EQ(l.size(), 5u) << one.out;
     EXPECT_LT(l.back(), l.front() - 0.2) << "it trains";
     EXPECT_TRUE(mixtral_cli_has(one.out, "moe aux ")) << one.out;
@@ -89,7 +82,7 @@ TEST(MixtralCli, TrainExpertParallelEqualsEpOne) {
     ASSERT_EQ(ep.rc, 0) << ep.out;
     EXPECT_TRUE(mixtral_cli_has(ep.out, "expert parallelism: the experts of mixtral-tiny split over ep 2, expert-dp 1"))
         << ep.out;
-    const auto want = mixtral_cli_losses(ref.out, 5), got = mixtral_cli_losses(ep.out, 5);
+    const auto want = train_printed_losses(ref.out, 5), got = train_printed_losses(ep.out, 5);
     ASSERT_EQ(want.size(), 5u) << ref.out;
     ASSERT_EQ(got.size(), 5u) << ep.out;
     for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5) << "step " << i + 1;
@@ -113,13 +106,13 @@ TEST(MixtralCli, ExpertParallelCheckpointResumesAtEpOneAndConverts) {
                           std::string(ZT_SOURCE_DIR) + "/README.md";
   const auto straight = mixtral_cli_run(two + " --steps 5");
   ASSERT_EQ(straight.rc, 0) << straight.out;
-  const auto want = mixtral_cli_losses(straight.out, 5);
+  const auto want = train_printed_losses(straight.out, 5);
   ASSERT_EQ(want.size(), 5u) << straight.out;
   const auto first = mixtral_cli_run(two + " --ep 2 --steps 3 --save " + dir.string());
   ASSERT_EQ(first.rc, 0) << first.out;
   const auto resumed = mixtral_cli_run(two + " --steps 5 --load " + dir.string());
   ASSERT_EQ(resumed.rc, 0) << resumed.out;
-  const auto got = mixtral_cli_losses(resumed.out, 5);
+  const auto got = train_printed_losses(resumed.out, 5);
   ASSERT_EQ(got.size(), 2u) << resumed.out;  // steps 4 and 5
   EXPECT_NEAR(got[0], want[3], 1e-5) << "step 4";
   EXPECT_NEAR(got[1], want[4], 1e-5) << "step 5";
@@ -140,7 +133,7 @@ TEST(MixtralCli, ExpertParallelCheckpointResumesAtEpOneAndConverts) {
                                     "--data random --set zero_optimization.stage=3");
   ASSERT_EQ(init.rc, 0) << init.out;
   EXPECT_TRUE(mixtral_cli_has(init.out, "(MixtralForCausalLM)")) << init.out;
-  EXPECT_EQ(mixtral_cli_losses(init.out, 2).size(), 2u) << init.out;
+  EXPECT_EQ(train_printed_losses(init.out, 2).size(), 2u) << init.out;
   zt::ckpt::remove_tree(dir.string());
   zt::ckpt::remove_tree(hf.string());
   fs::remove(cfg);
@@ -160,7 +153,7 @@ TEST(MixtralCli, InitFromAtEp2EqualsEp1) {
   const auto ep = mixtral_cli_run(two + " --ep 2");
   ASSERT_EQ(ep.rc, 0) << ep.out;
   EXPECT_TRUE(mixtral_cli_has(ep.out, "every rank read them and kept its experts")) << ep.out;
-  const auto want = mixtral_cli_losses(ref.out, 3), got = mixtral_cli_losses(ep.out, 3);
+  const auto want = train_printed_losses(ref.out, 3), got = train_printed_losses(ep.out, 3);
   ASSERT_EQ(want.size(), 3u) << ref.out;
   ASSERT_EQ(got.size(), 3u) << ep.out;
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5) << "step " << i + 1;

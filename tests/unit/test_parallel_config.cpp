@@ -23,12 +23,14 @@
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
 #include "support/run_shell.h"
+#include "support/train_losses.h"
 
 namespace zt_test_parallel_config {
 
 namespace {
 
 using nlohmann::json;
+using zt::test_support::train_printed_losses;
 namespace fs = std::filesystem;
 
 std::string parse_error(const std::string& text, int world, bool full = false) {
@@ -183,23 +185,13 @@ fs::path write_config(const std::string& name, const std::string& text) {
   return p;
 }
 
-// The losses `train --print-every 1 --steps N` prints ("Step S/N, Loss: L"), in order.
-std::vector<double> printed_losses(const std::string& out, int steps) {
-  std::vector<double> v;
-  const std::regex re("Step [0-9]+/" + std::to_string(steps) + ", Loss: ([0-9.]+)");
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it) {
-    v.push_back(std::stod((*it)[1].str()));
-  }
-  return v;
-}
-
 // A run resumed at step 3 of 6 (--steps 6 --load): it says so, and its printed losses of
 // steps 4-6 equal `want`'s (the uninterrupted run's 6) within 1e-5. Prints them and the
 // largest difference under `tag`.
 void expect_resumed_losses(const CmdResult& res, const std::vector<double>& want, const std::string& tag) {
   ASSERT_EQ(res.rc, 0) << res.out;
   EXPECT_TRUE(contains(res.out, "resuming at step 3 of 6")) << res.out;
-  const auto got = printed_losses(res.out, 6);
+  const auto got = train_printed_losses(res.out, 6);
   ASSERT_EQ(got.size(), 3u) << res.out;
   ASSERT_GE(want.size(), 6u);
   double worst = 0;
@@ -285,7 +277,7 @@ TEST(ParallelCli, TrainPipelineEqualsOneRank) {
   EXPECT_TRUE(contains(pp.out, "pipeline: GPT-2 gpt2-tiny in 2 stages")) << pp.out;
   const CmdResult one = run(kZt + flags);
   ASSERT_EQ(one.rc, 0) << one.out;
-  auto losses = [](const std::string& out) { return printed_losses(out, 6); };
+  auto losses = [](const std::string& out) { return train_printed_losses(out, 6); };
   const auto a = losses(pp.out), b = losses(one.out);
   ASSERT_EQ(a.size(), 6u) << pp.out;
   ASSERT_EQ(b.size(), 6u) << one.out;
@@ -317,7 +309,7 @@ TEST(ParallelCli, TrainLlamaPipelineEqualsOneRank) {
   EXPECT_TRUE(contains(pp.out, "pipeline: Llama llama-tiny in 2 stages")) << pp.out;
   const CmdResult one = run(kZt + flags + " --steps 6 --pp 1");
   ASSERT_EQ(one.rc, 0) << one.out;
-  const auto a = printed_losses(pp.out, 6), b = printed_losses(one.out, 6);
+  const auto a = train_printed_losses(pp.out, 6), b = train_printed_losses(one.out, 6);
   ASSERT_EQ(a.size(), 6u) << pp.out;
   ASSERT_EQ(b.size(), 6u) << one.out;
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << "step " << i + 1;
@@ -328,7 +320,7 @@ TEST(ParallelCli, TrainLlamaPipelineEqualsOneRank) {
   const CmdResult resumed = run(kZt + flags + " --steps 6 --load " + dir.string());
   ASSERT_EQ(resumed.rc, 0) << resumed.out;
   EXPECT_TRUE(contains(resumed.out, "resuming at step 3 of 6")) << resumed.out;
-  const auto got = printed_losses(resumed.out, 6);
+  const auto got = train_printed_losses(resumed.out, 6);
   ASSERT_EQ(got.size(), 3u) << resumed.out;
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], a[i + 3], 1e-5) << "step " << i + 4;
   zt::ckpt::remove_tree(dir.string());
@@ -347,7 +339,7 @@ TEST(ParallelCli, TrainTensorPipelineEqualsOneRank) {
                             "--seq 32 --print-every 1 --data " + std::string(ZT_SOURCE_DIR) + "/README.md";
   const CmdResult one = run(kZt + flags + " --tp 1 --pp 1");
   ASSERT_EQ(one.rc, 0) << one.out;
-  const auto want = printed_losses(one.out, 5);
+  const auto want = train_printed_losses(one.out, 5);
   ASSERT_EQ(want.size(), 5u) << one.out;
   const char* variants[] = {
       " --tp 2 --pp 2",
@@ -361,7 +353,7 @@ TEST(ParallelCli, TrainTensorPipelineEqualsOneRank) {
     EXPECT_TRUE(contains(r.out, "topology: dp 1 x tp 2 x pp 2 = 4 ranks")) << r.out;
     EXPECT_TRUE(contains(r.out, "pipeline: GPT-2 gpt2-tiny in 2 stages")) << r.out;
     EXPECT_TRUE(contains(r.out, ", tp 2")) << r.out;
-    const auto got = printed_losses(r.out, 5);
+    const auto got = train_printed_losses(r.out, 5);
     ASSERT_EQ(got.size(), 5u) << r.out;
     for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5) << "step " << i + 1;
     EXPECT_LT(got.back(), got.front() - 0.3) << "it trains";
@@ -380,7 +372,7 @@ TEST(ParallelCli, TrainTensorPipelineEqualsOneRank) {
 TEST(ParallelCli, TrainTensorParallelEqualsOneRank) {
   const fs::path cfg = write_config("tp", R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
       "gradient_clipping": 1.0, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 1}})");
-  auto losses = [](const std::string& out) { return printed_losses(out, 5); };
+  auto losses = [](const std::string& out) { return train_printed_losses(out, 5); };
   struct Case {
     const char* name;
     const char* model;
@@ -455,7 +447,7 @@ TEST(ParallelCli, TrainTensorParallelZero3EqualsStage2) {
     ASSERT_EQ(z3.rc, 0) << z3.out;
     EXPECT_TRUE(contains(z3.out, "| ZeRO stage 3,")) << z3.out;
     EXPECT_TRUE(contains(z3.out, "split over tp 2")) << z3.out;
-    const auto want = printed_losses(z2.out, 6), got = printed_losses(z3.out, 6);
+    const auto want = train_printed_losses(z2.out, 6), got = train_printed_losses(z3.out, 6);
     ASSERT_EQ(want.size(), 6u) << z2.out;
     ASSERT_EQ(got.size(), 6u) << z3.out;
     double worst = 0;
@@ -493,7 +485,7 @@ TEST(ParallelCli, TrainTensorParallelCheckpointResumesAtAnotherTp) {
   const std::string tp2 = kZt + " launch -n 2 -- " + kZt + flags + " --tp 2";
   const CmdResult straight = run(tp2 + " --steps 6");
   ASSERT_EQ(straight.rc, 0) << straight.out;
-  const auto want = printed_losses(straight.out, 6);
+  const auto want = train_printed_losses(straight.out, 6);
   ASSERT_EQ(want.size(), 6u) << straight.out;
   const CmdResult first = run(tp2 + " --steps 3 --save " + dir.string());
   ASSERT_EQ(first.rc, 0) << first.out;
@@ -541,7 +533,7 @@ TEST(ParallelCli, TrainPipelineCheckpointLoadsAtAnotherPp) {
   const std::string pp2 = kZt + " launch -n 2 -- " + kZt + flags + " --pp 2";
   const CmdResult straight = run(pp2 + " --steps 6");
   ASSERT_EQ(straight.rc, 0) << straight.out;
-  const auto want = printed_losses(straight.out, 6);
+  const auto want = train_printed_losses(straight.out, 6);
   ASSERT_EQ(want.size(), 6u) << straight.out;
   const CmdResult first =
       run(pp2 + " --steps 3 --save " + dir.string() + " --summary " + summary.string() + " --metrics " + metrics.string());
@@ -603,7 +595,7 @@ TEST(ParallelCli, TrainTensorPipelineCheckpointLoadsAtDp4) {
   const std::string four = kZt + " launch -n 4 -- " + kZt + flags;
   const CmdResult straight = run(four + " --tp 2 --pp 2 --steps 6");
   ASSERT_EQ(straight.rc, 0) << straight.out;
-  const auto want = printed_losses(straight.out, 6);
+  const auto want = train_printed_losses(straight.out, 6);
   ASSERT_EQ(want.size(), 6u) << straight.out;
   const CmdResult first = run(four + " --tp 2 --pp 2 --steps 3 --save " + dir.string() + " --summary " + summary.string());
   ASSERT_EQ(first.rc, 0) << first.out;
@@ -661,7 +653,7 @@ TEST(ParallelCli, TrainTensorPipelineCheckpointLoadsAtDp4) {
 TEST(ParallelCli, TrainExpertParallelEqualsEpOne) {
   const fs::path cfg = write_config("ep", R"({"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0,
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 1}})");
-  auto losses = [](const std::string& out) { return printed_losses(out, 5); };
+  auto losses = [](const std::string& out) { return train_printed_losses(out, 5); };
   const std::string flags = " train --config " + cfg.string() +
                             " --model gpt2-tiny-moe --device cpu --steps 5 --warmup 1 --seq 32 --print-every 1 --data " +
                             std::string(ZT_SOURCE_DIR) + "/README.md";
@@ -746,7 +738,7 @@ TEST(ParallelCli, TrainTensorParallelCheckpointingEqualsWithout) {
   const fs::path part = write_config("tp_ckpt_part", common + R"(, "activation_checkpointing": {
       "partition_activations": true, "cpu_checkpointing": true, "synchronize_checkpoint_boundary": true,
       "profile": true}})");
-  auto losses = [](const std::string& out) { return printed_losses(out, 3); };
+  auto losses = [](const std::string& out) { return train_printed_losses(out, 3); };
   const std::string flags = " --model llama-tiny --device cpu --steps 3 --warmup 1 --seq 32 --print-every 1 --tp 2 "
                             "--data " + std::string(ZT_SOURCE_DIR) + "/README.md";
   const std::string launch2 = kZt + " launch -n 2 -- " + kZt + " train --config ";
@@ -787,11 +779,11 @@ TEST(ParallelCli, TrainExpertParallelCheckpointResumesAtEpOne) {
                           std::string(ZT_SOURCE_DIR) + "/README.md";
   const CmdResult straight = run(two + " --steps 6");
   ASSERT_EQ(straight.rc, 0) << straight.out;
-  const auto want = printed_losses(straight.out, 6);
+  const auto want = train_printed_losses(straight.out, 6);
   ASSERT_EQ(want.size(), 6u) << straight.out;
   const CmdResult first = run(two + " --ep 2 --steps 3 --save " + dir.string());
   ASSERT_EQ(first.rc, 0) << first.out;
-  const auto before = printed_losses(first.out, 3);
+  const auto before = train_printed_losses(first.out, 3);
   ASSERT_EQ(before.size(), 3u) << first.out;
   for (size_t i = 0; i < before.size(); ++i) EXPECT_NEAR(before[i], want[i], 1e-5) << "step " << i + 1 << " at --ep 2";
   expect_resumed_losses(run(two + " --steps 6 --load " + dir.string()), want,
