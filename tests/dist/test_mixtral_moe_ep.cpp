@@ -13,6 +13,7 @@
 #include <string>
 
 #include "models/moe.h"
+#include "support/moe_ep_test_util.h"
 #include "zerotrain/comm.h"
 
 namespace zt::models {
@@ -65,15 +66,7 @@ TEST(MixtralExpertParallel, EqualsTheOneProcessLayer) {
     MoE ref = make_mixtral_ep_layer(E, k, nullptr);
     MoE ep = make_mixtral_ep_layer(E, k, g);
     ASSERT_EQ(ep->local_experts(), E / P);
-    {
-      torch::NoGradGuard no_grad;
-      ep->gate->weight.copy_(ref->gate->weight);
-      for (int64_t i = 0; i < ep->local_experts(); ++i) {
-        auto src = ref->experts[static_cast<size_t>(ep->first_expert() + i)]->parameters();
-        auto dst = ep->experts[static_cast<size_t>(i)]->parameters();
-        for (size_t p = 0; p < src.size(); ++p) dst[p].copy_(src[p]);
-      }
-    }
+    zt::test_support::copy_gate_and_owned_experts(ref, ep);
     auto gen = at::make_generator<at::CPUGeneratorImpl>(300 + r);  // uneven routing per rank
     auto x = torch::randn({2, 7, kMixtralEpHidden}, gen);
     auto w = torch::randn({2, 7, kMixtralEpHidden}, gen);
@@ -87,21 +80,11 @@ TEST(MixtralExpertParallel, EqualsTheOneProcessLayer) {
     ((out_ep.output * w).sum() + 0.02 * out_ep.aux_loss).backward();
     EXPECT_LE(mixtral_ep_maxdiff(x_ep.grad(), x_ref.grad()), 1e-6) << tag << " input grad";
     EXPECT_LE(mixtral_ep_maxdiff(ep->gate->weight.grad(), ref->gate->weight.grad()), 1e-6) << tag << " gate grad";
-    for (size_t e = 0; e < static_cast<size_t>(E); ++e) {
-      for (auto& p : ref->experts[e]->parameters()) {
-        auto gsum = p.grad().defined() ? p.grad().clone() : torch::zeros_like(p);
-        g->all_reduce(gsum, comm::ReduceOp::kSum);
-        p.mutable_grad() = gsum;
-      }
-    }
-    for (int64_t i = 0; i < ep->local_experts(); ++i) {
-      auto refp = ref->experts[static_cast<size_t>(ep->first_expert() + i)]->parameters();
-      auto epp = ep->experts[static_cast<size_t>(i)]->parameters();
-      for (size_t p = 0; p < refp.size(); ++p) {
-        ASSERT_TRUE(epp[p].grad().defined()) << tag << " expert " << ep->first_expert() + i;
-        EXPECT_LE(mixtral_ep_maxdiff(epp[p].grad(), refp[p].grad()), 1e-6)
-            << tag << " expert " << ep->first_expert() + i << " param " << p;
-      }
+    ASSERT_EQ(ref->experts->size(), static_cast<size_t>(E));
+    zt::test_support::sum_reference_expert_grads(ref, g);
+    for (const auto& eg : zt::test_support::local_expert_grads(ref, ep)) {
+      ASSERT_TRUE(eg.got.defined()) << tag << " expert " << eg.expert;
+      EXPECT_LE(mixtral_ep_maxdiff(eg.got, eg.want), 1e-6) << tag << " expert " << eg.expert << " param " << eg.param;
     }
   }
 }

@@ -17,6 +17,7 @@
 
 #include "models/moe.h"
 #include "support/moe_dense_reference.h"
+#include "support/moe_ep_test_util.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/error.h"
 
@@ -78,15 +79,7 @@ TEST(MoEExpertParallel, EqualsTheOneProcessLayer) {
       MoE ep = make(options(E, k, drop, g));
       ASSERT_EQ(ep->local_experts(), E / P);
       ASSERT_EQ(ep->first_expert(), E / P * r);
-      {
-        torch::NoGradGuard no_grad;
-        ep->gate->weight.copy_(ref->gate->weight);
-        for (int64_t i = 0; i < ep->local_experts(); ++i) {
-          auto src = ref->experts[static_cast<size_t>(ep->first_expert() + i)]->parameters();
-          auto dst = ep->experts[static_cast<size_t>(i)]->parameters();
-          for (size_t p = 0; p < src.size(); ++p) dst[p].copy_(src[p]);
-        }
-      }
+      zt::test_support::copy_gate_and_owned_experts(ref, ep);
       // This rank's tokens (uneven routing on purpose: rank-dependent seed) and the
       // weights of its loss.
       auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + r);
@@ -101,23 +94,12 @@ TEST(MoEExpertParallel, EqualsTheOneProcessLayer) {
       ((out_ep.output * w).sum() + out_ep.aux_loss).backward();
       EXPECT_TRUE(close(x_ep.grad(), x_ref.grad(), tag + " input gradient"));
       EXPECT_TRUE(close(ep->gate->weight.grad(), ref->gate->weight.grad(), tag + " gate gradient"));
-      // The reference's expert gradients summed over every rank's tokens (every rank
-      // reduces every expert: the same collectives on all ranks).
-      for (size_t e = 0; e < static_cast<size_t>(E); ++e) {
-        for (auto& p : ref->experts[e]->parameters()) {
-          auto gsum = p.grad().defined() ? p.grad().clone() : torch::zeros_like(p);
-          g->all_reduce(gsum, comm::ReduceOp::kSum);
-          p.mutable_grad() = gsum;
-        }
-      }
-      for (int64_t i = 0; i < ep->local_experts(); ++i) {
-        auto refp = ref->experts[static_cast<size_t>(ep->first_expert() + i)]->parameters();
-        auto epp = ep->experts[static_cast<size_t>(i)]->parameters();
-        for (size_t p = 0; p < refp.size(); ++p) {
-          ASSERT_TRUE(epp[p].grad().defined()) << tag << " expert " << ep->first_expert() + i;
-          EXPECT_TRUE(close(epp[p].grad(), refp[p].grad(),
-                            tag + " expert " + std::to_string(ep->first_expert() + i) + " param " + std::to_string(p)));
-        }
+      // The reference's expert gradients summed over every rank's tokens.
+      ASSERT_EQ(ref->experts->size(), static_cast<size_t>(E));
+      zt::test_support::sum_reference_expert_grads(ref, g);
+      for (const auto& eg : zt::test_support::local_expert_grads(ref, ep)) {
+        ASSERT_TRUE(eg.got.defined()) << tag << " expert " << eg.expert;
+        EXPECT_TRUE(close(eg.got, eg.want, tag + " expert " + std::to_string(eg.expert) + " param " + std::to_string(eg.param)));
       }
       if (!drop) EXPECT_EQ(out_ep.gate.dropped_fraction, 0.0) << tag;
     }
