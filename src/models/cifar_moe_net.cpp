@@ -148,16 +148,10 @@ int64_t CifarMoENetImpl::first_expert(size_t layer) const {
 }
 
 std::string CifarMoENetImpl::global_param_name(const std::string& name) const {
-  if (!is_expert(name)) return name;
-  // moe_layer_list.<l>.experts.<i>.<rest>
-  const size_t l_end = name.find('.', kCifarMoEPrefix.size());
-  const size_t at = name.find(kCifarMoEExperts);
-  ZT_CHECK_T(l_end == at, ConfigError, "'", name, "' is not an expert parameter of the CIFAR MoE net");
-  const size_t layer = std::stoul(name.substr(kCifarMoEPrefix.size(), l_end - kCifarMoEPrefix.size()));
-  const size_t from = at + kCifarMoEExperts.size(), dot = name.find('.', from);
-  ZT_CHECK_T(dot != std::string::npos, ConfigError, "'", name, "' is not an expert parameter of the CIFAR MoE net");
-  const int64_t local = std::stoll(name.substr(from, dot - from));
-  return name.substr(0, from) + std::to_string(first_expert(layer) + local) + name.substr(dot);
+  return expert_global_name(name, kCifarMoEPrefix, kCifarMoEExperts, [this](int64_t layer) -> std::optional<int64_t> {
+    if (layer < 0 || layer >= static_cast<int64_t>(moe_layer_list->size())) return std::nullopt;
+    return first_expert(static_cast<size_t>(layer));
+  }, "the CIFAR MoE net");
 }
 
 }  // namespace zt::models

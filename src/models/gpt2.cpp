@@ -197,15 +197,10 @@ bool gpt2_is_moe_block(const GPT2Config& cfg, int64_t block) {
 bool gpt2_is_expert_param(const std::string& name) { return name.find(".moe.experts.") != std::string::npos; }
 
 std::string GPT2Impl::global_param_name(const std::string& name) const {
-  const std::string key = ".moe.experts.";
-  const size_t at = name.find(key);
-  if (name.rfind("h.", 0) != 0 || at == std::string::npos) return name;
-  const int64_t block = std::stoll(name.substr(2, at - 2));
-  const size_t from = at + key.size(), dot = name.find('.', from);
-  const auto& blk = blocks_at(block);
-  ZT_CHECK_T(blk->moe && dot != std::string::npos, ConfigError, "'", name, "' is not an expert parameter of this GPT-2");
-  const int64_t local = std::stoll(name.substr(from, dot - from));
-  return name.substr(0, from) + std::to_string(blk->moe->first_expert() + local) + name.substr(dot);
+  return expert_global_name(name, "h.", ".moe.experts.", [this](int64_t block) -> std::optional<int64_t> {
+    if (block < 0 || block >= static_cast<int64_t>(blocks_.size()) || !blocks_at(block)->moe) return std::nullopt;
+    return blocks_at(block)->moe->first_expert();
+  }, "this GPT-2");
 }
 
 int64_t gpt2_num_params(const GPT2Config& c) {

@@ -479,17 +479,14 @@ std::vector<std::vector<int64_t>> LlamaForCausalLMImpl::last_moe_kept_per_expert
 }
 
 std::string LlamaForCausalLMImpl::global_param_name(const std::string& name) const {
-  const std::string key = ".block_sparse_moe.experts.", pre = "model.layers.";
-  const size_t at = name.find(key);
-  if (at == std::string::npos || name.rfind(pre, 0) != 0) return name;
-  const int64_t layer = std::stoll(name.substr(pre.size(), name.find('.', pre.size()) - pre.size()));
-  const size_t from = at + key.size(), dot = name.find('.', from);
-  ZT_CHECK_T(layer >= 0 && layer < cfg_.num_hidden_layers && dot != std::string::npos, ConfigError, "'", name,
-             "' is not an expert parameter of this Mixtral model");
-  const int64_t local = std::stoll(name.substr(from, dot - from));
-  const auto& moe = layers_[static_cast<size_t>(layer)]->block_sparse_moe;
-  ZT_CHECK_T(moe, ConfigError, "'", name, "' is not an expert parameter of this Mixtral model");
-  return name.substr(0, from) + std::to_string(moe->first_expert() + local) + name.substr(dot);
+  return expert_global_name(name, "model.layers.", ".block_sparse_moe.experts.",
+                            [this](int64_t layer) -> std::optional<int64_t> {
+                              if (layer < 0 || layer >= cfg_.num_hidden_layers) return std::nullopt;
+                              const auto& moe = layers_[static_cast<size_t>(layer)]->block_sparse_moe;
+                              if (!moe) return std::nullopt;
+                              return moe->first_expert();
+                            },
+                            "this Mixtral model");
 }
 
 void LlamaForCausalLMImpl::set_moe_timing(bool on) {

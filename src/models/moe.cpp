@@ -433,4 +433,19 @@ MoEOutput MoEImpl::forward(const torch::Tensor& x) {
   return out;
 }
 
+std::string expert_global_name(const std::string& name, const std::string& prefix, const std::string& key,
+                               const std::function<std::optional<int64_t>(int64_t layer)>& first_expert_of,
+                               const std::string& model) {
+  const size_t at = name.find(key);
+  if (name.rfind(prefix, 0) != 0 || at == std::string::npos) return name;
+  const size_t layer_end = name.find('.', prefix.size());
+  const size_t from = at + key.size(), dot = name.find('.', from);
+  ZT_CHECK_T(layer_end == at && dot != std::string::npos, ConfigError, "'", name, "' is not an expert parameter of ",
+             model);
+  const std::optional<int64_t> first = first_expert_of(std::stoll(name.substr(prefix.size(), layer_end - prefix.size())));
+  ZT_CHECK_T(first.has_value(), ConfigError, "'", name, "' is not an expert parameter of ", model);
+  const int64_t local = std::stoll(name.substr(from, dot - from));
+  return name.substr(0, from) + std::to_string(*first + local) + name.substr(dot);
+}
+
 }  // namespace zt::models

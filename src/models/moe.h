@@ -236,4 +236,14 @@ struct MoEImpl : torch::nn::Module {
 };
 TORCH_MODULE(MoE);
 
+// [Expert Names] The ep-1 name of an expert parameter, as checkpoints store experts by global
+// index: `name` is "<prefix><layer><key><local>.<rest>" (key begins with '.'), and the result
+// has first_expert_of(layer) + local in place of local (first_expert_of: that layer's first
+// global expert; nullopt when the layer has no MoE or does not exist). A name without prefix
+// or key comes back unchanged; one with both that does not parse is a ConfigError naming
+// `model`. Used by GPT-2's, the Llama (Mixtral)'s and the CIFAR MoE net's global_param_name.
+std::string expert_global_name(const std::string& name, const std::string& prefix, const std::string& key,
+                               const std::function<std::optional<int64_t>(int64_t layer)>& first_expert_of,
+                               const std::string& model);
+
 }  // namespace zt::models
