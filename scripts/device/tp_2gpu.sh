@@ -19,8 +19,8 @@
 # off / on), MODELS ("gpt2 llama"), ATTENTION (sdpa; "local": Megatron's own attention),
 # ZT_TIMEOUT / MG_TIMEOUT (500 s per run).
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target ${SITE:-/tmp/site} .whl/*.whl \
+  && export PYTHONPATH=${SITE:-/tmp/site} || exit 1
 source scripts/device/common.sh tp_2gpu zerotrain_cli
 STEPS=${STEPS:-12}; WARMUP=${WARMUP:-3}; GPT2_MB=${GPT2_MB:-4}; LLAMA_MB=${LLAMA_MB:-2}
 python3 -c "import megatron.core as m; print('megatron-core', m.__version__)" 2>&1 | tail -1
