@@ -1,0 +1,98 @@
+// The chunked LM-head loss (src/models/lm_head_loss.cpp) on CUDA: the head's gradient, which
+// the GEMM accumulates chunk after chunk into one fp32 buffer (addmm with an fp32 output for
+// bf16/fp16 inputs), against an fp64 reference from the same inputs, and at least as close
+// to it as the former formulation (each chunk's product rounded to x's dtype, then added in
+// fp32). Several chunks, a last short chunk, a padded vocabulary, ignored targets.
+//
+//   build/zt_gpu --gtest_filter='LmHeadLossGpu*'
+//
+// Tolerances: fp32: |dw - ref| <= 1e-5 * max|ref|; bf16: <= 2e-2 * max|ref| (the logit
+// gradient is rounded to bf16 before the GEMM, as before), and the max error <= 1.05 x the
+// former formulation's + 1e-7 * max|ref|. dx: the same bounds (its path is unchanged).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "models/lm_head_loss.h"
+#include "support/gpu_util.h"
+
+namespace zt::models {
+namespace test_lm_head_loss_gpu {
+namespace {
+
+#ifdef ZT_WITH_CUDA
+struct Ref {
+  at::Tensor dx, dw;  // fp64
+};
+
+// d(mean loss)/dx and /dw in fp64 from x (N, C), w (V, C), targets (-1 = ignored).
+Ref reference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& t) {
+  const auto xd = x.cpu().to(at::kDouble), wd = w.cpu().to(at::kDouble);
+  const auto tc = t.cpu();
+  const auto valid = tc.ne(-1);
+  const auto logits = at::mm(xd, wd.t());
+  auto g = at::softmax(logits, 1);
+  const auto tt = at::where(valid, tc, at::zeros({}, tc.options()));
+  g.scatter_add_(1, tt.unsqueeze(1), at::full({x.size(0), 1}, -1.0, g.options()));
+  g.mul_(valid.unsqueeze(1).to(at::kDouble));
+  g.div_(valid.sum().to(at::kDouble).clamp_min(1.0));
+  return {at::mm(g, wd), at::mm(g.t(), xd)};
+}
+
+double max_err(const at::Tensor& a, const at::Tensor& ref) {
+  return (a.cpu().to(at::kDouble) - ref).abs().max().item<double>();
+}
+
+class LmHeadLossGpu : public test_support::KernelTest {};
+
+TEST_F(LmHeadLossGpu, HeadGradientAccumulatesInFp32AcrossChunks) {
+  for (auto dt : {at::kFloat, at::kBFloat16}) {
+    for (int64_t chunk : {int64_t{37}, int64_t{64}, int64_t{1000}}) {
+      SCOPED_TRACE(std::string(c10::toString(dt)) + " chunk " + std::to_string(chunk));
+      at::manual_seed(7);
+      const int64_t N = 300, C = 96, V = 1001;
+      auto x = (at::randn({N, C}) * 2).to(on(dt)).requires_grad_(true);
+      auto w = (at::randn({V, C}) * 0.5).to(on(dt)).requires_grad_(true);
+      auto t = at::randint(0, V, {N}, at::TensorOptions(at::kLong));
+      t.narrow(0, 10, 5).fill_(-1);
+      t = t.to(dev_);
+      auto loss = lm_head_cross_entropy(x, w, t, 64, chunk);
+      loss.backward();
+      const Ref r = reference(x.detach(), w.detach(), t);
+      const double scale_w = r.dw.abs().max().item<double>(), scale_x = r.dx.abs().max().item<double>();
+      const double ew = max_err(w.grad(), r.dw), ex = max_err(x.grad(), r.dx);
+      if (dt == at::kFloat) {
+        EXPECT_LE(ew, 1e-5 * scale_w);
+        EXPECT_LE(ex, 1e-5 * scale_x);
+        continue;
+      }
+      EXPECT_LE(ew, 2e-2 * scale_w);
+      EXPECT_LE(ex, 2e-2 * scale_x);
+      // The former formulation: each chunk's (V, C) product in bf16, added in fp32, then
+      // scaled by 1 / (valid rows) and rounded once, from the same bf16 logit gradients.
+      at::NoGradGuard ng;
+      auto dw_old = at::zeros({V, C}, on(at::kFloat));
+      const auto valid = t.ne(-1);
+      const double count = std::max<int64_t>(1, valid.sum().item<int64_t>());
+      for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+        const int64_t n = std::min(chunk, N - r0);
+        const auto xc = x.detach().narrow(0, r0, n);
+        auto p = at::softmax(at::mm(xc, w.detach().t()).to(at::kFloat), 1);
+        const auto tc = t.narrow(0, r0, n), vc = valid.narrow(0, r0, n);
+        p.scatter_add_(1, at::where(vc, tc, at::zeros({}, tc.options())).unsqueeze(1),
+                       at::full({n, 1}, -1.0f, p.options()));
+        p.mul_(vc.unsqueeze(1));
+        dw_old.add_(at::mm(p.to(dt).t(), xc));
+      }
+      const double ew_old = max_err((dw_old / count).to(dt), r.dw);
+      EXPECT_LE(ew, 1.05 * ew_old + 1e-7 * scale_w) << "new " << ew << " former " << ew_old;
+    }
+  }
+}
+#else
+TEST(LmHeadLossGpu, NeedsACudaBuild) { GTEST_SKIP() << "zerotrain was built without CUDA (ZT_WITH_CUDA off)"; }
+#endif
+
+}  // namespace
+}  // namespace test_lm_head_loss_gpu
+}  // namespace zt::models
