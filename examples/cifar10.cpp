@@ -11,6 +11,8 @@
 //       --moe-param-group          (one command line)
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -198,7 +200,14 @@ int main(int argc, char** argv) {
     int64_t steps = args.epochs * loader.batches_per_epoch() / cfg.gradient_accumulation_steps;
     if (args.steps > 0) steps = args.steps;
     double running = 0, running_aux = 0;
+    // Timing: wall time of the steps after the first kTimedAfter (loading, routing, the step;
+    // each step reads its loss back, as the tutorial's loss.item() does), and the most bytes
+    // the steps' phases had allocated on this rank.
+    constexpr int64_t kTimedAfter = 10;
+    auto t_timed = std::chrono::steady_clock::now();
+    int64_t peak_bytes = 0;
     for (int64_t s = 0; s < steps; ++s) {
+      if (s == kTimedAfter) t_timed = std::chrono::steady_clock::now();
       for (int64_t k = 0; k < cfg.gradient_accumulation_steps; ++k) {
         auto [x, y] = loader.next();
         auto xb = x.to(engine->compute_dtype());
@@ -207,7 +216,9 @@ int main(int argc, char** argv) {
         engine->step();
         if (moe_net) running_aux += moe_net->last_aux_loss().item<double>() / cfg.gradient_accumulation_steps;
       }
-      running += engine->last_report().loss;
+      const auto& rep = engine->last_report();
+      running += rep.loss;
+      peak_bytes = std::max({peak_bytes, rep.forward.mem_peak, rep.backward.mem_peak, rep.step_phase.mem_peak});
       if (rank == 0 && (s + 1) % args.log_interval == 0) {
         std::printf("[epoch %lld, step %lld] loss: %.3f", static_cast<long long>(loader.epoch() + 1),
                     static_cast<long long>(s + 1), running / args.log_interval);
@@ -216,6 +227,13 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
         running = running_aux = 0;
       }
+    }
+    if (engine->device().is_cuda()) torch::cuda::synchronize();
+    if (rank == 0 && steps > kTimedAfter) {
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_timed).count();
+      std::printf("timing: %.3f ms/step over steps %lld-%lld, peak %.2f MiB allocated (rank 0)\n",
+                  ms / static_cast<double>(steps - kTimedAfter), static_cast<long long>(kTimedAfter + 1),
+                  static_cast<long long>(steps), static_cast<double>(peak_bytes) / (1 << 20));
     }
     // Accuracy on the test set (every rank evaluates all of it, so the MoE layers' all-to-alls
     // match at ep > 1; rank 0 prints).
