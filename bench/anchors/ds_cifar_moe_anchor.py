@@ -30,8 +30,9 @@ Differences from the tutorial, each a flag (the defaults make both sides see the
              torch.manual_seed(seed), then PyTorch's default init in zerotrain's order (conv1,
              conv2, fc1, fc2, per MoE layer the gate (no bias), each expert on its own, with
              residual the dense mlp and the coefficient, then fc4), each rank keeping its own
-             experts by global index. --init tutorial: the tutorial's (experts deep copies of
-             one fc3; DeepSpeed's order).
+             experts by global index; with --mlp-type residual each layer its own dense mlp (the
+             tutorial's layers share fc3 as their mlp). --init tutorial: the tutorial's (experts
+             deep copies of one fc3; DeepSpeed's order).
   set_epoch  the sampler is reshuffled each epoch (sampler.set_epoch(epoch), as zerotrain's
              loader does; the tutorial's DeepSpeedDataLoader never calls it, so its every epoch
              repeats epoch 0's order); --no-set-epoch restores that.
@@ -51,6 +52,7 @@ os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 
 import argparse  # noqa: E402
+import copy  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -144,6 +146,9 @@ def init_like_zerotrain(net, a, ep_rank):
         for i, ex in enumerate(local):
             ex.load_state_dict(experts[ep_rank * len(local) + i].state_dict())
         if extra is not None:
+            # The tutorial hands one fc3 to every MoE layer, so with residual its layers share
+            # one dense mlp; zerotrain's have their own (as this copy makes them).
+            layer.mlp = copy.deepcopy(layer.mlp)
             layer.mlp.load_state_dict(extra[0].state_dict())
             layer.coefficient.load_state_dict(extra[1].state_dict())
 
