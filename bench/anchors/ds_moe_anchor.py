@@ -40,9 +40,40 @@ docs/moe.md). The same math as zerotrain's MoE GPT-2 ([GPT-2 MoE] in src/models/
              current stream (DeepSpeed's _AllToAll wrapped; the same measure as zerotrain's
              --moe-timing), mean over the timed steps; --no-a2a-timing leaves it out.
 
+--arch mixtral --hf-config CONFIG.json: the counterpart of `zerotrain train --model CONFIG.json --ep N`
+for a Hugging Face MixtralForCausalLM config ([Mixtral] in src/models/llama.h; the config sets the
+shape, the experts, k and the aux coef, overriding --layers/--embd/--heads/--vocab/--experts/--k/
+--moe-every/--aux-coef; scripts/device/moe_mixtral_2gpu.sh runs both):
+  model      HF Mixtral's decoder: embed_tokens, per layer RMSNorm (fp32 statistics, eps
+             rms_norm_eps) -> attention (q/k/v/o_proj, no bias, RoPE theta rope_theta in HF's
+             rotate_half layout, GQA through SDPA's enable_gqa, causal) -> RMSNorm -> MoE, final
+             RMSNorm, an untied lm_head. Every layer's MLP is MoE(hidden, expert=Mixtral's SwiGLU
+             expert w2(silu(w1 x) * w3 x), num_experts=num_local_experts, k=num_experts_per_tok
+             (1 or 2), the same capacity / dropless / min_capacity options and no noise, RTS or
+             sampled second expert as above). Init: every Linear and the embedding N(0,
+             initializer_range), norms 1, each expert from its own seed (as above), built on the
+             device. Checked: at ep 1, dropless, fp32, its loss equals transformers'
+             MixtralForCausalLM's on the same weights (bench/anchors/check_ds_moe_mixtral.py).
+  routing    DeepSpeed's top2gating: first = argmax softmax(logits), second = argmax of the logits
+             with the first masked, weights = the kept choices' probabilities over their sum --
+             HF Mixtral's topk(softmax) and renormalization when nothing drops (dropless, or under
+             capacity). Where they differ: with --drop-tokens DeepSpeed drops past C = ceil(T/E x
+             2f) (first choices fill the slots first) and renormalizes over the kept choices (a
+             token whose second choice dropped gets weight 1 on its first); HF never drops. The
+             aux loss: DeepSpeed's l_aux per layer is E * sum_e me_e ce_e with ce from the first
+             choices only; HF's load_balancing_loss_func (zerotrain's moe_aux_loss) counts every
+             choice (sum over j of ce[j, e]) over all layers' tokens concatenated, so balanced it
+             is k, not 1. Here loss = CE + router_aux_loss_coef (if output_router_logits, else 0)
+             x the mean over layers of l_aux; aux_loss reports that mean, unscaled.
+  the rest   as above (bf16, ZeRO --stage 1/2 with the same buckets, AdamW, clip, E + D, data,
+             timing, the routing counters and all_to_all_ms); the JSON line adds arch, hf_config,
+             kv_heads and intermediate.
+
 Run (2 GPUs, ep 2), from the repository root, after installing the DeepSpeed wheel (.whl/):
   torchrun --nproc_per_node 2 bench/anchors/ds_moe_anchor.py --layers 24 --embd 1024 --heads 16 \\
       --seq 1024 --micro 4 --experts 8 --k 2 --ep 2 --capacity-factor 1.0 --drop-tokens --stage 2 --out r.json
+  torchrun --nproc_per_node 2 bench/anchors/ds_moe_anchor.py --arch mixtral \\
+      --hf-config bench/configs/models/mixtral-2gpu.json --seq 1024 --micro 2 --ep 2 --stage 2 --out r.json
 Rank 0 prints one JSON line and writes it to --out. `--device cpu` (gloo, fp32, torch AdamW) is a
 smoke test on CPU ranks (DS_ACCELERATOR=cpu).
 """
@@ -197,6 +228,138 @@ class MoEGPT2(nn.Module):
         return lm + self.aux_coef * aux
 
 
+class RMSNorm(nn.Module):
+    """Llama's RMSNorm: x * rsqrt(mean(x^2) + eps) in fp32, cast back, times the weight (ones)."""
+
+    def __init__(self, d, eps):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(d)), eps
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rope_cos_sin(seq, head_dim, theta, device):
+    """HF Llama's default RoPE (rotate_half layout): cos/sin [seq, head_dim] in fp32."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+    f = torch.outer(torch.arange(seq, dtype=torch.float32, device=device), inv)
+    emb = torch.cat((f, f), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x, cos, sin):  # x [B, H, T, hd]
+    x1, x2 = x[..., : x.size(-1) // 2], x[..., x.size(-1) // 2:]
+    rot = torch.cat((-x2, x1), dim=-1)
+    return (x.float() * cos + rot.float() * sin).to(x.dtype)
+
+
+class LlamaAttention(nn.Module):
+    """q/k/v/o_proj without bias, RoPE, GQA through SDPA's enable_gqa, causal."""
+
+    def __init__(self, h):
+        super().__init__()
+        d, self.nh, self.nkv = h["hidden_size"], h["num_attention_heads"], h["num_key_value_heads"]
+        self.hd = h.get("head_dim") or d // self.nh
+        self.q_proj = nn.Linear(d, self.nh * self.hd, bias=False)
+        self.k_proj = nn.Linear(d, self.nkv * self.hd, bias=False)
+        self.v_proj = nn.Linear(d, self.nkv * self.hd, bias=False)
+        self.o_proj = nn.Linear(self.nh * self.hd, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.nh, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.nkv != self.nh)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.nh * self.hd))
+
+
+class MixtralExpert(nn.Module):
+    """Mixtral's expert (HF MixtralBlockSparseTop2MLP): w2(silu(w1 x) * w3 x), no bias."""
+
+    def __init__(self, h):
+        super().__init__()
+        d, ff = h["hidden_size"], h["intermediate_size"]
+        self.w1 = nn.Linear(d, ff, bias=False)
+        self.w2 = nn.Linear(ff, d, bias=False)
+        self.w3 = nn.Linear(d, ff, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class MixtralBlock(nn.Module):
+    """A Mixtral decoder layer: RMSNorm, attention, RMSNorm, DeepSpeed's MoE of Mixtral experts."""
+
+    def __init__(self, h, a, layer):
+        super().__init__()
+        from deepspeed.moe.layer import MoE
+        eps = h.get("rms_norm_eps", 1e-5)
+        self.input_layernorm = RMSNorm(h["hidden_size"], eps)
+        self.self_attn = LlamaAttention(h)
+        self.post_attention_layernorm = RMSNorm(h["hidden_size"], eps)
+        self.moe = MoE(hidden_size=h["hidden_size"], expert=MixtralExpert(h), num_experts=a.experts, ep_size=a.ep,
+                       k=a.k, capacity_factor=a.capacity_factor, eval_capacity_factor=a.capacity_factor,
+                       min_capacity=a.min_capacity, use_residual=False, noisy_gate_policy=None,
+                       drop_tokens=a.drop_tokens, use_rts=False, top2_2nd_expert_sampling=False)
+        self.layer = layer
+        self.l_aux = None
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        y, self.l_aux, self.exp_counts = self.moe(self.post_attention_layernorm(x))
+        return x + y
+
+
+class MoEMixtral(nn.Module):
+    """--arch mixtral: HF MixtralForCausalLM's shape from --hf-config, every layer's MLP DeepSpeed's MoE."""
+
+    def __init__(self, h, a, ep_rank):
+        super().__init__()
+        self.h_cfg, self.aux_coef = h, a.aux_coef
+        d = h["hidden_size"]
+        self.theta = float(h.get("rope_theta") or (h.get("rope_parameters") or {}).get("rope_theta", 1e6))
+        self.embed_tokens = nn.Embedding(h["vocab_size"], d)
+        self.layers = nn.ModuleList([MixtralBlock(h, a, i) for i in range(h["num_hidden_layers"])])
+        self.norm = RMSNorm(d, h.get("rms_norm_eps", 1e-5))
+        self.lm_head = nn.Linear(d, h["vocab_size"], bias=False)  # untied
+        self.reset_parameters(a.seed, ep_rank, h.get("initializer_range", 0.02))
+
+    def moe_blocks(self):
+        return list(self.layers)
+
+    @torch.no_grad()
+    def reset_parameters(self, seed, ep_rank, std):
+        torch.manual_seed(seed)
+        for name, m in self.named_modules():
+            if ".deepspeed_experts." in name:
+                continue  # below, each expert from its own seed
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                m.weight.normal_(0.0, std)  # the gate is a Linear without bias
+        for b in self.layers:
+            experts = b.moe.deepspeed_moe.experts.deepspeed_experts
+            for i, ex in enumerate(experts):
+                dev = ex.w1.weight.device
+                g = torch.Generator(device=dev).manual_seed(seed + 1000 * (b.layer + 1) + ep_rank * len(experts) + i)
+                for lin in (ex.w1, ex.w2, ex.w3):
+                    lin.weight.copy_(torch.randn(lin.weight.shape, generator=g, device=dev) * std)
+
+    def forward(self, idx, targets):
+        T = idx.size(1)
+        x = self.embed_tokens(idx)
+        cos, sin = rope_cos_sin(T, self.layers[0].self_attn.hd, self.theta, idx.device)
+        for blk in self.layers:
+            x = blk(x, cos, sin)
+        logits = self.lm_head(self.norm(x))
+        lm = cross_entropy_loss(logits, targets)
+        aux = sum(b.l_aux for b in self.layers) / len(self.layers)
+        self.last_aux = aux.detach()
+        return lm + self.aux_coef * aux
+
+
 def ds_config(a):
     params = {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
     if a.device == "cpu":
@@ -243,9 +406,13 @@ def run(a, out):
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if a.device == "cuda" else torch.device("cpu")
     sharded_moe._AllToAll = TimedAllToAll  # MOELayer.forward looks the name up at each call
     A2A.on = a.a2a_timing
-    cfg = GPTConfig("moe", n_layer=a.layers, n_head=a.heads, n_embd=a.embd, vocab_size=a.vocab,
-                    n_positions=max(1024, a.seq), seq=a.seq)
-    model = MoEGPT2(cfg, a, ep_rank=rank % a.ep)  # E + D: the ep groups are consecutive ranks
+    if a.arch == "mixtral":
+        with torch.device(device):  # built and initialised on the device: billions of parameters
+            model = MoEMixtral(a.hf, a, ep_rank=rank % a.ep)  # E + D: the ep groups are consecutive ranks
+    else:
+        cfg = GPTConfig("moe", n_layer=a.layers, n_head=a.heads, n_embd=a.embd, vocab_size=a.vocab,
+                        n_positions=max(1024, a.seq), seq=a.seq)
+        model = MoEGPT2(cfg, a, ep_rank=rank % a.ep)  # E + D: the ep groups are consecutive ranks
     n_local = sum(p.numel() for p in model.parameters())
     groups = split_params_into_different_moe_groups_for_optimizer(
         [{"params": [p for p in model.parameters()], "name": "parameters"}])
@@ -300,6 +467,10 @@ def run(a, out):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arch", choices=("gpt2", "mixtral"), default="gpt2",
+                   help="mixtral: the Llama MoE of --hf-config (its sizes, experts and aux coef override "
+                        "--layers/--embd/--heads/--vocab/--experts/--k/--moe-every/--aux-coef)")
+    p.add_argument("--hf-config", default="", help="--arch mixtral: a MixtralForCausalLM config.json")
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--embd", type=int, default=1024)
     p.add_argument("--heads", type=int, default=16)
@@ -326,6 +497,19 @@ def main():
     a.overlap_comm = bool(a.overlap_comm)
     if a.steps < 1:
         p.error("--steps must be >= 1")
+    if a.arch == "mixtral":
+        if not a.hf_config:
+            p.error("--arch mixtral needs --hf-config PATH (a MixtralForCausalLM config.json)")
+        with open(a.hf_config) as f:
+            a.hf = json.load(f)
+        if a.hf.get("tie_word_embeddings"):
+            p.error(f"{a.hf_config}: tie_word_embeddings is true; the Mixtral anchor has an untied lm_head")
+        a.layers, a.embd, a.heads = a.hf["num_hidden_layers"], a.hf["hidden_size"], a.hf["num_attention_heads"]
+        a.vocab, a.experts, a.k = a.hf["vocab_size"], a.hf.get("num_local_experts", 8), a.hf.get("num_experts_per_tok", 2)
+        if a.k not in (1, 2):
+            p.error(f"{a.hf_config}: num_experts_per_tok {a.k}: DeepSpeed's gate is top-1 or top-2")
+        a.moe_every = 1
+        a.aux_coef = a.hf.get("router_aux_loss_coef", 0.001) if a.hf.get("output_router_logits", False) else 0.0
 
     rank = int(os.environ.get("RANK", 0))
     out = {"anchor": f"DeepSpeed-MoE ZeRO-{a.stage}", "layers": a.layers, "embd": a.embd, "heads": a.heads,
@@ -334,6 +518,9 @@ def main():
            "min_capacity": a.min_capacity, "aux_coef": a.aux_coef, "stage": a.stage, "overlap_comm": a.overlap_comm,
            "steps": a.steps, "warmup": a.warmup, "dtype": "bf16" if a.device == "cuda" else "fp32",
            "world": int(os.environ.get("WORLD_SIZE", 1))}
+    if a.arch == "mixtral":
+        out.update(arch="mixtral", hf_config=a.hf_config, kv_heads=a.hf["num_key_value_heads"],
+                   intermediate=a.hf["intermediate_size"])
     try:
         if a.device == "cpu":
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
