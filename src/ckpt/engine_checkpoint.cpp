@@ -1104,4 +1104,27 @@ nlohmann::json load_checkpoint(EngineParts& e, const std::string& dir, const std
   return m.value("client_state", nlohmann::json::object());
 }
 
+nlohmann::json load_after_settling(const std::function<void()>& settle,
+                                   const std::function<nlohmann::json(int64_t* step)>& load, const std::string& dir,
+                                   const std::string& tag) {
+  std::string previous;
+  try {
+    settle();
+  } catch (const CheckpointError& ex) {
+    previous = ex.what();
+  }
+  nlohmann::json client;
+  int64_t step = 0;
+  try {
+    client = load(&step);
+  } catch (const CheckpointError& ex) {
+    if (previous.empty()) throw;
+    throw CheckpointError(detail::cat(ex.what(), " (before it, the previous asynchronous save failed: ", previous, ")"));
+  }
+  ZT_CHECK_T(previous.empty(), CheckpointError, previous, "; this call's load of checkpoint '",
+             tag.empty() ? std::string("latest") : tag, "' from '", dir, "' succeeded (the engine is at global step ",
+             step, ")");
+  return client;
+}
+
 }  // namespace zt::ckpt

@@ -125,6 +125,17 @@ void set_shard_layout(std::optional<ShardLayout> layout);
 // CheckpointError on every rank, naming the file and the mismatch, when any rank fails.
 nlohmann::json load_checkpoint(EngineParts& e, const std::string& dir, const std::string& tag);
 
+// [Failed Previous Save] on load, as on save (AsyncSaver::save), for an engine's
+// load_checkpoint: settle() waits for a save in flight and throws its failure as
+// CheckpointError (the same on every rank); a failure there does not stop the load. load()
+// loads the requested checkpoint and brings the engine's state to it (what must also happen
+// when the previous save failed, e.g. a pipeline's tied-weight exchange); it returns the
+// client state, and the engine's global step through *step. Then the previous failure is
+// thrown, saying the load succeeded; a failing load carries it along.
+nlohmann::json load_after_settling(const std::function<void()>& settle,
+                                   const std::function<nlohmann::json(int64_t* step)>& load, const std::string& dir,
+                                   const std::string& tag);
+
 // DIR/latest's tag; throws CheckpointError when there is none.
 std::string read_latest_tag(const std::string& dir);
 

@@ -607,46 +607,34 @@ class EngineImpl : public Engine {
   nlohmann::json load_checkpoint(const std::string& dir, const std::string& tag) override {
     ZT_CHECK_T(window_micro_ == 0, CheckpointError, "load_checkpoint() inside an accumulation window");
     resolve_pending();
-    // The checkpoint being loaded may be the one in flight: settle it first. [Failed
-    // Previous Save] on load, as on save (AsyncSaver::save): a failed asynchronous save (its
-    // error the same on every rank) does not stop the load; the requested checkpoint is
-    // loaded and then the failure is thrown, saying the load succeeded. A failing load
-    // carries the previous failure along.
-    std::string previous;
-    try {
-      saver_.wait(ckpt_group(), global_steps_);
-    } catch (const CheckpointError& ex) {
-      previous = ex.what();
-    }
-    ckpt::Counters c{micro_, global_steps_, applied_steps_, skipped_, global_samples_};
-    nlohmann::json client;
-    try {
-      ckpt::EngineParts parts{*model_, *zero_, *scaler_, cfg_, ckpt_group(), device_, dtype_, c};
-      parts.layout = ckpt_layout();
-      parts.model_part = static_cast<bool>(opts_.checkpoint_group);  // [Pipeline Checkpoints]
-      add_experts(parts, "load_checkpoint");
-      client = ckpt::load_checkpoint(parts, dir, tag);
-    } catch (const CheckpointError& ex) {
-      if (previous.empty()) throw;
-      throw CheckpointError(detail::cat(ex.what(), " (before it, the previous asynchronous save failed: ", previous, ")"));
-    }
-    // A checkpoint is saved at a step boundary (save_checkpoint refuses otherwise), so the
-    // next window starts at micro-step 0 of the configured accumulation. Windows are
-    // `micro_ % gas`: restart the count at global_steps x this engine's gas, not the saved
-    // count, which is global_steps x the saving run's gas (a load at another
-    // gradient_accumulation_steps would otherwise make the first window short). DeepSpeed
-    // does not restore its micro_steps either; the saved count stays in the manifest.
-    micro_ = c.global_steps * cfg_.gradient_accumulation_steps;
-    global_steps_ = c.global_steps;
-    applied_steps_ = c.applied_steps;
-    skipped_ = c.last_skipped;
-    // As saved (each saved step counted at the batch it ran with); the steps from here add
-    // this run's train_batch_size. Derived from global_steps for an older checkpoint.
-    global_samples_ = c.global_samples;
-    ZT_CHECK_T(previous.empty(), CheckpointError, previous, "; this call's load of checkpoint '",
-               tag.empty() ? std::string("latest") : tag, "' from '", dir, "' succeeded (the engine is at global step ",
-               global_steps_, ")");
-    return client;
+    // The checkpoint being loaded may be the one in flight: settle it first; a failed
+    // asynchronous save is thrown after the load ([Failed Previous Save], ckpt::load_after_settling).
+    return ckpt::load_after_settling(
+        [&] { saver_.wait(ckpt_group(), global_steps_); },
+        [&](int64_t* step) {
+          ckpt::Counters c{micro_, global_steps_, applied_steps_, skipped_, global_samples_};
+          ckpt::EngineParts parts{*model_, *zero_, *scaler_, cfg_, ckpt_group(), device_, dtype_, c};
+          parts.layout = ckpt_layout();
+          parts.model_part = static_cast<bool>(opts_.checkpoint_group);  // [Pipeline Checkpoints]
+          add_experts(parts, "load_checkpoint");
+          auto client = ckpt::load_checkpoint(parts, dir, tag);
+          // A checkpoint is saved at a step boundary (save_checkpoint refuses otherwise), so the
+          // next window starts at micro-step 0 of the configured accumulation. Windows are
+          // `micro_ % gas`: restart the count at global_steps x this engine's gas, not the saved
+          // count, which is global_steps x the saving run's gas (a load at another
+          // gradient_accumulation_steps would otherwise make the first window short). DeepSpeed
+          // does not restore its micro_steps either; the saved count stays in the manifest.
+          micro_ = c.global_steps * cfg_.gradient_accumulation_steps;
+          global_steps_ = c.global_steps;
+          applied_steps_ = c.applied_steps;
+          skipped_ = c.last_skipped;
+          // As saved (each saved step counted at the batch it ran with); the steps from here add
+          // this run's train_batch_size. Derived from global_steps for an older checkpoint.
+          global_samples_ = c.global_samples;
+          *step = global_steps_;
+          return client;
+        },
+        dir, tag);
   }
 
  private:

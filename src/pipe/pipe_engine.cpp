@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "ckpt/engine_checkpoint.h"
 #include "config/tensor_parallel_options.h"
 #include "models/gpt2_shapes.h"
 #include "zerotrain/error.h"
@@ -787,37 +788,28 @@ void PipeEngine::save_checkpoint(const std::string& dir, const std::string& tag,
 
 nlohmann::json PipeEngine::load_checkpoint(const std::string& dir, const std::string& tag) {
   // [Failed Previous Save] as Engine::load_checkpoint: settle a save in flight first; if it
-  // failed, load anyway, finish the tied-weight exchange and the step count below, then throw
-  // the failure (the engine's own throw would skip them and leave the last stage's tied copy
+  // failed, load anyway, finish the tied-weight exchange and the step count, then throw the
+  // failure (the engine's own throw would skip them and leave the last stage's tied copy
   // stale). The failure is the same on every rank, so every rank takes the same path.
-  std::string previous;
-  try {
-    engine_->wait_checkpoint();
-  } catch (const CheckpointError& ex) {
-    previous = ex.what();
-  }
-  nlohmann::json client;
-  try {
-    client = engine_->load_checkpoint(dir, tag);
-  } catch (const CheckpointError& ex) {
-    if (previous.empty()) throw;
-    throw CheckpointError(detail::cat(ex.what(), " (before it, the previous asynchronous save failed: ", previous, ")"));
-  }
-  // [Pipeline Tied Weights]: the checkpoint holds wte once; the last stage's copy takes the
-  // first stage's loaded value (as after every step).
-  if (module_->holds_embedding() && stages() > 1) post_send(pp_, module_->embedding_weight().detach().clone(), stages() - 1);
-  if (module_->holds_tied_copy()) {
-    auto w = torch::empty_like(module_->tied_copy());
-    pp_->recv(w, 0);
-    torch::NoGradGuard ng;
-    module_->tied_copy().copy_(w);
-  }
-  finish_sends();
-  steps_ = engine_->global_steps();
-  ZT_CHECK_T(previous.empty(), CheckpointError, previous, "; this call's load of checkpoint '",
-             tag.empty() ? std::string("latest") : tag, "' from '", dir, "' succeeded (the engine is at global step ",
-             steps_, ")");
-  return client;
+  return ckpt::load_after_settling(
+      [&] { engine_->wait_checkpoint(); },
+      [&](int64_t* step) {
+        auto client = engine_->load_checkpoint(dir, tag);  // nothing in flight: it throws only its own failure
+        // [Pipeline Tied Weights]: the checkpoint holds wte once; the last stage's copy takes the
+        // first stage's loaded value (as after every step).
+        if (module_->holds_embedding() && stages() > 1)
+          post_send(pp_, module_->embedding_weight().detach().clone(), stages() - 1);
+        if (module_->holds_tied_copy()) {
+          auto w = torch::empty_like(module_->tied_copy());
+          pp_->recv(w, 0);
+          torch::NoGradGuard ng;
+          module_->tied_copy().copy_(w);
+        }
+        finish_sends();
+        *step = steps_ = engine_->global_steps();
+        return client;
+      },
+      dir, tag);
 }
 
 void PipeEngine::wait_checkpoint() { engine_->wait_checkpoint(); }
