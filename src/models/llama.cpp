@@ -10,6 +10,7 @@
 
 #include "models/gpt2.h"  // linear(): addmm whose backward accumulates into W.grad
 #include "models/linear_adapter.h"
+#include "models/llama_fused.h"
 #include "models/lm_head_loss.h"
 #include "models/parallel_init.h"
 #include "zerotrain/error.h"
@@ -19,7 +20,6 @@ namespace F = torch::nn::functional;
 
 namespace {
 using util::ends_with;
-using util::rotate_half;
 
 // A Linear (in -> out), or a 1x1 placeholder (with a bias placeholder when it has one)
 // when the model is built deferred.
@@ -37,7 +37,6 @@ torch::Tensor proj(const torch::nn::Linear& l, const torch::Tensor& x) {
   return run_linear(*l, x, [&l](const torch::Tensor& t) { return F::linear(t, l->weight); });
 }
 
-// HF's rotate_half: (x1, x2) -> (-x2, x1) over the two halves of the last dimension.
 // Rows of the chunked LM-head loss: about 512 MiB of fp32 logits, at least 64.
 int64_t loss_chunk_rows(const LlamaConfig& c) {
   const int64_t m = std::max<int64_t>(1, c.lm_head_pad_multiple);
@@ -56,9 +55,7 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
-  const auto xf = x.to(torch::kFloat);
-  const auto y = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return weight * y.to(x.scalar_type());
+  return llama_rms_norm(x, weight, eps);  // fused on CUDA: [Llama Fused Ops]
 }
 
 LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t layer)
@@ -79,8 +76,8 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
   auto q = heads(proj(q_proj, x), n_head);     // (B, H, T, hd)
   auto k = heads(proj(k_proj, x), n_kv_head);  // (B, KV, T, hd)
   auto v = heads(proj(v_proj, x), n_kv_head);  // (B, KV, T, hd)
-  q = q * cos + rotate_half(q) * sin;            // cos/sin (T, hd) or (B, 1, T, hd): broadcast
-  k = k * cos + rotate_half(k) * sin;
+  q = llama_rope(q, cos, sin);  // q * cos + rotate_half(q) * sin; fused on CUDA: [Llama Fused Ops]
+  k = llama_rope(k, cos, sin);
   const bool gqa = n_kv_head != n_head;
   torch::Tensor y;
   if (mask.defined()) {  // [SFT Attention]: within each example (the window rule folded in by hidden())
@@ -105,7 +102,7 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) {
 }
 
 torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
-  return proj(down_proj, F::silu(proj(gate_proj, x)) * proj(up_proj, x));  // (B, T, I) inside
+  return proj(down_proj, llama_swiglu(proj(gate_proj, x), proj(up_proj, x)));  // (B, T, I) inside
 }
 
 MixtralExpertImpl::MixtralExpertImpl(const LlamaConfig& c) {
@@ -116,7 +113,7 @@ MixtralExpertImpl::MixtralExpertImpl(const LlamaConfig& c) {
 }
 
 torch::Tensor MixtralExpertImpl::forward(const torch::Tensor& x) {
-  return proj(w2, F::silu(proj(w1, x)) * proj(w3, x));
+  return proj(w2, llama_swiglu(proj(w1, x), proj(w3, x)));
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer, comm::GroupPtr ep_group) {

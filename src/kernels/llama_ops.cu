@@ -1,0 +1,390 @@
+// The fused Llama ops declared in llama_ops.h. No torch headers: compiled by nvcc as part
+// of the zerotrain library when CMake finds a CUDA compiler.
+//
+// All memory-bound. RMSNorm: one block of 256 threads per row, each thread kVec
+// consecutive columns per step (16-byte loads on the vectorized path); the row is read
+// twice (the second read mostly from L1/L2) and written once. The row sums go lanes ->
+// warp (shuffles) -> warps 0..7 in order, so a row's result depends only on its values
+// and the shape. RoPE and SwiGLU: grid-stride loops over vectors of kVec elements.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/common.cuh"
+#include "kernels/llama_ops.h"
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+namespace zt::kernels {
+
+namespace {
+
+using detail::aligned;
+using detail::blocks_on_current_device;
+using detail::DTypeName;
+using detail::from_float;
+using detail::Pack;
+using detail::to_float;
+
+constexpr int kRowThreads = 256;
+constexpr int kWarpSize = 32;
+constexpr int kRowWarps = kRowThreads / kWarpSize;
+constexpr int kThreads = 256;     // RoPE and SwiGLU blocks
+constexpr int kBlocksPerSm = 8;   // grid cap of the grid-stride kernels
+
+// The sum of v over the block (every thread gets it), in a fixed order. `scratch` holds
+// kRowWarps + 1 floats; the block must call it uniformly.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+#pragma unroll
+  for (int o = kWarpSize / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = scratch[0];
+#pragma unroll
+    for (int w = 1; w < kRowWarps; ++w) s += scratch[w];
+    scratch[kRowWarps] = s;
+  }
+  __syncthreads();
+  return scratch[kRowWarps];
+}
+
+// ---- RMSNorm ------------------------------------------------------------------------
+
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kRowThreads)
+    rms_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ w, int64_t cols, float eps,
+                            T* __restrict__ y, float* __restrict__ rstd) {
+  using P = Pack<T, kVec>;
+  __shared__ float scratch[kRowWarps + 1];
+  const int64_t row = blockIdx.x;
+  const T* xr = x + row * cols;
+  T* yr = y + row * cols;
+  float ss = 0.f;
+  for (int64_t c = static_cast<int64_t>(threadIdx.x) * kVec; c < cols; c += kRowThreads * kVec) {
+    const P p = *reinterpret_cast<const P*>(xr + c);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const float f = to_float(p.v[k]);
+      ss += f * f;
+    }
+  }
+  ss = block_sum(ss, scratch);
+  const float r = rsqrtf(ss / static_cast<float>(cols) + eps);
+  if (threadIdx.x == 0) rstd[row] = r;
+  for (int64_t c = static_cast<int64_t>(threadIdx.x) * kVec; c < cols; c += kRowThreads * kVec) {
+    const P p = *reinterpret_cast<const P*>(xr + c);
+    const P pw = *reinterpret_cast<const P*>(w + c);
+    P o;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const float n = to_float(from_float<T>(to_float(p.v[k]) * r));  // HF: .to(input dtype) before the weight
+      o.v[k] = from_float<T>(to_float(pw.v[k]) * n);
+    }
+    *reinterpret_cast<P*>(yr + c) = o;
+  }
+}
+
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kRowThreads)
+    rms_norm_backward_input_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                                   const float* __restrict__ rstd, int64_t cols, T* __restrict__ dx) {
+  using P = Pack<T, kVec>;
+  __shared__ float scratch[kRowWarps + 1];
+  const int64_t row = blockIdx.x;
+  const T* dyr = dy + row * cols;
+  const T* xr = x + row * cols;
+  T* dxr = dx + row * cols;
+  float dot = 0.f;
+  for (int64_t c = static_cast<int64_t>(threadIdx.x) * kVec; c < cols; c += kRowThreads * kVec) {
+    const P g = *reinterpret_cast<const P*>(dyr + c);
+    const P v = *reinterpret_cast<const P*>(xr + c);
+    const P pw = *reinterpret_cast<const P*>(w + c);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) dot += to_float(g.v[k]) * to_float(pw.v[k]) * to_float(v.v[k]);
+  }
+  dot = block_sum(dot, scratch);
+  const float r = rstd[row];
+  const float coef = dot * r * r * r / static_cast<float>(cols);
+  for (int64_t c = static_cast<int64_t>(threadIdx.x) * kVec; c < cols; c += kRowThreads * kVec) {
+    const P g = *reinterpret_cast<const P*>(dyr + c);
+    const P v = *reinterpret_cast<const P*>(xr + c);
+    const P pw = *reinterpret_cast<const P*>(w + c);
+    P o;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      o.v[k] = from_float<T>(r * (to_float(g.v[k]) * to_float(pw.v[k])) - to_float(v.v[k]) * coef);
+    }
+    *reinterpret_cast<P*>(dxr + c) = o;
+  }
+}
+
+// ---- RoPE ---------------------------------------------------------------------------
+
+template <typename T, int kVec, bool kBackward>
+__global__ void __launch_bounds__(kThreads)
+    rope_kernel(const T* __restrict__ in, T* __restrict__ out, const T* __restrict__ cs, const T* __restrict__ sn,
+                int64_t heads, int64_t seq, int64_t half, int64_t sb, int64_t sh, int64_t st, int64_t cos_sb,
+                int64_t total) {
+  using P = Pack<T, kVec>;
+  const int64_t per_row = half / kVec;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t row = i / per_row;
+    const int64_t j = (i - row * per_row) * kVec;
+    const int64_t t = row % seq;
+    const int64_t bh = row / seq;
+    const int64_t h = bh % heads;
+    const int64_t b = bh / heads;
+    const int64_t off = b * sb + h * sh + t * st + j;
+    const int64_t coff = b * cos_sb + t * 2 * half + j;
+    const P x0 = *reinterpret_cast<const P*>(in + off);
+    const P x1 = *reinterpret_cast<const P*>(in + off + half);
+    const P c0 = *reinterpret_cast<const P*>(cs + coff);
+    const P c1 = *reinterpret_cast<const P*>(cs + coff + half);
+    const P s0 = *reinterpret_cast<const P*>(sn + coff);
+    const P s1 = *reinterpret_cast<const P*>(sn + coff + half);
+    P o0, o1;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const float a = to_float(x0.v[k]), b2 = to_float(x1.v[k]);
+      if constexpr (kBackward) {
+        o0.v[k] = from_float<T>(a * to_float(c0.v[k]) + b2 * to_float(s1.v[k]));
+        o1.v[k] = from_float<T>(b2 * to_float(c1.v[k]) - a * to_float(s0.v[k]));
+      } else {
+        o0.v[k] = from_float<T>(a * to_float(c0.v[k]) - b2 * to_float(s0.v[k]));
+        o1.v[k] = from_float<T>(b2 * to_float(c1.v[k]) + a * to_float(s1.v[k]));
+      }
+    }
+    *reinterpret_cast<P*>(out + off) = o0;
+    *reinterpret_cast<P*>(out + off + half) = o1;
+  }
+}
+
+// ---- SwiGLU -------------------------------------------------------------------------
+
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_forward_kernel(const T* __restrict__ g, const T* __restrict__ u, T* __restrict__ out, int64_t vecs) {
+  using P = Pack<T, kVec>;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < vecs;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const P pg = reinterpret_cast<const P*>(g)[i];
+    const P pu = reinterpret_cast<const P*>(u)[i];
+    P o;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const float gf = to_float(pg.v[k]);
+      o.v[k] = from_float<T>(gf / (1.f + expf(-gf)) * to_float(pu.v[k]));
+    }
+    reinterpret_cast<P*>(out)[i] = o;
+  }
+}
+
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_backward_kernel(const T* __restrict__ dy, const T* __restrict__ g, const T* __restrict__ u,
+                           T* __restrict__ dg, T* __restrict__ du, int64_t vecs) {
+  using P = Pack<T, kVec>;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < vecs;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const P pd = reinterpret_cast<const P*>(dy)[i];
+    const P pg = reinterpret_cast<const P*>(g)[i];
+    const P pu = reinterpret_cast<const P*>(u)[i];
+    P og, ou;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const float d = to_float(pd.v[k]), gf = to_float(pg.v[k]), uf = to_float(pu.v[k]);
+      const float s = 1.f / (1.f + expf(-gf));
+      ou.v[k] = from_float<T>(d * (gf * s));
+      og.v[k] = from_float<T>(d * uf * (s * (1.f + gf * (1.f - s))));
+    }
+    reinterpret_cast<P*>(dg)[i] = og;
+    reinterpret_cast<P*>(du)[i] = ou;
+  }
+}
+
+// ---- launches -----------------------------------------------------------------------
+
+void check_launch(const std::string& kernel, const std::string& shape) {
+  const cudaError_t rc = cudaGetLastError();
+  if (rc != cudaSuccess) {
+    throw std::runtime_error("zt::kernels::" + kernel + " launch failed for " + shape + ": " + cudaGetErrorString(rc));
+  }
+}
+
+void require(bool ok, const char* fn, const std::string& what) {
+  if (!ok) throw std::invalid_argument(std::string("zt::kernels::") + fn + ": " + what);
+}
+
+template <typename T>
+struct Tag {
+  using type = T;
+};
+
+// Calls f(Tag<T>{}) for the dtype (C++17: a generic lambda reads T from the tag).
+template <typename F>
+void dispatch(DType t, const char* fn, F&& f) {
+  switch (t) {
+    case DType::kF32: f(Tag<float>{}); return;
+    case DType::kBF16: f(Tag<__nv_bfloat16>{}); return;
+    case DType::kF16: f(Tag<__half>{}); return;
+  }
+  throw std::invalid_argument(std::string("zt::kernels::") + fn + ": unknown dtype");
+}
+
+int64_t grid_for(int64_t work, const char* fn) {
+  const int64_t want = (work + kThreads - 1) / kThreads;
+  const int64_t cap = blocks_on_current_device(kBlocksPerSm, fn);
+  return want < cap ? want : cap;
+}
+
+std::string rows_cols(int64_t rows, int64_t cols) {
+  return "rows=" + std::to_string(rows) + " cols=" + std::to_string(cols);
+}
+
+}  // namespace
+
+void rms_norm_forward(const RmsNormArgs& a, cudaStream_t stream) {
+  constexpr const char* kFn = "rms_norm_forward";
+  require(a.rows >= 0 && a.cols >= 0 && a.rows <= 0x7fffffff, kFn, "bad shape " + rows_cols(a.rows, a.cols));
+  if (a.rows == 0 || a.cols == 0) return;
+  require(a.x && a.weight && a.y && a.rstd, kFn, "null pointer");
+  dispatch(a.type, kFn, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int kV = 16 / sizeof(T);
+    const T* x = static_cast<const T*>(a.x);
+    const T* w = static_cast<const T*>(a.weight);
+    T* y = static_cast<T*>(a.y);
+    const bool vec = a.cols % kV == 0 && aligned(x, 16) && aligned(w, 16) && aligned(y, 16);
+    const unsigned grid = static_cast<unsigned>(a.rows);
+    if (vec) {
+      rms_norm_forward_kernel<T, kV><<<grid, kRowThreads, 0, stream>>>(x, w, a.cols, a.eps, y, a.rstd);
+    } else {
+      rms_norm_forward_kernel<T, 1><<<grid, kRowThreads, 0, stream>>>(x, w, a.cols, a.eps, y, a.rstd);
+    }
+    check_launch(std::string("rms_norm_forward_kernel<") + DTypeName<T>::value + (vec ? ", vec>" : ">"),
+                 rows_cols(a.rows, a.cols));
+  });
+}
+
+void rms_norm_backward_input(const RmsNormGradArgs& a, cudaStream_t stream) {
+  constexpr const char* kFn = "rms_norm_backward_input";
+  require(a.rows >= 0 && a.cols >= 0 && a.rows <= 0x7fffffff, kFn, "bad shape " + rows_cols(a.rows, a.cols));
+  if (a.rows == 0 || a.cols == 0) return;
+  require(a.grad_out && a.x && a.weight && a.rstd && a.grad_x, kFn, "null pointer");
+  dispatch(a.type, kFn, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int kV = 16 / sizeof(T);
+    const T* dy = static_cast<const T*>(a.grad_out);
+    const T* x = static_cast<const T*>(a.x);
+    const T* w = static_cast<const T*>(a.weight);
+    T* dx = static_cast<T*>(a.grad_x);
+    const bool vec = a.cols % kV == 0 && aligned(dy, 16) && aligned(x, 16) && aligned(w, 16) && aligned(dx, 16);
+    const unsigned grid = static_cast<unsigned>(a.rows);
+    if (vec) {
+      rms_norm_backward_input_kernel<T, kV><<<grid, kRowThreads, 0, stream>>>(dy, x, w, a.rstd, a.cols, dx);
+    } else {
+      rms_norm_backward_input_kernel<T, 1><<<grid, kRowThreads, 0, stream>>>(dy, x, w, a.rstd, a.cols, dx);
+    }
+    check_launch(std::string("rms_norm_backward_input_kernel<") + DTypeName<T>::value + (vec ? ", vec>" : ">"),
+                 rows_cols(a.rows, a.cols));
+  });
+}
+
+void rope(const RopeArgs& a, cudaStream_t stream) {
+  constexpr const char* kFn = "rope";
+  const std::string shape = "batch=" + std::to_string(a.batch) + " heads=" + std::to_string(a.heads) +
+                            " seq=" + std::to_string(a.seq) + " head_dim=" + std::to_string(a.head_dim);
+  require(a.batch >= 0 && a.heads >= 0 && a.seq >= 0 && a.head_dim >= 0 && a.head_dim % 2 == 0, kFn,
+          "bad shape " + shape);
+  if (a.batch == 0 || a.heads == 0 || a.seq == 0 || a.head_dim == 0) return;
+  require(a.in && a.out && a.cos && a.sin, kFn, "null pointer");
+  const int64_t half = a.head_dim / 2;
+  dispatch(a.type, kFn, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int kV = 16 / sizeof(T);
+    const T* in = static_cast<const T*>(a.in);
+    T* out = static_cast<T*>(a.out);
+    const T* cs = static_cast<const T*>(a.cos);
+    const T* sn = static_cast<const T*>(a.sin);
+    const bool vec = half % kV == 0 && a.stride_batch % kV == 0 && a.stride_head % kV == 0 &&
+                     a.stride_seq % kV == 0 && a.cos_batch_stride % kV == 0 && aligned(in, 16) && aligned(out, 16) &&
+                     aligned(cs, 16) && aligned(sn, 16);
+    const int kVec = vec ? kV : 1;
+    const int64_t total = a.batch * a.heads * a.seq * (half / kVec);
+    const unsigned grid = static_cast<unsigned>(grid_for(total, kFn));
+    auto go = [&](auto v, auto b) {
+      rope_kernel<T, decltype(v)::value, decltype(b)::value><<<grid, kThreads, 0, stream>>>(
+          in, out, cs, sn, a.heads, a.seq, half, a.stride_batch, a.stride_head, a.stride_seq, a.cos_batch_stride,
+          total);
+    };
+    using Fwd = std::false_type;
+    using Bwd = std::true_type;
+    if (vec && a.backward) go(std::integral_constant<int, kV>{}, Bwd{});
+    if (vec && !a.backward) go(std::integral_constant<int, kV>{}, Fwd{});
+    if (!vec && a.backward) go(std::integral_constant<int, 1>{}, Bwd{});
+    if (!vec && !a.backward) go(std::integral_constant<int, 1>{}, Fwd{});
+    check_launch(std::string("rope_kernel<") + DTypeName<T>::value + (vec ? ", vec" : "") +
+                     (a.backward ? ", backward>" : ">"),
+                 shape);
+  });
+}
+
+void swiglu_forward(const SwigluArgs& a, cudaStream_t stream) {
+  constexpr const char* kFn = "swiglu_forward";
+  require(a.n >= 0, kFn, "negative n");
+  if (a.n == 0) return;
+  require(a.gate && a.up && a.out, kFn, "null pointer");
+  dispatch(a.type, kFn, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int kV = 16 / sizeof(T);
+    const T* g = static_cast<const T*>(a.gate);
+    const T* u = static_cast<const T*>(a.up);
+    T* o = static_cast<T*>(a.out);
+    const bool vec = a.n % kV == 0 && aligned(g, 16) && aligned(u, 16) && aligned(o, 16);
+    const int64_t vecs = vec ? a.n / kV : a.n;
+    const unsigned grid = static_cast<unsigned>(grid_for(vecs, kFn));
+    if (vec) {
+      swiglu_forward_kernel<T, kV><<<grid, kThreads, 0, stream>>>(g, u, o, vecs);
+    } else {
+      swiglu_forward_kernel<T, 1><<<grid, kThreads, 0, stream>>>(g, u, o, vecs);
+    }
+    check_launch(std::string("swiglu_forward_kernel<") + DTypeName<T>::value + (vec ? ", vec>" : ">"),
+                 "n=" + std::to_string(a.n));
+  });
+}
+
+void swiglu_backward(const SwigluArgs& a, cudaStream_t stream) {
+  constexpr const char* kFn = "swiglu_backward";
+  require(a.n >= 0, kFn, "negative n");
+  if (a.n == 0) return;
+  require(a.gate && a.up && a.grad_out && a.grad_gate && a.grad_up, kFn, "null pointer");
+  dispatch(a.type, kFn, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int kV = 16 / sizeof(T);
+    const T* dy = static_cast<const T*>(a.grad_out);
+    const T* g = static_cast<const T*>(a.gate);
+    const T* u = static_cast<const T*>(a.up);
+    T* dg = static_cast<T*>(a.grad_gate);
+    T* du = static_cast<T*>(a.grad_up);
+    const bool vec = a.n % kV == 0 && aligned(dy, 16) && aligned(g, 16) && aligned(u, 16) && aligned(dg, 16) &&
+                     aligned(du, 16);
+    const int64_t vecs = vec ? a.n / kV : a.n;
+    const unsigned grid = static_cast<unsigned>(grid_for(vecs, kFn));
+    if (vec) {
+      swiglu_backward_kernel<T, kV><<<grid, kThreads, 0, stream>>>(dy, g, u, dg, du, vecs);
+    } else {
+      swiglu_backward_kernel<T, 1><<<grid, kThreads, 0, stream>>>(dy, g, u, dg, du, vecs);
+    }
+    check_launch(std::string("swiglu_backward_kernel<") + DTypeName<T>::value + (vec ? ", vec>" : ">"),
+                 "n=" + std::to_string(a.n));
+  });
+}
+
+}  // namespace zt::kernels

@@ -1,0 +1,235 @@
+// [Llama Fused Ops] (llama_fused.h): dispatch, the autograd Functions over
+// kernels/llama_ops.h, and the reference formulations.
+#include "models/llama_fused.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/aten.h"
+#include "kernels/layer_norm_grad.h"
+#include "kernels/llama_ops.h"
+#include "log/log.h"
+#include "models/model_util.h"
+
+namespace zt::models {
+
+namespace {
+
+// -1: not yet read from the environment; 0 off; 1 on.
+std::atomic<int> g_fused{-1};
+
+bool same_device_dtype(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.defined() && b.defined() && a.device() == b.device() && a.scalar_type() == b.scalar_type();
+}
+
+// ---- RMSNorm --------------------------------------------------------------------------
+
+struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
+                               double eps) {
+    const int64_t C = x.size(-1);
+    const auto x2 = x.reshape({-1, C}).contiguous();
+    const auto wc = w.contiguous();
+    auto y = at::empty_like(x2, at::MemoryFormat::Contiguous);
+    auto rstd = at::empty({x2.size(0)}, x2.options().dtype(at::kFloat));
+    kernels::RmsNormArgs a;
+    a.x = x2.data_ptr();
+    a.weight = wc.data_ptr();
+    a.type = kernels::dtype_of(x2.scalar_type());
+    a.rows = x2.size(0);
+    a.cols = C;
+    a.eps = static_cast<float>(eps);
+    a.y = y.data_ptr();
+    a.rstd = rstd.data_ptr<float>();
+    kernels::rms_norm_forward(a, kernels::current_stream(x2.device()));
+    ctx->save_for_backward({x2, wc, rstd});
+    return y.view(x.sizes());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x2 = saved[0], &w = saved[1], &rstd = saved[2];
+    const int64_t C = x2.size(1);
+    const auto g = grad_out[0].reshape({-1, C}).contiguous().to(x2.scalar_type());
+    const auto stream = kernels::current_stream(g.device());
+    torch::Tensor dx, dw;
+    if (ctx->needs_input_grad(0)) {
+      dx = at::empty_like(x2, at::MemoryFormat::Contiguous);
+      kernels::RmsNormGradArgs a;
+      a.grad_out = g.data_ptr();
+      a.x = x2.data_ptr();
+      a.weight = w.data_ptr();
+      a.rstd = rstd.data_ptr<float>();
+      a.type = kernels::dtype_of(x2.scalar_type());
+      a.rows = x2.size(0);
+      a.cols = C;
+      a.grad_x = dx.data_ptr();
+      kernels::rms_norm_backward_input(a, stream);
+      dx = dx.view(grad_out[0].sizes());
+    }
+    if (ctx->needs_input_grad(1)) {
+      // dw_j = sum_i dy_ij * x_ij * r_i: LayerNorm's dgamma with mean 0 (layer_norm_grad.h).
+      dw = at::empty({C}, x2.options());
+      const auto zero_mean = at::zeros({x2.size(0)}, rstd.options());
+      auto ws = at::empty({kernels::layer_norm_param_grad_workspace_floats(x2.size(0), C)}, rstd.options());
+      kernels::LayerNormParamGradArgs a;
+      a.grad_out = g.data_ptr();
+      a.input = x2.data_ptr();
+      a.mean = zero_mean.data_ptr<float>();
+      a.rstd = rstd.data_ptr<float>();
+      a.type = kernels::dtype_of(x2.scalar_type());
+      a.rows = x2.size(0);
+      a.cols = C;
+      a.grad_weight = dw.data_ptr();
+      a.workspace = ws.data_ptr<float>();
+      kernels::layer_norm_param_grads(a, stream);
+    }
+    return {dx, dw, torch::Tensor()};
+  }
+};
+
+// ---- RoPE -----------------------------------------------------------------------------
+
+// x's strides for the kernel: a size-1 dimension's stride is never used, so 0 (lets the
+// vectorized path through whatever stride ATen gave it).
+int64_t used_stride(const torch::Tensor& t, int64_t d) { return t.size(d) == 1 ? 0 : t.stride(d); }
+
+// x with a contiguous last dimension and no overlap (a transposed view of the projection
+// passes as it is), else a contiguous copy.
+torch::Tensor dense_rows(const torch::Tensor& x) {
+  return x.stride(-1) == 1 && x.is_non_overlapping_and_dense() ? x : x.contiguous();
+}
+
+torch::Tensor run_rope(const torch::Tensor& in, const torch::Tensor& cos, const torch::Tensor& sin, bool backward) {
+  const auto x = dense_rows(in);
+  auto out = at::empty_strided(x.sizes(), x.strides(), x.options());
+  kernels::RopeArgs a;
+  a.in = x.data_ptr();
+  a.out = out.data_ptr();
+  a.cos = cos.data_ptr();
+  a.sin = sin.data_ptr();
+  a.type = kernels::dtype_of(x.scalar_type());
+  a.batch = x.size(0);
+  a.heads = x.size(1);
+  a.seq = x.size(2);
+  a.head_dim = x.size(3);
+  a.stride_batch = used_stride(x, 0);
+  a.stride_head = used_stride(x, 1);
+  a.stride_seq = used_stride(x, 2);
+  a.cos_batch_stride = cos.dim() == 4 && cos.size(0) > 1 ? a.seq * a.head_dim : 0;
+  a.backward = backward;
+  kernels::rope(a, kernels::current_stream(x.device()));
+  return out;
+}
+
+struct RopeFn : torch::autograd::Function<RopeFn> {
+  // cos/sin: contiguous, no gradient (they come from the inverse-frequency buffer).
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& cos,
+                               const torch::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    return run_rope(x, cos, sin, /*backward=*/false);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    return {run_rope(grad_out[0].to(saved[0].scalar_type()), saved[0], saved[1], /*backward=*/true), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+// ---- SwiGLU ---------------------------------------------------------------------------
+
+struct SwigluFn : torch::autograd::Function<SwigluFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& gate,
+                               const torch::Tensor& up) {
+    const auto g = gate.contiguous(), u = up.contiguous();
+    auto out = at::empty_like(g, at::MemoryFormat::Contiguous);
+    kernels::SwigluArgs a;
+    a.gate = g.data_ptr();
+    a.up = u.data_ptr();
+    a.type = kernels::dtype_of(g.scalar_type());
+    a.n = g.numel();
+    a.out = out.data_ptr();
+    kernels::swiglu_forward(a, kernels::current_stream(g.device()));
+    ctx->save_for_backward({g, u});
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &g = saved[0], &u = saved[1];
+    const auto dy = grad_out[0].contiguous().to(g.scalar_type());
+    auto dg = at::empty_like(g, at::MemoryFormat::Contiguous);
+    auto du = at::empty_like(u, at::MemoryFormat::Contiguous);
+    kernels::SwigluArgs a;
+    a.gate = g.data_ptr();
+    a.up = u.data_ptr();
+    a.type = kernels::dtype_of(g.scalar_type());
+    a.n = g.numel();
+    a.grad_out = dy.data_ptr();
+    a.grad_gate = dg.data_ptr();
+    a.grad_up = du.data_ptr();
+    kernels::swiglu_backward(a, kernels::current_stream(g.device()));
+    return {ctx->needs_input_grad(0) ? dg : torch::Tensor(), ctx->needs_input_grad(1) ? du : torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool llama_fused_enabled() {
+  int v = g_fused.load(std::memory_order_relaxed);
+  if (v >= 0) return v == 1;
+  const char* env = std::getenv("ZT_LLAMA_FUSED");
+  const bool on = !(env && std::strcmp(env, "0") == 0);
+  int expected = -1;
+  if (g_fused.compare_exchange_strong(expected, on ? 1 : 0) && !on) {
+    log::info("models: ZT_LLAMA_FUSED=0: the Llama RMSNorm, RoPE and SwiGLU run as unfused ATen ops on CUDA");
+  }
+  return g_fused.load(std::memory_order_relaxed) == 1;
+}
+
+void set_llama_fused(bool on) { g_fused.store(on ? 1 : 0, std::memory_order_relaxed); }
+
+torch::Tensor llama_rms_norm_reference(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  const auto xf = x.to(torch::kFloat);
+  const auto y = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * y.to(x.scalar_type());
+}
+
+torch::Tensor llama_rope_reference(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  return x * cos + util::rotate_half(x) * sin;  // cos/sin (T, hd) or (B, 1, T, hd): broadcast
+}
+
+torch::Tensor llama_swiglu_reference(const torch::Tensor& gate, const torch::Tensor& up) {
+  return torch::nn::functional::silu(gate) * up;
+}
+
+torch::Tensor llama_rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  const bool fused = kernels::runs_on(x) && x.dim() >= 1 && x.numel() > 0 && same_device_dtype(x, weight) &&
+                     weight.dim() == 1 && weight.size(0) == x.size(-1) && llama_fused_enabled();
+  return fused ? RmsNormFn::apply(x, weight, eps) : llama_rms_norm_reference(x, weight, eps);
+}
+
+torch::Tensor llama_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  bool fused = kernels::runs_on(x) && x.dim() == 4 && x.numel() > 0 && x.size(3) % 2 == 0 &&
+               same_device_dtype(x, cos) && same_device_dtype(x, sin) && cos.sizes() == sin.sizes() &&
+               !cos.requires_grad() && !sin.requires_grad();
+  if (fused) {
+    const int64_t T = x.size(2), hd = x.size(3);
+    const bool per_seq = cos.dim() == 2 && cos.size(0) == T && cos.size(1) == hd;
+    const bool per_example = cos.dim() == 4 && (cos.size(0) == x.size(0) || cos.size(0) == 1) && cos.size(1) == 1 &&
+                             cos.size(2) == T && cos.size(3) == hd;
+    fused = (per_seq || per_example) && llama_fused_enabled();
+  }
+  if (!fused) return llama_rope_reference(x, cos, sin);
+  return RopeFn::apply(x, cos.contiguous(), sin.contiguous());
+}
+
+torch::Tensor llama_swiglu(const torch::Tensor& gate, const torch::Tensor& up) {
+  const bool fused = kernels::runs_on(gate) && same_device_dtype(gate, up) && gate.sizes() == up.sizes() &&
+                     gate.numel() > 0 && llama_fused_enabled();
+  return fused ? SwigluFn::apply(gate, up) : llama_swiglu_reference(gate, up);
+}
+
+}  // namespace zt::models

@@ -1,0 +1,264 @@
+// [Llama Fused Ops] (models/llama_fused.h, kernels/llama_ops.h) on CUDA against the
+// reference ATen formulations the CPU runs (llama_rms_norm_reference, llama_rope_reference,
+// llama_swiglu_reference), both on the same device in the same dtype: forward and
+// gradients, odd sizes (the scalar paths) and aligned ones (16-byte vectors), then a whole
+// small Llama (tests/support/tiny_llama.h) with the fused path on and off.
+//
+//   build/zt_gpu --gtest_filter='LlamaKernels*'
+//
+// Skipped without a CUDA build, without the kernels (no nvcc at build time) or without a
+// GPU. Tolerances, per element, with M = max |reference| over the tensor:
+//  - fp32 forwards: |fused - ref| <= 2e-6 |ref| + 1e-6 M (a few fp32 ulps: other sum
+//    orders, FMA contraction, rsqrtf);
+//  - fp32 gradients: 1e-5 |ref| + 1e-5 M (row/column sums in other orders; RMSNorm's
+//    input gradient cancels between its two terms);
+//  - bf16: 2^-6 |ref| + 2^-6 M, i.e. within about 2 bf16 ulps of the element plus 2 ulps
+//    of the largest value: the reference rounds to bf16 after each op (RoPE: after both
+//    products and the sum; RMSNorm's backward: dy * w), the fused ops once (see
+//    llama_fused.h), so elements near cancellation differ by up to about 1.5 ulps of the
+//    operands (<= 2^-7 M) rather than of the result.
+//  - the whole model: fp32 loss within 1e-5 relative, every parameter gradient within
+//    1e-4 |ref| + 1e-4 M; bf16 loss within 1e-2 relative, gradients 2^-3 |ref| + 2^-4 M
+//    (two layers of bf16 rounding differences compounded through attention and the MLP).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "models/llama.h"
+#include "models/llama_fused.h"
+#include "support/gpu_util.h"
+#include "support/tiny_llama.h"
+
+namespace zt::models {
+namespace test_llama_kernels {
+namespace {
+
+#ifndef ZT_WITH_CUDA
+TEST(LlamaKernels, NeedsACudaBuild) { GTEST_SKIP() << "zerotrain was built without CUDA (ZT_WITH_CUDA off)"; }
+#else
+
+using zt::test_support::within;
+
+struct Tol {
+  double rel, of_max;
+};
+
+Tol forward_tol(at::ScalarType t) { return t == at::kFloat ? Tol{2e-6, 1e-6} : Tol{1.0 / 64, 1.0 / 64}; }
+Tol grad_tol(at::ScalarType t) { return t == at::kFloat ? Tol{1e-5, 1e-5} : Tol{1.0 / 64, 1.0 / 64}; }
+
+::testing::AssertionResult close(const at::Tensor& actual, const at::Tensor& expected, Tol tol, const std::string& what) {
+  if (!actual.defined() && !expected.defined()) return ::testing::AssertionSuccess();
+  if (!actual.defined() || !expected.defined()) {
+    return ::testing::AssertionFailure() << what << ": a gradient is missing (fused " << actual.defined()
+                                         << ", reference " << expected.defined() << ")";
+  }
+  if (actual.sizes() != expected.sizes()) {
+    return ::testing::AssertionFailure() << what << ": shape " << actual.sizes() << " vs " << expected.sizes();
+  }
+  if (actual.scalar_type() != expected.scalar_type()) {
+    return ::testing::AssertionFailure() << what << ": dtype " << actual.scalar_type() << " vs "
+                                         << expected.scalar_type();
+  }
+  const auto a = actual.detach().to(at::kCPU, at::kDouble);
+  const auto e = expected.detach().to(at::kCPU, at::kDouble);
+  const double m = e.numel() ? e.abs().max().item<double>() : 0.0;
+  const auto t = e.abs() * tol.rel + tol.of_max * m;
+  return within(a, e, t, what.c_str());
+}
+
+class LlamaKernels : public zt::test_support::KernelTest {
+ protected:
+  void SetUp() override {
+    KernelTest::SetUp();
+    if (IsSkipped()) return;
+    set_llama_fused(true);
+  }
+  void TearDown() override { set_llama_fused(true); }
+
+  at::Tensor randn(at::IntArrayRef shape, at::ScalarType t, double scale = 1.0) const {
+    return (at::randn(shape, at::TensorOptions(at::kFloat).device(dev_)) * scale).to(t);
+  }
+};
+
+const at::ScalarType kDtypes[] = {at::kFloat, at::kBFloat16};
+
+// ---- RMSNorm --------------------------------------------------------------------------
+
+TEST_F(LlamaKernels, RmsNormMatchesReference) {
+  const std::vector<std::vector<int64_t>> shapes = {{2, 3, 67}, {5, 3}, {2, 5, 256}, {3, 4096}, {7, 24}};
+  for (const auto dt : kDtypes) {
+    for (const auto& shape : shapes) {
+      for (const bool weight_grad : {true, false}) {
+        const std::string what = std::string(c10::toString(dt)) + " " + c10::str(c10::IntArrayRef(shape)) +
+                                 (weight_grad ? "" : " frozen weight");
+        SCOPED_TRACE(what);
+        at::manual_seed(11);
+        const int64_t C = shape.back();
+        const auto x0 = randn(shape, dt, 3.0);
+        const auto w0 = (randn({C}, at::kFloat, 0.2) + 1.0).to(dt);
+        const auto dy = randn(shape, dt);
+        auto run = [&](bool fused) {
+          auto x = x0.clone().requires_grad_(true);
+          auto w = w0.clone().requires_grad_(weight_grad);
+          auto y = fused ? llama_rms_norm(x, w, 1e-5) : llama_rms_norm_reference(x, w, 1e-5);
+          y.backward(dy);
+          return std::vector<at::Tensor>{y.detach(), x.grad(), w.grad()};
+        };
+        const auto f = run(true), r = run(false);
+        EXPECT_TRUE(close(f[0], r[0], forward_tol(dt), "y"));
+        EXPECT_TRUE(close(f[1], r[1], grad_tol(dt), "dx"));
+        if (weight_grad) {
+          EXPECT_TRUE(close(f[2], r[2], grad_tol(dt), "dw"));
+        } else {
+          EXPECT_FALSE(f[2].defined());
+        }
+      }
+    }
+  }
+}
+
+// fp32: the fused forward is HF's formula to a few fp32 ulps; bf16: y = w * bf16(x * r)
+// exactly when r is the same, so at most an ulp apart where x * r sits on a rounding edge.
+TEST_F(LlamaKernels, RmsNormBf16RoundsLikeHf) {
+  at::manual_seed(5);
+  const auto x = randn({64, 2048}, at::kBFloat16, 2.0);
+  const auto w = (randn({2048}, at::kFloat, 0.1) + 1.0).to(at::kBFloat16);
+  const auto f = llama_rms_norm(x, w, 1e-5), r = llama_rms_norm_reference(x, w, 1e-5);
+  const auto differ = f.ne(r).sum().item<int64_t>();
+  // Equal bit for bit except where r's last fp32 bit moved x * r across a bf16 rounding
+  // boundary: a small fraction of the elements.
+  EXPECT_LE(differ, f.numel() / 50) << differ << " of " << f.numel() << " differ";
+}
+
+// ---- RoPE -----------------------------------------------------------------------------
+
+TEST_F(LlamaKernels, RopeMatchesReference) {
+  struct Case {
+    int64_t B, T, H, hd;
+    bool per_example;  // cos/sin (B, 1, T, hd) (packed sequences) rather than (T, hd)
+    bool transposed;   // x as the model makes it: (B, T, H, hd) viewed (B, H, T, hd)
+  };
+  const std::vector<Case> cases = {{2, 7, 3, 16, false, true}, {2, 9, 4, 64, false, true}, {1, 5, 2, 6, false, true},
+                                   {3, 4, 2, 128, true, true}, {2, 6, 3, 10, true, false}, {1, 1, 1, 2, false, false}};
+  for (const auto dt : kDtypes) {
+    for (const auto& c : cases) {
+      const std::string what = std::string(c10::toString(dt)) + " B" + std::to_string(c.B) + " T" +
+                               std::to_string(c.T) + " H" + std::to_string(c.H) + " hd" + std::to_string(c.hd) +
+                               (c.per_example ? " per-example cos" : "") + (c.transposed ? " transposed" : "");
+      SCOPED_TRACE(what);
+      at::manual_seed(7);
+      const auto base = randn({c.B, c.T, c.H, c.hd}, dt, 2.0);
+      const auto angles = c.per_example ? at::rand({c.B, 1, c.T, c.hd}, at::TensorOptions(at::kFloat).device(dev_))
+                                        : at::rand({c.T, c.hd}, at::TensorOptions(at::kFloat).device(dev_));
+      const auto cos = (angles * 6.0).cos().to(dt), sin = (angles * 6.0).sin().to(dt);
+      const auto dy = randn({c.B, c.H, c.T, c.hd}, dt);
+      auto run = [&](bool fused) {
+        auto leaf = (c.transposed ? base.clone() : base.transpose(1, 2).contiguous()).requires_grad_(true);
+        auto x = c.transposed ? leaf.transpose(1, 2) : leaf;  // (B, H, T, hd)
+        auto y = fused ? llama_rope(x, cos, sin) : llama_rope_reference(x, cos, sin);
+        y.backward(dy);
+        auto g = c.transposed ? leaf.grad().transpose(1, 2) : leaf.grad();
+        return std::vector<at::Tensor>{y.detach(), g};
+      };
+      const auto f = run(true), r = run(false);
+      EXPECT_TRUE(close(f[0], r[0], forward_tol(dt), "y"));
+      EXPECT_TRUE(close(f[1], r[1], forward_tol(dt), "dx"));
+    }
+  }
+}
+
+// ---- SwiGLU ---------------------------------------------------------------------------
+
+TEST_F(LlamaKernels, SwigluMatchesReference) {
+  const std::vector<std::vector<int64_t>> shapes = {{3, 7, 13}, {1}, {2, 8, 256}, {4, 1000}};
+  for (const auto dt : kDtypes) {
+    for (const auto& shape : shapes) {
+      SCOPED_TRACE(std::string(c10::toString(dt)) + " " + c10::str(c10::IntArrayRef(shape)));
+      at::manual_seed(3);
+      const auto g0 = randn(shape, dt, 4.0), u0 = randn(shape, dt), dy = randn(shape, dt);
+      auto run = [&](bool fused) {
+        auto g = g0.clone().requires_grad_(true), u = u0.clone().requires_grad_(true);
+        auto y = fused ? llama_swiglu(g, u) : llama_swiglu_reference(g, u);
+        y.backward(dy);
+        return std::vector<at::Tensor>{y.detach(), g.grad(), u.grad()};
+      };
+      const auto f = run(true), r = run(false);
+      EXPECT_TRUE(close(f[0], r[0], forward_tol(dt), "y"));
+      EXPECT_TRUE(close(f[1], r[1], forward_tol(dt), "d gate"));
+      EXPECT_TRUE(close(f[2], r[2], forward_tol(dt), "d up"));
+    }
+  }
+}
+
+// ---- the whole model ------------------------------------------------------------------
+
+struct StepResult {
+  double loss = 0;
+  std::vector<std::pair<std::string, at::Tensor>> grads;
+};
+
+StepResult step(LlamaForCausalLM& m, const at::Tensor& idx, const at::Tensor& targets, const at::Tensor& pos,
+                bool fused) {
+  set_llama_fused(fused);
+  m->zero_grad();
+  auto loss = m->loss(idx, targets, pos);
+  loss.backward();
+  StepResult r;
+  r.loss = loss.item<double>();
+  for (const auto& p : m->named_parameters()) {
+    const auto g = p.value().grad();
+    r.grads.emplace_back(p.key(), g.defined() ? g.detach().clone() : g);
+  }
+  return r;
+}
+
+void expect_model_close(at::ScalarType dt, bool packed, bool checkpointed, at::Device dev) {
+  auto m = zt_test::tiny_qlora_llama();
+  m->to(dev, dt);
+  if (checkpointed) m->set_activation_checkpointing(true, std::nullopt, false);
+  at::manual_seed(9);
+  const int64_t B = 2, T = 32;
+  const auto idx = at::randint(0, 64, {B, T}, at::TensorOptions(at::kLong).device(dev));
+  const auto targets = at::randint(0, 64, {B, T}, at::TensorOptions(at::kLong).device(dev));
+  at::Tensor pos;
+  if (packed) {  // two examples per row: positions 0..11, then 0..19
+    pos = at::cat({at::arange(12), at::arange(20)}).repeat({B, 1}).to(dev);
+  }
+  const auto f = step(m, idx, targets, pos, true);
+  const auto r = step(m, idx, targets, pos, false);
+  set_llama_fused(true);
+  const bool fp32 = dt == at::kFloat;
+  EXPECT_NEAR(f.loss, r.loss, (fp32 ? 1e-5 : 1e-2) * std::abs(r.loss));
+  const Tol tol = fp32 ? Tol{1e-4, 1e-4} : Tol{1.0 / 8, 1.0 / 16};
+  ASSERT_EQ(f.grads.size(), r.grads.size());
+  for (size_t i = 0; i < f.grads.size(); ++i) {
+    EXPECT_TRUE(close(f.grads[i].second, r.grads[i].second, tol, f.grads[i].first));
+  }
+}
+
+TEST_F(LlamaKernels, TinyLlamaFp32MatchesUnfused) { expect_model_close(at::kFloat, false, false, dev_); }
+TEST_F(LlamaKernels, TinyLlamaBf16MatchesUnfused) { expect_model_close(at::kBFloat16, false, false, dev_); }
+TEST_F(LlamaKernels, TinyLlamaPackedPositionsMatchUnfused) { expect_model_close(at::kFloat, true, false, dev_); }
+TEST_F(LlamaKernels, TinyLlamaCheckpointedMatchesUnfused) { expect_model_close(at::kBFloat16, false, true, dev_); }
+
+// The switch: off, the CUDA path is the reference formulation bit for bit.
+TEST_F(LlamaKernels, SwitchOffIsTheReference) {
+  at::manual_seed(1);
+  const auto x = randn({4, 6, 64}, at::kBFloat16), w = randn({64}, at::kBFloat16);
+  set_llama_fused(false);
+  EXPECT_FALSE(llama_fused_enabled());
+  EXPECT_TRUE(llama_rms_norm(x, w, 1e-6).equal(llama_rms_norm_reference(x, w, 1e-6)));
+  EXPECT_TRUE(llama_swiglu(x, x * 2).equal(llama_swiglu_reference(x, x * 2)));
+  set_llama_fused(true);
+  EXPECT_TRUE(llama_fused_enabled());
+}
+
+#endif  // ZT_WITH_CUDA
+
+}  // namespace
+}  // namespace test_llama_kernels
+}  // namespace zt::models
