@@ -5,6 +5,7 @@
 #include <regex>
 #include <set>
 
+#include "lora/lora_linear.h"
 #include "zerotrain/error.h"
 
 namespace zt::lora {
@@ -77,7 +78,22 @@ LoraAdapterImpl::LoraAdapterImpl(int64_t in, int64_t out, int64_t r, double scal
   lora_B = register_parameter("lora_B", torch::zeros({out, r}, options));
 }
 
-torch::Tensor LoraAdapterImpl::adapt(const torch::Tensor& x, const models::BaseLinearFn& base) {
+bool LoraAdapterImpl::fusable(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) const {
+  const auto dt = x.scalar_type();
+  return fused_ && (dropout_ == 0 || !is_training()) && lora_A.scalar_type() == dt && lora_B.scalar_type() == dt &&
+         (!weight.defined() || (!weight.requires_grad() && weight.scalar_type() == dt)) &&
+         (!bias.defined() || !bias.requires_grad());
+}
+
+torch::Tensor LoraAdapterImpl::adapt(const torch::Tensor& x, const torch::nn::LinearImpl& layer,
+                                     const models::BaseLinearFn& base) {
+  const auto& w = layer.weight;  // (out, in); at ZeRO-3 gathered while the unit runs
+  if (w.defined() && w.dim() == 2 && w.size(0) == lora_B.size(0) && w.size(1) == lora_A.size(1) &&
+      fusable(x, w, layer.bias)) {
+    const auto& b = layer.bias;
+    return lora_linear(x, w, b.defined() && b.scalar_type() != x.scalar_type() ? b.to(x.scalar_type()) : b, lora_A,
+                       lora_B, scaling_);
+  }
   auto y = base(x);
   auto h = x.to(lora_A.scalar_type());
   if (dropout_ > 0 && is_training()) h = F::dropout(h, F::DropoutFuncOptions().p(dropout_).training(true));

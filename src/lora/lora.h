@@ -57,7 +57,17 @@ class LoraAdapterImpl : public torch::nn::Module, public models::LinearAdapter {
   LoraAdapterImpl(int64_t in, int64_t out, int64_t r, double scaling, double dropout,
                   const torch::TensorOptions& options);
   // base(x) + (dropout(x) A^T) B^T * scaling, in x's dtype; dropout only in train mode.
-  torch::Tensor adapt(const torch::Tensor& x, const models::BaseLinearFn& base) override;
+  // Through lora_linear (the base from layer's weight and bias, [Fused LoRA Linear] in
+  // lora/lora_linear.h) when fusable(): else base(x) plus the update computed apart.
+  torch::Tensor adapt(const torch::Tensor& x, const torch::nn::LinearImpl& layer,
+                      const models::BaseLinearFn& base) override;
+  // True when the update may be fused with a frozen base of weight/bias for input x: the
+  // fused path is on, no dropout acts (dropout 0 or eval mode), weight and bias do not
+  // require grad, and x, A, B (and weight, when defined) share one dtype.
+  bool fusable(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) const;
+  // Off: always the unfused path (the reference the tests compare the fused one with).
+  void set_fused(bool on) { fused_ = on; }
+  bool fused() const { return fused_; }
   // B A * scaling (out, in) in fp32: what merging adds to the base weight.
   torch::Tensor delta_weight() const;
 
@@ -71,6 +81,7 @@ class LoraAdapterImpl : public torch::nn::Module, public models::LinearAdapter {
  private:
   double scaling_;
   double dropout_;
+  bool fused_ = true;
 };
 TORCH_MODULE(LoraAdapter);
 

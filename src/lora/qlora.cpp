@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "lora/lora_linear.h"
 #include "zerotrain/error.h"
 
 namespace zt::lora {
@@ -138,10 +139,15 @@ void QLoraAdapterImpl::to_device(const torch::Device& device) {
   if (!quant::nf4_on(*nf4_, device)) nf4_ = std::make_shared<const quant::Nf4Tensor>(quant::nf4_to(*nf4_, device));
 }
 
-torch::Tensor QLoraAdapterImpl::adapt(const torch::Tensor& x, const models::BaseLinearFn& /*base*/) {
+torch::Tensor QLoraAdapterImpl::adapt(const torch::Tensor& x, const torch::nn::LinearImpl& layer,
+                                      const models::BaseLinearFn& /*base*/) {
   // [QLoRA Base]: the base from the NF4 weights; the Linear's own weight is a placeholder.
   to_device(x.device());
-  return LoraAdapterImpl::adapt(x, [this](const torch::Tensor& t) {
+  if (fusable(x, torch::Tensor(), bias_)) {
+    const auto b = bias_.defined() ? bias_.to(x.device(), x.scalar_type()) : bias_;
+    return lora_nf4_linear(x, nf4(), b, lora_A, lora_B, scaling());
+  }
+  return LoraAdapterImpl::adapt(x, layer, [this](const torch::Tensor& t) {
     auto y = nf4_linear(t, nf4());  // (..., out)
     return bias_.defined() ? y + bias_.to(t.device(), t.scalar_type()) : y;
   });

@@ -14,7 +14,9 @@
 // CUDA kernel on a GPU, torch ops on the CPU) and keeps no dequantized weight in the
 // autograd graph: its backward (grad_x = grad_y W; the base has no gradient) dequantizes W
 // again, so a layer's full-precision W lives only while its own matmul runs, as in
-// bitsandbytes' MatMul4Bit.
+// bitsandbytes' MatMul4Bit. Without dropout in training the whole sum is one function,
+// lora_nf4_linear ([Fused LoRA Linear] in lora/lora_linear.h), dequantizing and saving the
+// same way.
 // The NF4 tensors follow the activations: the first forward on a device moves them there
 // once (to_device() does it ahead of time); the engine never sees them, because they are
 // plain members, not registered buffers: the engine casts floating buffers to the compute
@@ -41,7 +43,10 @@ class QLoraAdapterImpl : public LoraAdapterImpl {
   QLoraAdapterImpl(const LoraAdapterImpl& from, const torch::Tensor& weight, torch::Tensor bias);
   // The same with the weight quantized already.
   QLoraAdapterImpl(const LoraAdapterImpl& from, std::shared_ptr<const quant::Nf4Tensor> nf4, torch::Tensor bias);
-  torch::Tensor adapt(const torch::Tensor& x, const models::BaseLinearFn& base) override;
+  // The base from the NF4 weights (layer's weight is a placeholder); fused with the update
+  // when fusable() ([Fused LoRA Linear] in lora/lora_linear.h).
+  torch::Tensor adapt(const torch::Tensor& x, const torch::nn::LinearImpl& layer,
+                      const models::BaseLinearFn& base) override;
   // dequant(W) (out, in), fp32 on the CPU (the reference quant::dequantize_nf4).
   torch::Tensor base_weight() const;
   // Moves the NF4 tensors to `device` (no-op when there); adapt() does it on first use.

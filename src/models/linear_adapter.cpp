@@ -11,7 +11,7 @@ LinearAdapter* linear_adapter(const torch::nn::LinearImpl& l) {
 
 torch::Tensor run_linear(const torch::nn::LinearImpl& l, const torch::Tensor& x, const BaseLinearFn& base) {
   LinearAdapter* a = linear_adapter(l);
-  return a ? a->adapt(x, base) : base(x);
+  return a ? a->adapt(x, l, base) : base(x);
 }
 
 }  // namespace zt::models

@@ -26,10 +26,12 @@ using BaseLinearFn = std::function<torch::Tensor(const torch::Tensor&)>;
 class LinearAdapter {
  public:
   virtual ~LinearAdapter() = default;
-  // The adapted output for input x (..., in). `base` computes the frozen layer as the model
-  // would without the adapter; an adapter that stores the base weights itself (QLoRA's NF4
-  // weights) may compute them its own way instead.
-  virtual torch::Tensor adapt(const torch::Tensor& x, const BaseLinearFn& base) = 0;
+  // The adapted output for input x (..., in) of `layer` (the Linear the adapter hangs on).
+  // `base` computes the frozen layer as the model would without the adapter; an adapter
+  // may compute it its own way instead: from layer's weight and bias (LoRA's fused path,
+  // [Fused LoRA Linear] in lora/lora_linear.h) or from base weights it stores itself
+  // (QLoRA's NF4 weights).
+  virtual torch::Tensor adapt(const torch::Tensor& x, const torch::nn::LinearImpl& layer, const BaseLinearFn& base) = 0;
 };
 
 // The adapter registered on `l` (its first child implementing LinearAdapter), or null.
