@@ -29,7 +29,7 @@ ZB=/tmp/base/build-gpu/zerotrain
 echo "both built: $(( $(date +%s) - T0 )) s"
 # Watchdog: at DEADLINE s after the start (default 555) whatever still runs is stopped, so the
 # tables and tarballs are written inside the call's 600 s.
-( sleep $(( ${DEADLINE:-555} - ($(date +%s) - T0) )); echo "watchdog: stopping the runs left"
+( sleep $(( ${DEADLINE:-540} - ($(date +%s) - T0) )); echo "watchdog: stopping the runs left"
   pkill -f "zerotrain|zt_gpu|torchrun|llama_dist_anchor|ds_moe_anchor|ds_cifar_moe_anchor|example_cifar10" ) &
 WATCHDOG=$!
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site_lora \
