@@ -8,26 +8,6 @@
 namespace zt::lora {
 namespace {
 
-void save_nf4(torch::autograd::AutogradContext* ctx, const quant::Nf4Tensor& q) {
-  ctx->saved_data["packed"] = q.packed;
-  ctx->saved_data["qabsmax"] = q.qabsmax;
-  ctx->saved_data["absmax2"] = q.absmax2;
-  ctx->saved_data["offset"] = static_cast<double>(q.offset);
-  ctx->saved_data["shape"] = q.shape;
-}
-
-quant::Nf4Tensor load_nf4(torch::autograd::AutogradContext* ctx) {
-  quant::Nf4Tensor q;
-  q.packed = ctx->saved_data["packed"].toTensor();
-  q.qabsmax = ctx->saved_data["qabsmax"].toTensor();
-  q.absmax2 = ctx->saved_data["absmax2"].toTensor();
-  q.offset = static_cast<float>(ctx->saved_data["offset"].toDouble());
-  q.shape = ctx->saved_data["shape"].toIntVector();
-  q.numel = 1;
-  for (int64_t d : q.shape) q.numel *= d;
-  return q;
-}
-
 // x2 (M, in), A (r, in), B (out, r); weight (out, in), or null with q set; bias (out) or
 // null. The base (weight, bias, q) has no gradient.
 struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction> {
@@ -89,6 +69,27 @@ torch::Tensor fused_apply(const torch::Tensor& x, const torch::Tensor& weight, c
 }
 
 }  // namespace
+
+void save_nf4(torch::autograd::AutogradContext* ctx, const quant::Nf4Tensor& q) {
+  ctx->saved_data["packed"] = q.packed;
+  ctx->saved_data["qabsmax"] = q.qabsmax;
+  ctx->saved_data["absmax2"] = q.absmax2;
+  ctx->saved_data["offset"] = static_cast<double>(q.offset);
+  ctx->saved_data["shape"] = q.shape;
+}
+
+quant::Nf4Tensor load_nf4(torch::autograd::AutogradContext* ctx) {
+  quant::Nf4Tensor q;
+  q.packed = ctx->saved_data["packed"].toTensor();
+  q.qabsmax = ctx->saved_data["qabsmax"].toTensor();
+  q.absmax2 = ctx->saved_data["absmax2"].toTensor();
+  q.offset = static_cast<float>(ctx->saved_data["offset"].toDouble());
+  q.shape = ctx->saved_data["shape"].toIntVector();
+  q.numel = 1;
+  for (int64_t d : q.shape) q.numel *= d;
+  return q;
+}
+
 
 torch::Tensor lora_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                           const torch::Tensor& A, const torch::Tensor& B, double scaling) {

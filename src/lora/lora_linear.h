@@ -25,6 +25,7 @@
 // results agree to ~1e-6 relative (tests/unit/test_lora_fused.cpp). Every other case
 // (dropout in training, mixed dtypes, a trainable base) keeps the unfused path.
 #pragma once
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/torch.h>
 
 #include "quant/nf4.h"
@@ -39,5 +40,10 @@ torch::Tensor lora_linear(const torch::Tensor& x, const torch::Tensor& weight, c
 // forward and again in backward; q on x's device).
 torch::Tensor lora_nf4_linear(const torch::Tensor& x, const quant::Nf4Tensor& q, const torch::Tensor& bias,
                               const torch::Tensor& A, const torch::Tensor& B, double scaling);
+
+// An autograd Function's record of an NF4 weight ([QLoRA Base]: only the NF4 storage is
+// kept for backward, never the dequantized weight): save_nf4 in forward, load_nf4 in backward.
+void save_nf4(torch::autograd::AutogradContext* ctx, const quant::Nf4Tensor& q);
+quant::Nf4Tensor load_nf4(torch::autograd::AutogradContext* ctx);
 
 }  // namespace zt::lora

@@ -16,25 +16,14 @@ namespace {
 struct Nf4LinearFunction : public torch::autograd::Function<Nf4LinearFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const quant::Nf4Tensor& q) {
-    ctx->saved_data["packed"] = q.packed;
-    ctx->saved_data["qabsmax"] = q.qabsmax;
-    ctx->saved_data["absmax2"] = q.absmax2;
-    ctx->saved_data["offset"] = static_cast<double>(q.offset);
-    ctx->saved_data["shape"] = q.shape;
+    save_nf4(ctx, q);
     return at::linear(x, quant::dequantize_nf4_as(q, x.scalar_type()));
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     if (!ctx->needs_input_grad(0)) return {torch::Tensor(), torch::Tensor()};
-    quant::Nf4Tensor q;
-    q.packed = ctx->saved_data["packed"].toTensor();
-    q.qabsmax = ctx->saved_data["qabsmax"].toTensor();
-    q.absmax2 = ctx->saved_data["absmax2"].toTensor();
-    q.offset = static_cast<float>(ctx->saved_data["offset"].toDouble());
-    q.shape = ctx->saved_data["shape"].toIntVector();
-    q.numel = 1;
-    for (int64_t d : q.shape) q.numel *= d;
+    const quant::Nf4Tensor q = load_nf4(ctx);
     const torch::Tensor& gy = grads[0];  // (..., out)
     return {at::matmul(gy, quant::dequantize_nf4_as(q, gy.scalar_type())), torch::Tensor()};
   }
