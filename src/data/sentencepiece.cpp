@@ -87,8 +87,6 @@ SentencePieceTokenizer SentencePieceTokenizer::from_file(const std::string& path
 SentencePieceTokenizer::SentencePieceTokenizer(std::string_view proto, const std::string& name) : name_(name) {
   int64_t model_type = 1;  // UNIGRAM unless the trainer spec says otherwise
   bool whitespace_suffix = false;
-  std::string normalizer_name;
-  bool charsmap = false;
   ProtoReader r(proto, name);
   while (!r.done()) {
     const auto [field, wire] = r.tag();
@@ -114,16 +112,9 @@ SentencePieceTokenizer::SentencePieceTokenizer(std::string_view proto, const std
         else t.skip(w);
       }
     } else if (field == 3 && wire == 2) {  // NormalizerSpec
-      ProtoReader n(r.bytes(), name);
-      while (!n.done()) {
-        const auto [f, w] = n.tag();
-        if (f == 1 && w == 2) normalizer_name = std::string(n.bytes());
-        else if (f == 2 && w == 2) charsmap = !n.bytes().empty();
-        else if (f == 3 && w == 0) add_dummy_prefix_ = n.varint() != 0;
-        else if (f == 4 && w == 0) remove_extra_whitespaces_ = n.varint() != 0;
-        else if (f == 5 && w == 0) escape_whitespaces_ = n.varint() != 0;
-        else n.skip(w);
-      }
+      read_normalizer(r.bytes(), normalizer_);
+    } else if (field == 5 && wire == 2) {  // NormalizerSpec of the denormalizer
+      read_normalizer(r.bytes(), denormalizer_);
     } else {
       r.skip(wire);
     }
@@ -131,9 +122,6 @@ SentencePieceTokenizer::SentencePieceTokenizer(std::string_view proto, const std
   ZT_CHECK_T(!pieces_.empty(), ConfigError, "sentencepiece model '", name_, "' has no pieces (not a .model file?)");
   ZT_CHECK_T(model_type == 2, ConfigError, "sentencepiece model '", name_, "': model_type ", model_type,
              " is not supported (BPE = 2 only; unigram models such as T5's are not)");
-  ZT_CHECK_T(!charsmap, ConfigError, "sentencepiece model '", name_, "': normalizer '", normalizer_name,
-             "' has a precompiled charsmap (NFKC-style normalization), which is not supported (identity only, as "
-             "Llama 2 and Mistral use)");
   ZT_CHECK_T(!whitespace_suffix, ConfigError, "sentencepiece model '", name_,
              "': treat_whitespace_as_suffix is not supported");
   for (auto& b : byte_ids_) b = -1;
@@ -184,48 +172,123 @@ size_t SentencePieceTokenizer::user_symbol_at(std::string_view s, size_t i) cons
   return best;
 }
 
-// sentencepiece's Normalizer::Normalize without a charsmap: user-defined symbols are
-// copied as they are, other characters one at a time (malformed UTF-8 becomes U+FFFD),
-// spaces escaped to U+2581, the dummy prefix added, extra spaces removed when asked.
-std::string SentencePieceTokenizer::normalize(std::string_view in) const {
-  std::string out;
-  if (in.empty()) return out;
-  size_t i = 0;
-  if (remove_extra_whitespaces_) {
-    while (i < in.size() && in[i] == ' ') ++i;
-    if (i == in.size()) return out;
+// [SentencePiece Charsmap] A NormalizerSpec's precompiled_charsmap (normalizer.cc,
+// Encode/DecodePrecompiledCharsMap) is: a uint32 (little-endian) byte size of the trie;
+// the trie, a Darts-clone double array of uint32 units whose keys are UTF-8 sources and
+// whose values are offsets into the pool; the pool, the normalized strings each ended by
+// NUL. Normalizing takes, at each position, the longest trie key that is a prefix of the
+// rest (an empty target deletes the source); where none matches, one UTF-8 character is
+// copied (a malformed byte becomes U+FFFD). Each Darts unit packs: bits 0-7 the label
+// (bit 31 set on a leaf, so no byte label matches it), bit 8 "a leaf hangs off this
+// node", bits 10-31 the offset to the children (shifted left by 8 when bit 9 is set); a
+// leaf's bits 0-30 are its value. From node p, the child for byte b is p ^ offset(p) ^ b,
+// and a node's leaf is at p ^ offset(p) (label 0).
+void SentencePieceTokenizer::read_normalizer(std::string_view spec, Normalizer& n) const {
+  ProtoReader r(spec, name_);
+  std::string rule;
+  std::string_view blob;
+  while (!r.done()) {
+    const auto [f, w] = r.tag();
+    if (f == 1 && w == 2) rule = std::string(r.bytes());
+    else if (f == 2 && w == 2) blob = r.bytes();
+    else if (f == 3 && w == 0) n.add_dummy_prefix = r.varint() != 0;
+    else if (f == 4 && w == 0) n.remove_extra_whitespaces = r.varint() != 0;
+    else if (f == 5 && w == 0) n.escape_whitespaces = r.varint() != 0;
+    else r.skip(w);
   }
-  auto add_ws = [&] {
-    if (escape_whitespaces_) out += kSpaceSymbol;
-    else out += ' ';
+  if (blob.empty()) return;  // no charsmap: characters pass unchanged ("identity")
+  auto bad = [&](auto&&... why) {
+    return ConfigError(detail::cat("sentencepiece model '", name_, "': the precompiled charsmap of normalizer '", rule,
+                                   "' (", blob.size(), " bytes) is malformed: ", why...));
   };
-  bool prev_space = remove_extra_whitespaces_;
-  if (add_dummy_prefix_) add_ws();
-  while (i < in.size()) {
-    size_t n = user_symbol_at(in, i);
-    std::string_view sp;
-    if (n > 0) {
-      sp = in.substr(i, n);
-    } else {
-      int len = 0;
-      const uint32_t cp = decode_utf8(in, i, len);
-      n = static_cast<size_t>(len);
-      sp = cp == 0xFFFFFFFFu ? std::string_view("\xEF\xBF\xBD") : in.substr(i, n);
-    }
-    i += n;
-    for (char c : sp) {
-      if (c == ' ') {
-        if (!prev_space || !remove_extra_whitespaces_) add_ws();
-        prev_space = true;
-      } else {
-        out += c;
-        prev_space = false;
+  if (blob.size() <= 4) throw bad("shorter than its 4-byte header");
+  uint32_t trie_bytes = 0;
+  for (int k = 3; k >= 0; --k) trie_bytes = (trie_bytes << 8) | static_cast<uint8_t>(blob[static_cast<size_t>(k)]);
+  if (trie_bytes == 0 || trie_bytes % 4 != 0 || trie_bytes > blob.size() - 4) {
+    throw bad("its header gives a trie of ", trie_bytes, " bytes (a positive multiple of 4 up to ", blob.size() - 4,
+              " expected)");
+  }
+  n.trie.resize(trie_bytes / 4);
+  for (size_t u = 0; u < n.trie.size(); ++u) {
+    const auto* b = reinterpret_cast<const uint8_t*>(blob.data() + 4 + 4 * u);
+    n.trie[u] = b[0] | (b[1] << 8) | (b[2] << 16) | (static_cast<uint32_t>(b[3]) << 24);
+  }
+  n.pool = std::string(blob.substr(4 + trie_bytes));
+  if (!n.pool.empty() && n.pool.back() != '\0') throw bad("its string pool does not end with NUL");
+}
+
+std::pair<std::string_view, size_t> SentencePieceTokenizer::normalize_prefix(const Normalizer& n, std::string_view s,
+                                                                             bool user_symbols) const {
+  if (user_symbols) {
+    if (const size_t u = user_symbol_at(s, 0); u > 0) return {s.substr(0, u), u};
+  }
+  if (!n.trie.empty()) {
+    // Darts commonPrefixSearch; sentencepiece keeps the first 32 matches (kMaxTrieResultsSize) and takes the longest.
+    const auto& t = n.trie;
+    auto unit = [&](size_t p) {
+      ZT_CHECK_T(p < t.size(), ConfigError, "sentencepiece model '", name_,
+                 "': the precompiled charsmap is malformed (trie node ", p, " of ", t.size(), " units)");
+      return t[p];
+    };
+    auto offset = [](uint32_t u) -> size_t { return (u >> 10) << ((u & (1u << 9)) >> 6); };
+    size_t p = offset(unit(0));
+    size_t best_len = 0, matches = 0;
+    uint32_t best_value = 0;
+    for (size_t i = 0; i < s.size() && matches < 32; ++i) {
+      const auto b = static_cast<uint8_t>(s[i]);
+      p ^= b;
+      const uint32_t u = unit(p);
+      if ((u & ((1u << 31) | 0xFFu)) != b) break;
+      p ^= offset(u);
+      if ((u >> 8) & 1u) {
+        best_len = i + 1;
+        best_value = unit(p) & ((1u << 31) - 1);
+        ++matches;
       }
     }
+    if (best_len > 0) {
+      ZT_CHECK_T(best_value < n.pool.size(), ConfigError, "sentencepiece model '", name_,
+                 "': the precompiled charsmap is malformed (string offset ", best_value, " past its pool of ",
+                 n.pool.size(), " bytes)");
+      return {std::string_view(n.pool.c_str() + best_value), best_len};  // the pool ends with NUL
+    }
   }
-  if (remove_extra_whitespaces_) {
-    // Drop trailing escaped spaces.
-    const std::string ws = escape_whitespaces_ ? std::string(kSpaceSymbol) : std::string(" ");
+  int len = 0;
+  const uint32_t cp = decode_utf8(s, 0, len);
+  if (cp == 0xFFFFFFFFu) return {std::string_view("\xEF\xBF\xBD"), 1};  // one bad byte -> U+FFFD
+  return {s.substr(0, static_cast<size_t>(len)), static_cast<size_t>(len)};
+}
+
+// sentencepiece's Normalizer::Normalize: leading spaces (after normalization) dropped,
+// the dummy prefix added, each prefix normalized (normalize_prefix) with the spaces that
+// start it dropped after a space, spaces escaped to U+2581, trailing spaces dropped.
+std::string SentencePieceTokenizer::normalize(const Normalizer& n, std::string_view in, bool user_symbols) const {
+  std::string out;
+  if (n.remove_extra_whitespaces) {
+    while (!in.empty()) {
+      const auto [sp, len] = normalize_prefix(n, in, user_symbols);
+      if (sp != " ") break;
+      in.remove_prefix(len);
+    }
+  }
+  if (in.empty()) return out;
+  const std::string_view ws = n.escape_whitespaces ? kSpaceSymbol : std::string_view(" ");
+  if (n.add_dummy_prefix) out += ws;
+  bool prev_space = n.remove_extra_whitespaces;
+  while (!in.empty()) {
+    auto [sp, len] = normalize_prefix(n, in, user_symbols);
+    while (prev_space && !sp.empty() && sp.front() == ' ') sp.remove_prefix(1);
+    if (!sp.empty()) {
+      for (char c : sp) {
+        if (c == ' ') out += ws;
+        else out += c;
+      }
+      prev_space = sp.back() == ' ';
+    }
+    in.remove_prefix(len);
+    if (!n.remove_extra_whitespaces) prev_space = false;
+  }
+  if (n.remove_extra_whitespaces) {
     while (out.size() >= ws.size() && out.compare(out.size() - ws.size(), ws.size(), ws) == 0) {
       out.resize(out.size() - ws.size());
     }
@@ -238,7 +301,7 @@ std::string SentencePieceTokenizer::normalize(std::string_view in) const {
 // merges first, leftmost among equals; stale pairs are skipped by their length. Pieces of
 // type UNUSED are split back into the pair that made them.
 std::vector<int32_t> SentencePieceTokenizer::encode(std::string_view text) const {
-  const std::string norm = normalize(text);
+  const std::string norm = normalize(normalizer_, text, /*user_symbols=*/true);
   struct Sym {
     int32_t prev, next;
     bool freeze;
@@ -321,19 +384,43 @@ std::vector<int32_t> SentencePieceTokenizer::encode(std::string_view text) const
   return out;
 }
 
+// sentencepiece's DecodeIds: a run of byte pieces becomes its characters (each byte of
+// malformed UTF-8 a U+FFFD); while nothing has been written, a leading U+2581 is dropped
+// (once when whitespace is kept, until text appears when extra whitespace is removed);
+// the denormalizer's charsmap, if any, is applied to the whole text.
 std::string SentencePieceTokenizer::decode(std::span<const int32_t> ids) const {
-  std::string out;
-  bool first = true;
+  std::string out, bytes;
+  auto flush_bytes = [&] {
+    for (size_t i = 0; i < bytes.size();) {
+      int len = 0;
+      if (decode_utf8(bytes, i, len) == 0xFFFFFFFFu) {
+        out += "\xEF\xBF\xBD";
+      } else {
+        out.append(bytes, i, static_cast<size_t>(len));
+      }
+      i += static_cast<size_t>(len);
+    }
+    bytes.clear();
+  };
+  const bool strip_bos_ws = normalizer_.add_dummy_prefix || normalizer_.remove_extra_whitespaces;
+  bool at_bos = true, bos_ws_seen = false;
   for (int32_t id : ids) {
     const Piece& p = piece(id);
+    if (p.type == PieceType::kByte) {
+      bytes += static_cast<char>(std::stoi(p.text.substr(3, 2), nullptr, 16));
+      continue;
+    }
+    flush_bytes();
+    if (bos_ws_seen || !out.empty()) at_bos = false;
+    bos_ws_seen = false;
     switch (p.type) {
-      case PieceType::kControl: continue;
-      case PieceType::kByte: out += static_cast<char>(std::stoi(p.text.substr(3, 2), nullptr, 16)); break;
+      case PieceType::kControl: break;
       case PieceType::kUnknown: out += unk_surface_; break;
       default: {
         std::string_view t = p.text;
-        if (first && add_dummy_prefix_ && t.substr(0, kSpaceSymbol.size()) == kSpaceSymbol) {
+        if (at_bos && strip_bos_ws && t.substr(0, kSpaceSymbol.size()) == kSpaceSymbol) {
           t.remove_prefix(kSpaceSymbol.size());
+          bos_ws_seen = !normalizer_.remove_extra_whitespaces;
         }
         for (size_t i = 0; i < t.size();) {
           if (t.compare(i, kSpaceSymbol.size(), kSpaceSymbol) == 0) {
@@ -345,8 +432,9 @@ std::string SentencePieceTokenizer::decode(std::span<const int32_t> ids) const {
         }
       }
     }
-    first = false;
   }
+  flush_bytes();
+  if (!denormalizer_.trie.empty()) out = normalize(denormalizer_, out, /*user_symbols=*/false);
   return out;
 }
 

@@ -3,11 +3,13 @@
 // model type and byte_fallback, the normalizer's flags) and the BPE encoding of
 // sentencepiece's bpe_model.cc, giving the ids SentencePieceProcessor.encode gives.
 //
-// Supported: model_type BPE; the "identity" normalizer (no precompiled charsmap, as
-// Llama 2 and Mistral ship) with add_dummy_prefix, remove_extra_whitespaces and
-// escape_whitespaces; user-defined symbols (never split); byte_fallback (<0xXX> pieces
-// for characters outside the vocabulary). Anything else (a unigram model, an NFKC
-// charsmap, treat_whitespace_as_suffix) is a ConfigError naming it.
+// Supported: model_type BPE; the normalizer with or without a precompiled charsmap
+// ("identity" as Llama 2 and Mistral ship, "nmt_nfkc" / "nmt_nfkc_cf" as sentencepiece
+// trains by default, or a user rule TSV) with add_dummy_prefix, remove_extra_whitespaces
+// and escape_whitespaces; a denormalizer charsmap (applied by decode); user-defined
+// symbols (never split); byte_fallback (<0xXX> pieces for characters outside the
+// vocabulary). Anything else (a unigram model, treat_whitespace_as_suffix) and a
+// malformed charsmap are ConfigErrors naming the model.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -45,7 +47,20 @@ class SentencePieceTokenizer {
   int32_t eos_id() const { return eos_id_; }  // -1 when the model has no </s>
 
  private:
-  std::string normalize(std::string_view text) const;
+  // A NormalizerSpec: its flags and its precompiled charsmap, decoded (see
+  // [SentencePiece Charsmap] in sentencepiece.cpp).
+  struct Normalizer {
+    std::vector<uint32_t> trie;  // Darts-clone double array (units); empty: no charsmap
+    std::string pool;            // the normalized strings, each NUL-terminated
+    bool add_dummy_prefix = true, remove_extra_whitespaces = true, escape_whitespaces = true;
+  };
+  void read_normalizer(std::string_view spec, Normalizer& n) const;
+  // sentencepiece's Normalizer::Normalize; `user_symbols`: user-defined symbols pass whole.
+  std::string normalize(const Normalizer& n, std::string_view text, bool user_symbols) const;
+  // The normalized form of the first character (or rule, or user symbol) of `s`, and how
+  // many bytes of `s` it stands for.
+  std::pair<std::string_view, size_t> normalize_prefix(const Normalizer& n, std::string_view s,
+                                                       bool user_symbols) const;
   size_t user_symbol_at(std::string_view s, size_t i) const;  // its length, 0 if none
 
   std::string name_;
@@ -56,7 +71,8 @@ class SentencePieceTokenizer {
   int32_t byte_ids_[256];
   int32_t unk_id_ = -1, bos_id_ = -1, eos_id_ = -1;
   bool byte_fallback_ = false;
-  bool add_dummy_prefix_ = true, remove_extra_whitespaces_ = true, escape_whitespaces_ = true;
+  Normalizer normalizer_;
+  Normalizer denormalizer_;  // used only when it has a charsmap, as sentencepiece does
   std::string unk_surface_ = " \xE2\x81\x87 ";
 };
 
