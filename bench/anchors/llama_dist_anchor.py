@@ -7,7 +7,11 @@ run it, next to `zerotrain train --model llama3-8b` at ZeRO-3:
              MixedPrecisionPolicy(param bf16, reduce fp32), fused AdamW; built on the meta
              device and materialized sharded (no rank holds the whole model)
   deepspeed  DeepSpeed ZeRO-3, bf16 (bf16 parameters, fp32 master), its FusedAdam; the model
-             built under deepspeed.zero.Init (partitioned as it is built)
+             built under deepspeed.zero.Init (partitioned as it is built). --zero-stage 0, 1
+             or 2: the model built on the device, cast to bf16 by deepspeed.initialize; at
+             stage 0 DeepSpeed wraps FusedAdam in its FP16_Optimizer (bf16, fp32 master
+             copy), at 1-2 in DeepSpeedZeroOptimizer (fp32 master partition); the classes are
+             in notes.optimizer / notes.basic_optimizer (llama1b_rows.sh: stage 1 and 0, 1 GPU)
   --lora R   (deepspeed only) peft LoRA of rank R on every linear of the decoder (q/k/v/o,
              gate/up/down), the base frozen and partitioned by ZeRO-3 -- Hugging Face's
              documented way to LoRA-fine-tune with ZeRO-3
@@ -131,8 +135,9 @@ def deepspeed_config(args):
         "bf16": {"enabled": True},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8,
                                                    "weight_decay": 0.0}},
-        "zero_optimization": {"stage": 3, "overlap_comm": True, "contiguous_gradients": True,
-                              "stage3_gather_16bit_weights_on_model_save": False},
+        "zero_optimization": ({"stage": 3, "overlap_comm": True, "contiguous_gradients": True,
+                               "stage3_gather_16bit_weights_on_model_save": False} if args.zero_stage == 3
+                              else {"stage": args.zero_stage}),  # below 3: DeepSpeed's defaults
         "wall_clock_breakdown": False,
     }
 
@@ -151,6 +156,9 @@ def build_deepspeed(cfg, args, device):
     notes = {"deepspeed": deepspeed.__version__, "config": ds_cfg}
     if args.qlora:
         model = build_frozen_base(cfg, args, device, notes)
+    elif args.zero_stage < 3:  # whole on the device; deepspeed.initialize casts it to bf16
+        with torch.device(device):
+            model = LlamaForCausalLM(cfg)
     else:
         with deepspeed.zero.Init(config_dict_or_path=ds_cfg, dtype=torch.bfloat16):
             model = LlamaForCausalLM(cfg)
@@ -161,6 +169,7 @@ def build_deepspeed(cfg, args, device):
     params = [p for p in model.parameters() if p.requires_grad]
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=ds_cfg)
     notes["optimizer"] = type(engine.optimizer).__name__
+    notes["basic_optimizer"] = type(engine.basic_optimizer).__name__
     notes["precision"] = "DeepSpeed bf16 (bf16 params, fp32 master)"
 
     def step():
@@ -283,6 +292,8 @@ def main():
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--checkpoint-activations", action="store_true")
+    p.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=3,
+                   help="deepspeed mode: ZeRO stage (3: built under zero.Init)")
     p.add_argument("--lora", type=int, default=0, help="peft LoRA rank (deepspeed only); 0: full training")
     p.add_argument("--qlora", action="store_true", help="with --lora: NF4 base (bitsandbytes)")
     p.add_argument("--peak-tflops", type=float, default=989.0)
@@ -295,6 +306,8 @@ def main():
         raise SystemExit("--mode single is the one-GPU peft anchor: give --lora R (and --qlora for NF4)")
     if a.qlora and not a.lora:
         raise SystemExit("--qlora needs --lora R")
+    if a.zero_stage != 3 and (a.mode != "deepspeed" or a.qlora):
+        raise SystemExit("--zero-stage below 3 is for --mode deepspeed without --qlora")
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     # single without torchrun: no process group (one process, nothing to reduce).
@@ -371,12 +384,12 @@ def main():
     fpt = flops_per_token(cfg, n_params, a.seq)
     tokens_per_s = world * a.micro_batch * a.seq / (ms / 1000)
     out = {
-        "anchor": {"fsdp2": "torch FSDP2", "deepspeed": f"DeepSpeed {notes.get('deepspeed', '')} ZeRO-3",
+        "anchor": {"fsdp2": "torch FSDP2", "deepspeed": f"DeepSpeed {notes.get('deepspeed', '')} ZeRO-{a.zero_stage}",
                    "single": "transformers (1 GPU)"}[a.mode]
                   + (" + peft LoRA" if a.lora and not a.qlora else "") + (" + peft QLoRA (bnb nf4)" if a.qlora else ""),
         "mode": a.mode, "model": a.model, "layers": cfg.num_hidden_layers, "n_params": n_params,
         "world": world, "micro_batch": a.micro_batch, "seq": a.seq,
-        "checkpoint_activations": a.checkpoint_activations, "lora": a.lora, "qlora": a.qlora,
+        "checkpoint_activations": a.checkpoint_activations, "zero_stage": a.zero_stage if a.mode == "deepspeed" else None, "lora": a.lora, "qlora": a.qlora,
         "ms_per_iter": ms, "phase_ms": dict(zip(PHASES, med[1:4])), "phase_sync": True, "phase_peak_gib": dict(zip(PHASES, med[4:7])),
         "peak_gib": max(med[4:7]), "tokens_per_s": tokens_per_s, "flops_per_token": fpt,
         "mfu": tokens_per_s / world * fpt / (a.peak_tflops * 1e12), "build_s": build_s,
