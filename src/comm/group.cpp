@@ -14,6 +14,7 @@
 
 #include "comm/nccl.h"
 #include "comm/p2p.h"
+#include "comm/trace.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/error.h"
 #include "log/log.h"
@@ -22,6 +23,17 @@ namespace zt::comm {
 namespace {
 
 std::atomic<bool> g_failed{false};  // a collective failed: skip MPI_Finalize (it would hang)
+
+// [Comm Trace] (comm/trace.h)
+std::atomic<bool> g_trace_on{false};
+std::mutex g_trace_mu;
+std::vector<TraceEntry> g_trace;
+std::atomic<int64_t> g_next_group_id{0};
+void trace_op(const std::string& group, int64_t id, std::string op, int64_t bytes, bool cuda) {
+  if (!g_trace_on.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lk(g_trace_mu);
+  g_trace.push_back({group, id, std::move(op), bytes, cuda});
+}
 
 std::string mpi_error_string(int code) {
   char buf[MPI_MAX_ERROR_STRING];
@@ -119,7 +131,7 @@ class MpiWork : public Work {
 
 class GroupImpl : public Group, public std::enable_shared_from_this<GroupImpl> {
  public:
-  GroupImpl(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
+  GroupImpl(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)), id_(g_next_group_id++) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     p2p_.resize(size_);
@@ -211,6 +223,7 @@ class GroupImpl : public Group, public std::enable_shared_from_this<GroupImpl> {
     check_usable(what);
     NcclComm& c = nccl(shape_of, what);
     ++seq_;
+    trace_op(name_, id_, coll, static_cast<int64_t>(shape_of.nbytes()), true);
     return launch(c, what);
   }
 
@@ -221,6 +234,7 @@ class GroupImpl : public Group, public std::enable_shared_from_this<GroupImpl> {
     std::string what = describe(coll, shape_of);
     check_usable(what);
     ++seq_;
+    trace_op(name_, id_, coll, static_cast<int64_t>(shape_of.nbytes()), false);
     auto w = std::make_shared<MpiWork>(this, what, std::move(keep), std::move(on_finish));
     ZT_MPI_CHECK(post(w->request()), what);
     if (!async) w->wait();
@@ -356,6 +370,7 @@ class GroupImpl : public Group, public std::enable_shared_from_this<GroupImpl> {
     std::string what = describe("barrier", none);
     check_usable(what);
     ++seq_;
+    trace_op(name_, id_, "barrier", 0, false);
     auto w = std::make_shared<MpiWork>(this, what, std::vector<at::Tensor>{}, std::function<void()>{});
     ZT_MPI_CHECK(MPI_Ibarrier(comm_, w->request()), what);
     w->wait();
@@ -427,6 +442,15 @@ class GroupImpl : public Group, public std::enable_shared_from_this<GroupImpl> {
     for (P2PItem& it : items) it.what = describe_items({it}) + where;
     const std::string what =
         blocking ? items[0].what : detail::cat(call, " of ", items.size(), " ops [", describe_items(items), "]", where);
+    if (g_trace_on.load(std::memory_order_relaxed)) {
+      std::string op = "p2p[";
+      int64_t bytes = 0;
+      for (const P2PItem& it : items) {
+        op += detail::cat(op.size() > 4 ? "," : "", it.send ? "s" : "r", it.peer);
+        bytes += static_cast<int64_t>(it.tensor.nbytes());
+      }
+      trace_op(name_, id_, op + "]", bytes, cuda);
+    }
     if (cuda) {
       NcclComm& c = nccl(ops[0].tensor, what);
       p2p_ = std::move(next);
@@ -455,6 +479,7 @@ class GroupImpl : public Group, public std::enable_shared_from_this<GroupImpl> {
  private:
   MPI_Comm comm_;
   std::string name_;
+  int64_t id_;  // [Comm Trace]: this process's groups numbered in creation order
   int rank_ = 0, size_ = 1;
   std::chrono::milliseconds timeout_{600000};
   int64_t seq_ = 0;
@@ -517,6 +542,19 @@ GroupPtr g_world;
 }  // namespace
 
 void note_comm_failure() { g_failed = true; }
+
+void trace_enable(bool on) {
+  std::lock_guard<std::mutex> lk(g_trace_mu);
+  g_trace.clear();
+  g_trace_on = on;
+}
+
+std::vector<TraceEntry> trace_take() {
+  std::lock_guard<std::mutex> lk(g_trace_mu);
+  std::vector<TraceEntry> out;
+  out.swap(g_trace);
+  return out;
+}
 bool comm_failed() { return g_failed; }
 
 GroupPtr world_group() {

@@ -12,6 +12,7 @@
 #include <thread>
 #include <utility>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 
 #include "ckpt/engine_checkpoint.h"
@@ -54,6 +55,49 @@ std::function<TensorParallelSpec(const std::string&)> pipe_stage_tp_spec(const t
     return out;
   };
 }
+
+// [Pipeline Eager Groups] (ZT_PIPE_EAGER_COMMS=1; a candidate fix for issue 25's NCCL hang,
+// off by default until a GPU run says whether it is the fix) Every group a batch uses
+// exchanges a 1 MiB message in each direction it will carry (or reduces), and waits
+// for it, here in the constructor, while nothing else is in flight: under NCCL a group's
+// communicator, and each peer's connection, is otherwise created lazily at its first use in
+// the first batch -- ncclCommInitRank and NCCL's runtime connect block the host, collectively
+// with the peer, while kernels of other communicators (the ZeRO-2 reduce-scatters launched
+// from the backward hooks, the other channel's messages) may be spinning on a peer that is
+// itself blocked the same way. The same calls on every rank in the same order.
+void connect_pipeline_groups(const comm::GroupPtr& act, const comm::GroupPtr& grad, const comm::GroupPtr& pp,
+                             const comm::GroupPtr& mp, const comm::GroupPtr& tp, const comm::GroupPtr& dp, int stage, int p,
+                             torch::Device device) {
+  const int next = (stage + 1) % p, prev = (stage + p - 1) % p;
+  const auto opts = torch::TensorOptions().dtype(torch::kUInt8).device(device);
+  constexpr int64_t kBytes = 1 << 20;  // one MiB: past NCCL's small-message paths
+  std::vector<torch::Tensor> keep;
+  auto both_ways = [&](const comm::GroupPtr& g, int to, int from) {
+    auto out = torch::zeros({kBytes}, opts), in = torch::empty({kBytes}, opts);
+    auto out2 = torch::zeros({kBytes}, opts), in2 = torch::empty({kBytes}, opts);
+    keep.insert(keep.end(), {out, in, out2, in2});
+    // Both directions in one batch (one NCCL group): never two sends head to head.
+    g->batch_isend_irecv({comm::isend(out, to), comm::isend(out2, from), comm::irecv(in, from), comm::irecv(in2, to)})
+        ->synchronize();
+  };
+  both_ways(act, next, prev);
+  both_ways(grad, prev, next);
+  // The tied weight's channel joins the first and the last stage only.
+  if (stage == 0) both_ways(pp, p - 1, p - 1);
+  if (stage == p - 1) both_ways(pp, 0, 0);
+  auto one = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat).device(device));
+  if (mp && mp->size() > 1) mp->all_reduce(one, comm::ReduceOp::kSum, /*async=*/false)->synchronize();
+  if (tp && tp->size() > 1) tp->all_reduce(one, comm::ReduceOp::kSum, /*async=*/false)->synchronize();
+  if (dp && dp->size() > 1) {
+    // The ZeRO reductions' shapes (its communicator exists since the optimizer's broadcast).
+    const int64_t n = 4 * kBytes / dp->size() * dp->size();
+    auto full = torch::zeros({n}, opts), part = torch::empty({n / dp->size()}, opts);
+    auto f16 = full.view(torch::kBFloat16), p16 = part.view(torch::kBFloat16);
+    dp->reduce_scatter(p16, f16, comm::ReduceOp::kSum, /*async=*/false)->synchronize();
+    dp->all_gather(f16, p16, /*async=*/false)->synchronize();
+  }
+}
+
 }  // namespace
 
 PipeConfig pipeline_config(const nlohmann::json& ds_config, int world_size, const std::string& origin) {
@@ -222,17 +266,38 @@ class PipeEngine::EventTimer {
     spans_.clear();
     start_ = record();
   }
-  void span(double* bucket, const std::function<void()>& f) {
+  void span(double* bucket, std::string label, const std::function<void()>& f) {
     auto a = record();
     f();
-    spans_.push_back({bucket, std::move(a), record()});
+    spans_.push_back({bucket, std::move(label), std::move(a), record()});
   }
   void compute_end() { compute_end_ = record(); }
   // Waits for the stream, then adds each pass to its bucket and to busy_ms, and sets
   // wall_ms (start to compute end) and step_ms (compute end to now).
-  void finish(StageTiming& t) {
+  // [Pipeline Stall Watchdog] Under NCCL every wait of the batch is the stream's (receives,
+  // the ZeRO reductions), so the host runs ahead to here: this is where a message or
+  // collective that never comes would hang the rank. The wait polls the stream's event
+  // instead; past `timeout` (the group's, ZT_COMM_TIMEOUT) it logs where this rank's stream
+  // stopped -- the first pass whose start or end event has not passed, i.e. the instruction
+  // the stream waits in -- and past twice `timeout` throws CommError with the same text.
+  void finish(StageTiming& t, std::chrono::milliseconds timeout, const std::string& who) {
     auto done = record();
-    done.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    bool logged = false;
+    while (!done.query()) {
+      const auto waited = std::chrono::steady_clock::now() - t0;
+      if (waited > timeout) {
+        const std::string msg = detail::cat(
+            who, ": the stage's CUDA stream has not finished the batch after ",
+            std::chrono::duration_cast<std::chrono::milliseconds>(waited).count() / 1000.0, " s; it stopped ",
+            stalled_at(), ". A peer's message or collective it waits for never came (a peer rank hung or issued ",
+            "its operations in another order). Raise the limit with ZT_COMM_TIMEOUT=<seconds> if a rank is just slow.");
+        if (!logged) log::error("%s", msg.c_str());
+        logged = true;
+        if (waited > 2 * timeout) throw CommError(msg);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
     for (auto& s : spans_) {
       const double d = s.a.elapsed_time(s.b);
       *s.bucket += d;
@@ -244,6 +309,22 @@ class PipeEngine::EventTimer {
   }
 
  private:
+  // The first pass the stream has not completed (see finish).
+  std::string stalled_at() const {
+    for (size_t i = 0; i < spans_.size(); ++i) {
+      const auto& s = spans_[i];
+      if (!s.a.query()) {
+        return detail::cat("before pass ", i + 1, " of ", spans_.size(), " '", s.label,
+                           "' (waiting for the receive before it)");
+      }
+      if (!s.b.query()) {
+        return detail::cat("inside pass ", i + 1, " of ", spans_.size(), " '", s.label,
+                           "' (its compute, or, in a backward, the ZeRO reduce-scatters its end waits for)");
+      }
+    }
+    if (!compute_end_.query()) return "after the last pass, before the batch's end";
+    return "after every pass, in the optimizer step (the gradient norm, reductions or all-gathers over dp / mp)";
+  }
   at::cuda::CUDAEvent record() {
     at::cuda::CUDAEvent e(/*flags=*/0);  // cudaEventDefault: timing on
     e.record(c10::cuda::getCurrentCUDAStream(device_.index()));
@@ -251,6 +332,7 @@ class PipeEngine::EventTimer {
   }
   struct Span {
     double* bucket;
+    std::string label;  // the instruction, e.g. "B3.1"
     at::cuda::CUDAEvent a, b;
   };
   std::vector<Span> spans_;
@@ -258,9 +340,9 @@ class PipeEngine::EventTimer {
 #else
   [[noreturn]] static void no_cuda() { throw Error("pipeline: CUDA timing in a build without CUDA"); }
   void start() { no_cuda(); }
-  void span(double*, const std::function<void()>&) { no_cuda(); }
+  void span(double*, const std::string&, const std::function<void()>&) { no_cuda(); }
   void compute_end() { no_cuda(); }
-  void finish(StageTiming&) { no_cuda(); }
+  void finish(StageTiming&, std::chrono::milliseconds, const std::string&) { no_cuda(); }
 #endif
   torch::Device device_;
 };
@@ -345,13 +427,21 @@ PipeEngine::PipeEngine(const std::vector<LayerInfo>& layers, int model_tp,
              "back-propagates its weights inside the input-gradient pass); use 1f1b or set it to 0");
   // Interleaved 1F1B with ZeRO-2 over dp 2 hung on four H100s (NCCL) twice while it completes
   // on CPU ranks (bench/results/2026-11-26_pipe_4gpu_h100x4): refused on CUDA until diagnosed,
-  // rather than a silent hang.
-  ZT_CHECK_T(!(opts_.device.value_or(default_device()).is_cuda() && spec.virtual_stages > 1 &&
-               cfg_.config.zero_optimization.stage == 2 && d.dp > 1),
-             ConfigError, "pipeline.virtual_stages = ", spec.virtual_stages,
-             " (interleaved schedule) with zero_optimization.stage = 2 over ", d.dp,
-             " data-parallel GPUs is not supported yet (it hangs under NCCL); use zero_optimization.stage 1, "
-             "or the 1f1b / zb-h1 schedule");
+  // rather than a silent hang. ZT_PIPE_ALLOW_INTERLEAVED_ZERO2=1 lifts the refusal for the
+  // diagnosis run (scripts/device/pipe_hang_4gpu.sh; docs/pipeline.md, "What is left").
+  if (opts_.device.value_or(default_device()).is_cuda() && spec.virtual_stages > 1 &&
+      cfg_.config.zero_optimization.stage == 2 && d.dp > 1) {
+    const char* allow = std::getenv("ZT_PIPE_ALLOW_INTERLEAVED_ZERO2");
+    ZT_CHECK_T(allow != nullptr && std::string(allow) == "1", ConfigError, "pipeline.virtual_stages = ",
+               spec.virtual_stages, " (interleaved schedule) with zero_optimization.stage = 2 over ", d.dp,
+               " data-parallel GPUs is not supported yet (it hangs under NCCL); use zero_optimization.stage 1, "
+               "or the 1f1b / zb-h1 schedule");
+    if (topo.parent()->rank() == 0) {
+      log::warn("ZT_PIPE_ALLOW_INTERLEAVED_ZERO2=1: running the interleaved schedule with ZeRO-2 over %d "
+                "data-parallel GPUs, which HUNG under NCCL (issue 25) -- for diagnosis only; set ZT_COMM_TIMEOUT "
+                "so a stalled stream is reported (docs/pipeline.md)", d.dp);
+    }
+  }
   const int chunks = spec.stages * spec.virtual_stages;
   bounds_ = partition_layers(layers, chunks, po.partition,
                              spec.virtual_stages > 1 ? "pipeline.stages x virtual_stages" : "pipeline.stages");
@@ -389,6 +479,10 @@ PipeEngine::PipeEngine(const std::vector<LayerInfo>& layers, int model_tp,
   engine_ = initialize(module_, stage_cfg, eo);
   module_->place_tied_copy(engine_->device(), engine_->compute_dtype());
   for (const auto& p : module_->parameters()) params_.push_back(p);
+  const char* eager = std::getenv("ZT_PIPE_EAGER_COMMS");
+  if (spec.stages > 1 && eager != nullptr && std::string(eager) == "1") {
+    connect_pipeline_groups(act_, grad_, pp_, mp, module_->tp_group(), dp, stage_, spec.stages, engine_->device());
+  }
   int thread_level = 0;
   MPI_Query_thread(&thread_level);
   if (spec.stages > 1 && engine_->device().is_cpu() && thread_level == MPI_THREAD_MULTIPLE)
@@ -533,7 +627,7 @@ void PipeEngine::run(const Instr& in, size_t at, std::vector<MicroBatch>& mbs, s
     tied_grad_ready_ = false;
   };
   auto timed = [&](double& bucket, const std::function<void()>& f) {
-    if (events_) return events_->span(&bucket, f);
+    if (events_) return events_->span(&bucket, in.str(v > 1), f);
     const auto a = Clock::now();
     f();
     const double d = ms_since(a, Clock::now());
@@ -715,7 +809,9 @@ double PipeEngine::train_batch(const std::function<MicroBatch()>& next) {
     throw;
   }
   if (events_) {
-    events_->finish(t);
+    events_->finish(t, pp_->timeout(),
+                    detail::cat("pipeline stage ", stage_, " of ", spec.stages, " (", schedule_name(spec.kind), ", ",
+                                spec.micro_batches, " micro-batches), batch ", steps_ + 1));
   } else {
     const auto t1 = Clock::now();
     t.wall_ms = ms_since(t0, compute_end);
