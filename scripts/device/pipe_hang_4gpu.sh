@@ -21,6 +21,11 @@
 #   nooverlap    base with overlap_comm false (zerotrain's stage 2 reduces in every backward
 #                regardless: expected the same as base)
 #   control      1f1b, ZeRO-2 (passed on 4 H100s)
+#   buckets      base with reduce_bucket_size 2e7 (the default 5e8 makes each stage one bucket
+#                holding both chunks, reduce-scattered after autograd returns on the main
+#                thread; smaller buckets of one chunk go from the hooks on autograd's thread,
+#                as in 1f1b)
+#   xl           base on gpt2-xl (the model of the two hangs: 13 MB messages, not 6 MB)
 # Every run: ZT_PIPE_ALLOW_INTERLEAVED_ZERO2=1 (lifts the CUDA refusal, logged as a warning),
 # ZT_COMM_TIMEOUT (default 15: a stage whose CUDA stream stalls logs where -- "[Pipeline Stall
 # Watchdog]" -- after that many seconds and throws after twice that), NCCL_DEBUG=WARN (base:
@@ -32,18 +37,18 @@ set -uo pipefail
 source scripts/device/common.sh pipe_hang_4gpu zerotrain_cli
 MODEL=${MODEL:-gpt2}; MB=${MB:-4}; SEQ=${SEQ:-1024}; M=${M:-8}; STEPS=${STEPS:-4}
 RUN_TIMEOUT=${RUN_TIMEOUT:-70}; DUMP_AT=${DUMP_AT:-50}; BUDGET=${BUDGET:-270}
-VARIANTS=${VARIANTS:-"base eager fewchannels noconnect connections z1overlap control eagerload nooverlap"}
+VARIANTS=${VARIANTS:-"base eager fewchannels noconnect connections z1overlap control buckets eagerload xl nooverlap"}
 LIMIT=${LIMIT:-590}  # the call's 600 s: no variant starts unless it can end (RUN_TIMEOUT + 20 s) before
 export ZT_COMM_TIMEOUT=${ZT_COMM_TIMEOUT:-15} ZT_PIPE_ALLOW_INTERLEAVED_ZERO2=1
 GDB=$(command -v gdb || true); echo "gdb: ${GDB:-none}; $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x $(nvidia-smi -L | wc -l)"
 
-config() {  # $1 zero stage, $2 schedule, $3 overlap_comm
+config() {  # $1 zero stage, $2 schedule, $3 overlap_comm, $4 reduce_bucket_size
   local v=1; [ "$2" = interleaved ] && v=2
   cat <<EOF
 {"train_micro_batch_size_per_gpu": $MB, "gradient_accumulation_steps": $M, "steps_per_print": 1,
  "gradient_clipping": 1.0, "bf16": {"enabled": true},
  "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
- "zero_optimization": {"stage": $1, "overlap_comm": $3},
+ "zero_optimization": {"stage": $1, "overlap_comm": $3, "reduce_bucket_size": $4},
  "pipeline": {"stages": 2, "schedule": "$2", "virtual_stages": $v}}
 EOF
 }
@@ -78,7 +83,7 @@ for v in $VARIANTS; do
   if [ $(( $(date +%s) - S0 )) -gt $BUDGET ] || [ $(( $(date +%s) - T0 + RUN_TIMEOUT + 20 )) -gt $LIMIT ]; then
     RC[$v]=-; HUNG[$v]=-; ERR[$v]="skipped (budget: ${BUDGET} s of runs, ${LIMIT} s in all)"; continue
   fi
-  z=2; sched=interleaved; ov=true; envs=()
+  z=2; sched=interleaved; ov=true; envs=(); bucket=500000000; model=$MODEL
   case $v in
     base) envs=(NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,P2P "NCCL_DEBUG_FILE=$R/nccl_base.%p.log") ;;
     eager) envs=(ZT_PIPE_EAGER_COMMS=1 NCCL_DEBUG=WARN) ;;
@@ -89,11 +94,13 @@ for v in $VARIANTS; do
     z1overlap) z=1; envs=(NCCL_DEBUG=WARN) ;;
     nooverlap) ov=false; envs=(NCCL_DEBUG=WARN) ;;
     control) sched=1f1b; envs=(NCCL_DEBUG=WARN) ;;
+    buckets) bucket=20000000; envs=(NCCL_DEBUG=WARN) ;;
+    xl) model=gpt2-xl; envs=(NCCL_DEBUG=WARN) ;;
     *) echo "unknown variant $v"; continue ;;
   esac
-  cfg=$R/cfg_$v.json; config $z $sched $ov > $cfg
+  cfg=$R/cfg_$v.json; config $z $sched $ov $bucket > $cfg
   log=$R/$v.log; t0=$(date +%s)
-  env "${envs[@]}" timeout -k 10 $RUN_TIMEOUT $Z launch -n 4 -- $Z train --config $cfg --model $MODEL --pp 2 \
+  env "${envs[@]}" timeout -k 10 $RUN_TIMEOUT $Z launch -n 4 -- $Z train --config $cfg --model $model --pp 2 \
     --seq $SEQ --steps $STEPS --data random --print-every 1 > $log 2>&1 &
   job=$!; dumped=0
   while kill -0 $job 2>/dev/null; do
