@@ -4,15 +4,18 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <limits>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "models/gpt2.h"  // linear(): addmm whose backward accumulates into W.grad
 #include "models/linear_adapter.h"
 #include "models/llama_fused.h"
 #include "models/lm_head_loss.h"
 #include "models/parallel_init.h"
+#include "models/shared_linear.h"
 #include "zerotrain/error.h"
 
 namespace zt::models {
@@ -30,11 +33,28 @@ torch::nn::Linear make_linear(const LlamaConfig& c, int64_t in, int64_t out, boo
 
 // y = x W^T (+ b). With a bias: GPT-2's linear() (one addmm; its backward accumulates
 // into an existing W.grad). Without: at::linear (a custom autograd Function cannot take
-// the undefined bias tensor as an input).
+// the undefined bias tensor as an input). The attention and MLP linears come here only
+// when one of a group has a bias or an adapter (projs() below); Mixtral's experts always.
 // Through the Linear's adapter when it carries one (linear() dispatches itself). [Linear Adapters]
 torch::Tensor proj(const torch::nn::Linear& l, const torch::Tensor& x) {
   if (l->bias.defined()) return linear(l, x);
   return run_linear(*l, x, [&l](const torch::Tensor& t) { return F::linear(t, l->weight); });
+}
+
+// Bias-less and without an adapter: a linear shared_input_linear can take. [Shared-Input Linears]
+bool plain(const torch::nn::Linear& l) { return !l->bias.defined() && linear_adapter(*l) == nullptr; }
+
+// The linears `ls` of one input x: one shared_input_linear node when every one is plain (its
+// backward accumulates dx and each W.grad in the GEMMs), else proj() each. [Shared-Input Linears]
+std::vector<torch::Tensor> projs(const std::vector<torch::nn::Linear>& ls, const torch::Tensor& x) {
+  if (std::all_of(ls.begin(), ls.end(), [](const torch::nn::Linear& l) { return plain(l); })) {
+    std::vector<torch::Tensor> ws;
+    for (const auto& l : ls) ws.push_back(l->weight);
+    return shared_input_linear(x, ws);
+  }
+  std::vector<torch::Tensor> ys;
+  for (const auto& l : ls) ys.push_back(proj(l, x));
+  return ys;
 }
 
 // Rows of the chunked LM-head loss: about 512 MiB of fp32 logits, at least 64.
@@ -73,9 +93,10 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
                                           const torch::Tensor& mask) {
   const int64_t B = x.size(0), T = x.size(1);
   auto heads = [&](const torch::Tensor& t, int64_t n) { return t.view({B, T, n, head_dim}).transpose(1, 2); };
-  auto q = heads(proj(q_proj, x), n_head);     // (B, H, T, hd)
-  auto k = heads(proj(k_proj, x), n_kv_head);  // (B, KV, T, hd)
-  auto v = heads(proj(v_proj, x), n_kv_head);  // (B, KV, T, hd)
+  const auto qkv = projs({q_proj, k_proj, v_proj}, x);
+  auto q = heads(qkv[0], n_head);     // (B, H, T, hd)
+  auto k = heads(qkv[1], n_kv_head);  // (B, KV, T, hd)
+  auto v = heads(qkv[2], n_kv_head);  // (B, KV, T, hd)
   q = llama_rope(q, cos, sin);  // q * cos + rotate_half(q) * sin; fused on CUDA: [Llama Fused Ops]
   k = llama_rope(k, cos, sin);
   const bool gqa = n_kv_head != n_head;
@@ -92,7 +113,7 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
     y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, 0.0, /*is_causal=*/true, std::nullopt, gqa);
   }
   y = y.transpose(1, 2).contiguous().view({B, T, n_head * head_dim});
-  return proj(o_proj, y);
+  return projs({o_proj}, y)[0];
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) {
@@ -102,7 +123,8 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) {
 }
 
 torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
-  return proj(down_proj, llama_swiglu(proj(gate_proj, x), proj(up_proj, x)));  // (B, T, I) inside
+  const auto gu = projs({gate_proj, up_proj}, x);  // 2 x (B, T, I)
+  return projs({down_proj}, llama_swiglu(gu[0], gu[1]))[0];
 }
 
 MixtralExpertImpl::MixtralExpertImpl(const LlamaConfig& c) {

@@ -1,0 +1,72 @@
+// [Shared-Input Linears] (shared_linear.h).
+#include "models/shared_linear.h"
+
+#include "zerotrain/error.h"
+
+namespace zt::models {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Inputs: x2 (N, in), then the n weights (out_i, in). Outputs: y_i (N, out_i).
+struct SharedInputLinearFn : torch::autograd::Function<SharedInputLinearFn> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& x2, at::TensorList ws) {
+    ctx->save_for_backward({x2});
+    // The parameters themselves: backward reads their .grad.
+    ctx->saved_data["w"] = ws.vec();
+    // An unused output's gradient stays undefined: no zeros and no GEMM for it.
+    ctx->set_materialize_grads(false);
+    variable_list ys;
+    ys.reserve(ws.size());
+    for (const auto& w : ws) ys.push_back(at::mm(x2, w.t()));  // (N, out_i)
+    return ys;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto x2 = ctx->get_saved_variables()[0];  // (N, in)
+    const auto ws = ctx->saved_data["w"].toTensorVector();
+    variable_list grads(ws.size() + 1);  // dx, then dW_i
+    torch::Tensor& dx = grads[0];
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const auto& g = grad_out[i];  // (N, out_i), or undefined when y_i was unused
+      if (!g.defined()) continue;
+      auto w = ws[i];
+      if (ctx->needs_input_grad(0)) {
+        if (dx.defined()) dx.addmm_(g, w);  // dx += g W_i, in the GEMM
+        else dx = at::mm(g, w);             // (N, in)
+      }
+      if (!ctx->needs_input_grad(i + 1)) continue;
+      const auto& acc = w.grad();
+      if (acc.defined() && !torch::GradMode::is_enabled() && acc.is_contiguous() && acc.sizes() == w.sizes() &&
+          acc.scalar_type() == g.scalar_type() && acc.device() == g.device()) {
+        w.mutable_grad().addmm_(g.t(), x2);  // W.grad += g^T x, in the GEMM's epilogue
+      } else {
+        grads[i + 1] = at::mm(g.t(), x2);  // (out_i, in), contiguous
+      }
+    }
+    return grads;
+  }
+};
+
+}  // namespace
+
+std::vector<torch::Tensor> shared_input_linear(const torch::Tensor& x, const std::vector<torch::Tensor>& weights) {
+  ZT_CHECK(!weights.empty(), "shared_input_linear: no weights");
+  const int64_t in = x.size(-1);
+  for (const auto& w : weights) {
+    ZT_CHECK(w.dim() == 2 && w.size(1) == in, "shared_input_linear: weight ", w.sizes(), " does not take x ",
+             x.sizes());
+  }
+  const auto x2 = x.reshape({-1, in});  // (N, in)
+  // As an at::TensorList (not the vector) so that each weight is an input of the node.
+  auto ys = SharedInputLinearFn::apply(x2, at::TensorList(weights));
+  auto sizes = x.sizes().vec();
+  for (size_t i = 0; i < ys.size(); ++i) {
+    sizes.back() = weights[i].size(0);
+    ys[i] = ys[i].view(sizes);  // (..., out_i)
+  }
+  return ys;
+}
+
+}  // namespace zt::models
