@@ -57,16 +57,14 @@ std::vector<torch::Tensor> projs(const std::vector<torch::nn::Linear>& ls, const
   return ys;
 }
 
-// Rows of the chunked LM-head loss: about 512 MiB of fp32 logits, at least 64.
-int64_t loss_chunk_rows(const LlamaConfig& c) {
-  const int64_t m = std::max<int64_t>(1, c.lm_head_pad_multiple);
-  const int64_t vp = (c.vocab_size + m - 1) / m * m;
-  return std::max<int64_t>(64, (int64_t{512} << 20) / (4 * vp));
-}
-
 }  // namespace
 
-int64_t llama_loss_chunk_rows(const LlamaConfig& cfg) { return loss_chunk_rows(cfg); }
+int64_t llama_loss_chunk_rows(const LlamaConfig& c, int64_t logit_bytes) {
+  ZT_CHECK(logit_bytes > 0, "llama_loss_chunk_rows: logit_bytes ", logit_bytes, " must be positive");
+  const int64_t m = std::max<int64_t>(1, c.lm_head_pad_multiple);
+  const int64_t vp = (c.vocab_size + m - 1) / m * m;
+  return std::max<int64_t>(64, (int64_t{512} << 20) / (logit_bytes * vp));
+}
 
 // ---- modules ------------------------------------------------------------------------
 
@@ -468,7 +466,8 @@ torch::Tensor LlamaForCausalLMImpl::loss(const torch::Tensor& idx, const torch::
   const auto w = lm_head_weight();
   torch::Tensor lm;
   if (h.scalar_type() != torch::kHalf) {
-    lm = lm_head_cross_entropy(h.reshape({-1, h.size(-1)}), w, t, cfg_.lm_head_pad_multiple, loss_chunk_rows(cfg_));
+    lm = lm_head_cross_entropy(h.reshape({-1, h.size(-1)}), w, t, cfg_.lm_head_pad_multiple,
+                               llama_loss_chunk_rows(cfg_, lm_head_logit_bytes(h)));
   } else {
     // fp16: unfused (see lm_head_loss.h), the softmax in fp32.
     const auto logits = F::linear(h, w).to(torch::kFloat).view({-1, cfg_.vocab_size});

@@ -139,9 +139,13 @@ int64_t llama_num_params(const LlamaConfig& cfg);  // the tied head counted once
 // N_layers counts the num_experts_per_tok experts a token runs through, not all E.
 double llama_flops_per_token(const LlamaConfig& cfg, int64_t seq);
 
-// Rows per chunk of the fused LM-head loss (about 512 MiB of fp32 logits, at least 64): what
-// LlamaForCausalLMImpl::loss passes to lm_head_cross_entropy (a pipeline head does the same).
-int64_t llama_loss_chunk_rows(const LlamaConfig& cfg);
+// Rows per chunk of the fused LM-head loss: about 512 MiB of logits at `logit_bytes` per logit
+// (lm_head_logit_bytes of the hidden state: 2 for bf16/fp16 on the fused CUDA path, 4 on the
+// CPU and for fp32), at least 64: what LlamaForCausalLMImpl::loss passes to
+// lm_head_cross_entropy (a pipeline head does the same). Llama-3.2-1B (V 128256) at 4 x 2048
+// tokens: 1046 rows, 8 chunks, at 4 bytes; 2092 rows, 4 chunks, at 2. Fewer chunks, less
+// traffic: each chunk's head-gradient GEMM reads and writes the whole fp32 (V, C) accumulator.
+int64_t llama_loss_chunk_rows(const LlamaConfig& cfg, int64_t logit_bytes);
 
 // The rotary inverse frequencies (head_dim / 2, fp32) exactly as transformers computes
 // them for the config's rope type.

@@ -43,12 +43,15 @@ struct LmHeadCrossEntropy : torch::autograd::Function<LmHeadCrossEntropy> {
     // trained head: a frozen one (LoRA) would hold V x C x 4 bytes from here to the end of
     // backward for nothing (2.1 GB for Llama-3-8B's head; [LM Head Memory] in docs/lora.md).
     torch::Tensor dx = need_dx ? at::empty_like(x, at::MemoryFormat::Contiguous) : torch::Tensor();
-    torch::Tensor dw = need_dw ? at::zeros({Vp, C}, fopt) : torch::Tensor();
-    auto loss_sum = at::zeros({}, fopt);
-    const auto valid_all = targets.ne(-1);
     // CUDA: zerotrain's fused kernel turns each chunk's logits into their gradient in
     // place (src/kernels/softmax_xent.h), with no host sync.
     const bool fused = kernels::runs_on(x);
+    // Fused: the first chunk's GEMM writes dw with beta 0, so it needs no zeroing pass
+    // (N > 0: there is a first chunk). Unfused: each chunk's product is added to zeros.
+    torch::Tensor dw;
+    if (need_dw) dw = fused && N > 0 ? at::empty({Vp, C}, fopt) : at::zeros({Vp, C}, fopt);
+    auto loss_sum = at::zeros({}, fopt);
+    const auto valid_all = targets.ne(-1);
     // Unfused, one host sync per call: masking rows of ignored targets is a full pass
     // over the chunk's logits, worth skipping when (as in pre-training) every target counts.
     const bool any_ignored = !fused && !valid_all.all().item<bool>();
@@ -66,10 +69,12 @@ struct LmHeadCrossEntropy : torch::autograd::Function<LmHeadCrossEntropy> {
         // dw += g^T xc accumulated by the GEMM itself in fp32 (bf16/fp16 inputs, fp32 output
         // and beta 1): no (Vp, C) product in x's dtype and no separate pass adding it, which
         // cost one read-read-write of the fp32 head gradient per chunk (8.6 ms of a Llama-3.2-1B
-        // step at mb 4: 8 chunks of 1 GB). fp32 inputs: the plain addmm.
+        // step at mb 4: 8 chunks of 1 GB). fp32 inputs: the plain addmm. The first chunk
+        // writes dw with beta 0 (dw is uninitialised; beta 0 reads none of it, NaN included).
         if (need_dw) {
-          if (x.scalar_type() == at::kFloat) dw.addmm_(g.t(), xc);
-          else at::addmm_out(dw, dw, g.t(), xc, at::kFloat);
+          const double beta = r0 == 0 ? 0.0 : 1.0;
+          if (x.scalar_type() == at::kFloat) dw.addmm_(g.t(), xc, beta);
+          else at::addmm_out(dw, dw, g.t(), xc, at::kFloat, beta);
         }
         continue;
       }
@@ -115,6 +120,11 @@ struct LmHeadCrossEntropy : torch::autograd::Function<LmHeadCrossEntropy> {
 };
 
 }  // namespace
+
+int64_t lm_head_logit_bytes(const torch::Tensor& x) {
+  // Must agree with LmHeadCrossEntropy::forward's choice of path (`fused`).
+  return kernels::runs_on(x) ? static_cast<int64_t>(x.element_size()) : 4;
+}
 
 torch::Tensor lm_head_cross_entropy(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& targets,
                                     int64_t pad_multiple, int64_t chunk_rows) {

@@ -24,6 +24,12 @@
 
 namespace zt::models {
 
+// Bytes per logit of a chunk lm_head_cross_entropy computes for x: x's element size on the
+// fused CUDA path (the chunk's logits stay in x's dtype and become their gradient in place:
+// 2 for bf16/fp16), else 4 (the unfused path's fp32 copy). A caller sizing `chunk_rows` to
+// a byte budget divides by this.
+int64_t lm_head_logit_bytes(const torch::Tensor& x);
+
 // x (N, C) in the compute dtype, w (V, C) in the same dtype, targets (N) int64.
 // Returns the scalar fp32 mean loss; differentiable in x and w (in those that require grad).
 torch::Tensor lm_head_cross_entropy(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& targets,

@@ -95,8 +95,8 @@ torch::Tensor LlamaStageImpl::head_loss(const torch::Tensor& x, const torch::Ten
   const torch::Tensor w = cfg_.tie_word_embeddings ? (tied_copy_.defined() ? tied_copy_ : embed_tokens_->weight)
                                                    : lm_head_->weight;  // (V, d)
   if (h.scalar_type() != torch::kHalf) {
-    return models::lm_head_cross_entropy(h.reshape({-1, h.size(-1)}), w, t, cfg_.lm_head_pad_multiple,
-                                         models::llama_loss_chunk_rows(cfg_));
+    const int64_t rows = models::llama_loss_chunk_rows(cfg_, models::lm_head_logit_bytes(h));
+    return models::lm_head_cross_entropy(h.reshape({-1, h.size(-1)}), w, t, cfg_.lm_head_pad_multiple, rows);
   }
   const auto logits = F::linear(h, w).to(torch::kFloat).view({-1, cfg_.vocab_size});
   return F::cross_entropy(logits, t, F::CrossEntropyFuncOptions().ignore_index(-1));

@@ -9,12 +9,17 @@
 // Tolerances: fp32: |dw - ref| <= 1e-5 * max|ref|; bf16: <= 2e-2 * max|ref| (the logit
 // gradient is rounded to bf16 before the GEMM, as before), and the max error <= 1.05 x the
 // former formulation's + 1e-7 * max|ref|. dx (its path is unchanged): 1e-5 in fp32, 5e-2
-// in bf16.
+// in bf16. Then many chunks against one (the first chunk's beta-0 GEMM into an uninitialised
+// buffer) and the 2-byte logits of the chunk-rows rule.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <limits>
+#include <vector>
+
 #include "models/lm_head_loss.h"
+#include "models/llama.h"
 #include "support/gpu_util.h"
 
 namespace zt::models {
@@ -92,6 +97,60 @@ TEST_F(LmHeadLossGpu, HeadGradientAccumulatesInFp32AcrossChunks) {
       EXPECT_LE(ew, 1.05 * ew_old + 1e-7 * scale_w) << "new " << ew << " former " << ew_old;
     }
   }
+}
+// Many chunks against one, same inputs: the head gradient's first chunk is written with beta
+// 0 into an uninitialised buffer (blocks of NaN were freed into the caching allocator just
+// before, so a read of it would show), later chunks accumulate with beta 1. Tolerances
+// (M = max |one-chunk|): fp32: loss 1e-5 relative, dw and dx 1e-5 M (sum orders); bf16: loss
+// 1e-3 relative, dw and dx 2^-7 |ref| + 2^-8 M (a GEMM of another M may round a bf16 logit
+// the other way, and the fp32 sums may round the other way into bf16: an ulp or two).
+TEST_F(LmHeadLossGpu, ManyChunksMatchOneChunk) {
+  for (auto dt : {at::kFloat, at::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dt));
+    at::manual_seed(9);
+    const int64_t N = 300, C = 96, V = 1001, Vp = 1024;
+    const auto x0 = (at::randn({N, C}) * 2).to(on(dt));
+    const auto w0 = (at::randn({V, C}) * 0.5).to(on(dt));
+    auto t = at::randint(0, V, {N}, at::TensorOptions(at::kLong));
+    t.narrow(0, 3, 4).fill_(-1);
+    t = t.to(dev_);
+    auto run = [&](int64_t chunk) {
+      {
+        std::vector<at::Tensor> junk;  // freed at once: what at::empty hands out next
+        for (int i = 0; i < 8; ++i) {
+          junk.push_back(at::full({Vp, C}, std::numeric_limits<float>::quiet_NaN(), on(at::kFloat)));
+        }
+      }
+      auto x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+      auto loss = lm_head_cross_entropy(x, w, t, 64, chunk);
+      loss.backward();
+      return std::vector<at::Tensor>{loss.detach(), x.grad(), w.grad()};
+    };
+    const auto one = run(N), many = run(64);  // 1 chunk; 5 chunks, the last one 44 rows
+    for (const auto& g : many) EXPECT_TRUE(at::isfinite(g).all().item<bool>()) << "a NaN/inf got in";
+    const bool f32 = dt == at::kFloat;
+    EXPECT_NEAR(many[0].item<double>(), one[0].item<double>(), (f32 ? 1e-5 : 1e-3) * std::abs(one[0].item<double>()));
+    auto expect_close = [](const at::Tensor& a, const at::Tensor& e, double rel, double of_max, const char* what) {
+      const auto ad = a.cpu().to(at::kDouble), ed = e.cpu().to(at::kDouble);
+      const double m = ed.abs().max().item<double>();
+      const auto excess = (ad - ed).abs() - (ed.abs() * rel + of_max * m);
+      EXPECT_LE(excess.max().item<double>(), 0.0) << what << ": max |diff| " << (ad - ed).abs().max().item<double>()
+                                                  << ", max |ref| " << m;
+    };
+    expect_close(many[1], one[1], f32 ? 0.0 : 1.0 / 128, f32 ? 1e-5 : 1.0 / 256, "dx");
+    expect_close(many[2], one[2], f32 ? 0.0 : 1.0 / 128, f32 ? 1e-5 : 1.0 / 256, "dw");
+  }
+}
+
+// The chunk-rows rule's input (models/llama.h llama_loss_chunk_rows): on the fused path the
+// logits are in x's dtype, so bf16/fp16 count 2 bytes each and Llama-3.2-1B's chunk doubles.
+TEST_F(LmHeadLossGpu, LogitBytesFollowTheFusedPath) {
+  EXPECT_EQ(lm_head_logit_bytes(at::zeros({2, 3}, on(at::kBFloat16))), 2);
+  EXPECT_EQ(lm_head_logit_bytes(at::zeros({2, 3}, on(at::kHalf))), 2);
+  EXPECT_EQ(lm_head_logit_bytes(at::zeros({2, 3}, on(at::kFloat))), 4);
+  EXPECT_EQ(lm_head_logit_bytes(at::zeros({2, 3}, at::kBFloat16)), 4);  // the CPU: unfused
+  const auto c = named_llama("llama3.2-1b");
+  EXPECT_EQ(llama_loss_chunk_rows(c, lm_head_logit_bytes(at::zeros({2, 3}, on(at::kBFloat16)))), 2092);
 }
 #else
 TEST(LmHeadLossGpu, NeedsACudaBuild) { GTEST_SKIP() << "zerotrain was built without CUDA (ZT_WITH_CUDA off)"; }

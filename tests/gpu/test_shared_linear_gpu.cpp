@@ -41,7 +41,8 @@ struct Tol {
 };
 Tol grad_tol(at::ScalarType t) { return t == at::kFloat ? Tol{1e-5, 1e-5} : Tol{1.0 / 64, 1.0 / 64}; }
 
-::testing::AssertionResult close(const at::Tensor& actual, const at::Tensor& expected, Tol tol, const std::string& what) {
+::testing::AssertionResult close(const at::Tensor& actual, const at::Tensor& expected, Tol tol,
+                                 const std::string& what) {
   if (!actual.defined() && !expected.defined()) return ::testing::AssertionSuccess();
   if (!actual.defined() || !expected.defined()) {
     return ::testing::AssertionFailure() << what << ": a gradient is missing (shared " << actual.defined()

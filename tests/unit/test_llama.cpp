@@ -14,6 +14,7 @@
 #include "models/hf_checkpoint.h"
 #include "models/hf_llama.h"
 #include "models/llama.h"
+#include "models/lm_head_loss.h"
 #include "io/safetensors.h"
 #include "zerotrain/error.h"
 
@@ -101,6 +102,25 @@ TEST(LlamaConfig, FlopsPerTokenFormula) {
   const auto e = zt::models::named_llama("llama3-8b");  // untied: N counts both tables
   const double N8 = 8030261248.0, Vd8 = 128256.0 * 4096.0;
   EXPECT_DOUBLE_EQ(zt::models::llama_flops_per_token(e, 8192), 6.0 * (N8 - 2 * Vd8 + Vd8) + 12.0 * 32 * 4096 * 8192);
+}
+
+TEST(LlamaLmHead, ChunkRowsCountTheLogitsInTheirDtypeOnTheFusedPath) {
+  // About 512 MiB of logits per chunk: 1B (Vp 128256) at 4 x 2048 tokens is 8 chunks of fp32
+  // logits (the CPU, or fp32 on CUDA) and 4 of bf16/fp16 ones (the fused CUDA path keeps the
+  // chunk in x's dtype).
+  const auto c = zt::models::named_llama("llama3.2-1b");
+  const int64_t r4 = zt::models::llama_loss_chunk_rows(c, 4), r2 = zt::models::llama_loss_chunk_rows(c, 2);
+  EXPECT_EQ(r4, (int64_t{512} << 20) / (4 * 128256));  // 1046
+  EXPECT_EQ(r2, 2 * r4);                               // 2092
+  EXPECT_EQ((8192 + r4 - 1) / r4, 8);
+  EXPECT_EQ((8192 + r2 - 1) / r2, 4);
+  // At least 64 rows however wide the vocabulary.
+  auto wide = c;
+  wide.vocab_size = int64_t{1} << 24;
+  EXPECT_EQ(zt::models::llama_loss_chunk_rows(wide, 2), 64);
+  // The CPU takes the unfused path (fp32 logits) whatever x's dtype: its chunks are unchanged.
+  EXPECT_EQ(zt::models::lm_head_logit_bytes(torch::zeros({2, 3}, torch::kBFloat16)), 4);
+  EXPECT_EQ(zt::models::lm_head_logit_bytes(torch::zeros({2, 3}, torch::kFloat)), 4);
 }
 
 TEST(LlamaConfig, HuggingFaceParameterNamesAndShapes) {
