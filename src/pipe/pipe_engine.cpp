@@ -56,8 +56,10 @@ std::function<TensorParallelSpec(const std::string&)> pipe_stage_tp_spec(const t
   };
 }
 
-// [Pipeline Eager Groups] (ZT_PIPE_EAGER_COMMS=1; a candidate fix for issue 25's NCCL hang,
-// off by default until a GPU run says whether it is the fix) Every group a batch uses
+// [Pipeline Eager Groups] (on by default; ZT_PIPE_EAGER_COMMS=0 turns it off) The fix of
+// issue 25's NCCL hang (interleaved 1F1B, ZeRO-2, pp 2 x dp 2, GPT-2 XL on 4 H100s: hung
+// with lazy groups in 4 of 4 variants, completed with this; bench/results/2026-11-27_pipe_hang_h100x4).
+// Every group a batch uses
 // exchanges a 1 MiB message in each direction it will carry (or reduces), and waits
 // for it, here in the constructor, while nothing else is in flight: under NCCL a group's
 // communicator, and each peer's connection, is otherwise created lazily at its first use in
@@ -425,20 +427,23 @@ PipeEngine::PipeEngine(const std::vector<LayerInfo>& layers, int model_tp,
   ZT_CHECK_T(!(po.activation_checkpoint_interval > 0 && splits_backward(spec.kind)), ConfigError,
              "pipeline.activation_checkpoint_interval > 0 cannot run with the zb-h1 schedule (a checkpointed range "
              "back-propagates its weights inside the input-gradient pass); use 1f1b or set it to 0");
-  // Interleaved 1F1B with ZeRO-2 over dp 2 hung on four H100s (NCCL) twice while it completes
-  // on CPU ranks (bench/results/2026-11-26_pipe_4gpu_h100x4): refused on CUDA until diagnosed,
-  // rather than a silent hang. ZT_PIPE_ALLOW_INTERLEAVED_ZERO2=1 lifts the refusal for the
-  // diagnosis run (scripts/device/pipe_hang_4gpu.sh; docs/pipeline.md, "What is left").
+  // Interleaved 1F1B with ZeRO-2 over dp > 1 hangs under NCCL when the pipeline's groups
+  // connect lazily inside the first batch ([Pipeline Eager Groups]): with the eager setup
+  // turned off (ZT_PIPE_EAGER_COMMS=0) it is refused on CUDA rather than left to hang;
+  // ZT_PIPE_ALLOW_INTERLEAVED_ZERO2=1 lifts that refusal (diagnosis only).
+  const char* eager_env = std::getenv("ZT_PIPE_EAGER_COMMS");
+  const bool eager_groups = eager_env == nullptr || std::string(eager_env) != "0";
   if (opts_.device.value_or(default_device()).is_cuda() && spec.virtual_stages > 1 &&
-      cfg_.config.zero_optimization.stage == 2 && d.dp > 1) {
+      cfg_.config.zero_optimization.stage == 2 && d.dp > 1 && !eager_groups) {
     const char* allow = std::getenv("ZT_PIPE_ALLOW_INTERLEAVED_ZERO2");
     ZT_CHECK_T(allow != nullptr && std::string(allow) == "1", ConfigError, "pipeline.virtual_stages = ",
                spec.virtual_stages, " (interleaved schedule) with zero_optimization.stage = 2 over ", d.dp,
-               " data-parallel GPUs is not supported yet (it hangs under NCCL); use zero_optimization.stage 1, "
-               "or the 1f1b / zb-h1 schedule");
+               " data-parallel GPUs with ZT_PIPE_EAGER_COMMS=0 hangs under NCCL (lazily connected pipeline "
+               "groups); unset ZT_PIPE_EAGER_COMMS, or use zero_optimization.stage 1, or the 1f1b / zb-h1 schedule");
     if (topo.parent()->rank() == 0) {
-      log::warn("ZT_PIPE_ALLOW_INTERLEAVED_ZERO2=1: running the interleaved schedule with ZeRO-2 over %d "
-                "data-parallel GPUs, which HUNG under NCCL (issue 25) -- for diagnosis only; set ZT_COMM_TIMEOUT "
+      log::warn("ZT_PIPE_ALLOW_INTERLEAVED_ZERO2=1 with ZT_PIPE_EAGER_COMMS=0: running the interleaved schedule "
+                "with ZeRO-2 over %d data-parallel GPUs and lazy pipeline groups, which HANGS under NCCL (issue "
+                "25) -- for diagnosis only; set ZT_COMM_TIMEOUT "
                 "so a stalled stream is reported (docs/pipeline.md)", d.dp);
     }
   }
@@ -479,8 +484,7 @@ PipeEngine::PipeEngine(const std::vector<LayerInfo>& layers, int model_tp,
   engine_ = initialize(module_, stage_cfg, eo);
   module_->place_tied_copy(engine_->device(), engine_->compute_dtype());
   for (const auto& p : module_->parameters()) params_.push_back(p);
-  const char* eager = std::getenv("ZT_PIPE_EAGER_COMMS");
-  if (spec.stages > 1 && eager != nullptr && std::string(eager) == "1") {
+  if (spec.stages > 1 && eager_groups) {
     connect_pipeline_groups(act_, grad_, pp_, mp, module_->tp_group(), dp, stage_, spec.stages, engine_->device());
   }
   int thread_level = 0;

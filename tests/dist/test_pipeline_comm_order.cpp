@@ -8,11 +8,12 @@
 //    be identical -- the bucket reduce-scatters fired from the backward hooks included,
 //    interleaved with the schedule's messages at the same places. A difference (a bucket
 //    launched in another order, one rank reducing a bucket the other skips) deadlocks NCCL.
-//  * EagerGroupsLeaveNoFirstUseInsideABatch: with ZT_PIPE_EAGER_COMMS=1 ([Pipeline Eager
+//  * EagerGroupsLeaveNoFirstUseInsideABatch: with the default eager setup ([Pipeline Eager
 //    Groups] in src/pipe/pipe_engine.cpp) no group is used for the first time inside a batch
 //    (under NCCL a first use creates the communicator and connects the peer, blocking the host
 //    collectively); without it some group's first use comes after the batch's first
-//    reduce-scatter, the situation the eager setup removes.
+//    reduce-scatter (ZT_PIPE_EAGER_COMMS=0), the situation that hung on 4 H100s and that the
+//    eager setup removes (it completes there: bench/results/2026-11-27_pipe_hang_h100x4).
 // Every case at pp 2 x dp 2 (4 ranks; skipped at other sizes), GPT-2 (4 blocks, C 64, fp32),
 // reduce buckets of 5000 elements (buckets holding parameters of both chunks), 2 batches.
 #include <gtest/gtest.h>
@@ -169,9 +170,9 @@ TEST_P(PipelineCommOrder, EagerGroupsLeaveNoFirstUseInsideABatch) {
   if (world->size() != 4) GTEST_SKIP() << "pp 2 x dp 2 needs 4 ranks, the run has " << world->size();
   for (bool eager : {false, true}) {
     if (eager) {
-      setenv("ZT_PIPE_EAGER_COMMS", "1", 1);
+      unsetenv("ZT_PIPE_EAGER_COMMS");  // the default: [Pipeline Eager Groups] on
     } else {
-      unsetenv("ZT_PIPE_EAGER_COMMS");
+      setenv("ZT_PIPE_EAGER_COMMS", "0", 1);
     }
     parallel::Topology topo(world, parallel::ParallelDims::make(4, 2, 1, 2));
     const Traced r = run(c, topo);
@@ -190,7 +191,7 @@ TEST_P(PipelineCommOrder, EagerGroupsLeaveNoFirstUseInsideABatch) {
       if (e.op == "reduce_scatter") after_rs = true;
     }
     if (eager) {
-      EXPECT_EQ(first_uses, 0) << c.name << ": with ZT_PIPE_EAGER_COMMS=1 a group is still first used inside a batch";
+      EXPECT_EQ(first_uses, 0) << c.name << ": with the eager groups (the default) a group is still first used inside a batch";
     } else if (c.zero_stage == 2) {
       // The lazy first use the eager setup removes: e.g. the tied weight's pp group and the
       // norm's model-parallel group, first used after the batch's reduce-scatters.
