@@ -100,6 +100,7 @@ struct LmHeadCrossEntropy : torch::autograd::Function<LmHeadCrossEntropy> {
     const auto count = valid_all.sum().to(at::kFloat).clamp_min(1.0);
     ctx->save_for_backward({dx, need_dw ? dw.narrow(0, 0, V) : dw, count});
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
+    if (need_dw) ctx->saved_data["w"] = w;  // the parameter itself (its .grad is read in backward)
     return loss_sum / count;
   }
 
@@ -110,10 +111,21 @@ struct LmHeadCrossEntropy : torch::autograd::Function<LmHeadCrossEntropy> {
     torch::Tensor dx, dw;
     if (saved[0].defined()) dx = (saved[0].to(at::kFloat) * scale).to(saved[0].scalar_type());
     if (saved[1].defined()) {
-      // Computed in fp32, rounded once into w's dtype: (dw * scale).to(w_dtype) without the
-      // (V, C) fp32 temporary (on CUDA; the CPU's TensorIterator makes one internally).
-      dw = at::empty(saved[1].sizes(), saved[1].options().dtype(w_dtype));
-      at::mul_out(dw, saved[1], scale);
+      auto w = ctx->saved_data["w"].toTensor();
+      const auto& acc = w.grad();
+      if (acc.defined() && !torch::GradMode::is_enabled() && acc.is_contiguous() && acc.sizes() == saved[1].sizes() &&
+          acc.scalar_type() == w_dtype && acc.device() == saved[1].device()) {
+        // W.grad exists (the engine's flat gradient buffer at ZeRO stages 0-1): add the scaled
+        // fp32 sum into it in one pass, rounded once, as GPT-2's LinearFn accumulates in its GEMM;
+        // W's AccumulateGrad then receives no gradient (its hooks still run). Saves the (V, C)
+        // gradient in w's dtype and autograd's separate add of it (two passes over V x C).
+        w.mutable_grad().addcmul_(saved[1], scale);
+      } else {
+        // Computed in fp32, rounded once into w's dtype: (dw * scale).to(w_dtype) without the
+        // (V, C) fp32 temporary (on CUDA; the CPU's TensorIterator makes one internally).
+        dw = at::empty(saved[1].sizes(), saved[1].options().dtype(w_dtype));
+        at::mul_out(dw, saved[1], scale);
+      }
     }
     return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }

@@ -398,3 +398,35 @@ TEST(GPT2, CudaForwardAndHostCheckpointing) {
 }
 
 }  // namespace zt_test_gpt2
+
+// The chunked LM-head loss adds its weight gradient straight into an existing W.grad (the
+// engine's flat buffer at ZeRO stages 0-1) in one pass; AccumulateGrad then gets no gradient,
+// and its hooks still fire. Same values as a fresh gradient added to the buffer.
+TEST(LmHeadLoss, AccumulatesTheWeightGradientIntoAnExistingGrad) {
+  torch::manual_seed(3);
+  auto x = torch::randn({12, 16}).requires_grad_();
+  auto w = (torch::randn({50, 16}) * 0.1).requires_grad_();
+  auto t = torch::randint(0, 50, {12}, torch::kLong);
+  t[4] = -1;  // an ignored row
+  zt::models::lm_head_cross_entropy(x, w, t, 8, 5).backward();  // no .grad yet: a fresh one
+  const auto fresh = w.grad().clone(), dx = x.grad().clone();
+  const auto before = torch::randn({50, 16});
+  w.mutable_grad() = before.clone();
+  x.mutable_grad() = torch::Tensor();
+  const void* buf = w.grad().data_ptr();
+  int fired = 0, handed = 0;  // hook calls; calls where autograd handed AccumulateGrad a gradient
+  auto acc = torch::autograd::impl::grad_accumulator(w);  // held: the variable keeps it weakly
+  ASSERT_NE(acc, nullptr);
+  acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+      [&](const torch::autograd::variable_list& out, const torch::autograd::variable_list& in) {
+        ++fired;
+        if (!in.empty() && in[0].defined()) ++handed;
+        return out;
+      }));
+  zt::models::lm_head_cross_entropy(x, w, t, 8, 5).backward();
+  EXPECT_EQ(fired, 1);
+  EXPECT_EQ(handed, 0) << "the loss returned a separate weight gradient for autograd to add";
+  EXPECT_EQ(w.grad().data_ptr(), buf);
+  EXPECT_TRUE(torch::allclose(w.grad(), before + fresh, 1e-6, 1e-6)) << (w.grad() - before - fresh).abs().max();
+  EXPECT_TRUE(torch::equal(x.grad(), dx));
+}
