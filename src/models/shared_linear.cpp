@@ -1,6 +1,10 @@
 // [Shared-Input Linears] (shared_linear.h).
 #include "models/shared_linear.h"
 
+#include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "models/deferred_grad.h"
 #include "zerotrain/error.h"
 
 namespace zt::models {
@@ -36,20 +40,43 @@ struct SharedInputLinearFn : torch::autograd::Function<SharedInputLinearFn> {
         if (dx.defined()) dx.addmm_(g, w);  // dx += g W_i, in the GEMM
         else dx = at::mm(g, w);             // (N, in)
       }
-      if (!ctx->needs_input_grad(i + 1)) continue;
-      const auto& acc = w.grad();
-      if (acc.defined() && !torch::GradMode::is_enabled() && acc.is_contiguous() && acc.sizes() == w.sizes() &&
-          acc.scalar_type() == g.scalar_type() && acc.device() == g.device()) {
-        w.mutable_grad().addmm_(g.t(), x2);  // W.grad += g^T x, in the GEMM's epilogue
-      } else {
-        grads[i + 1] = at::mm(g.t(), x2);  // (out_i, in), contiguous
+      if (!ctx->needs_input_grad(i + 1)) {
+        // zb-h1's input-gradient pass: W_i's gradient later, in W. [Deferred Weight Gradients]
+        defer_weight_grads({w}, [w, g, x2] { return std::vector<torch::Tensor>{weight_grad(w, g, x2)}; });
+        continue;
       }
+      grads[i + 1] = weight_grad(w, g, x2);
     }
     return grads;
+  }
+
+  // g^T x2 added into W.grad by the GEMM when W.grad can take it (then undefined is
+  // returned), else a fresh (out, in) gradient.
+  static torch::Tensor weight_grad(torch::Tensor w, const torch::Tensor& g, const torch::Tensor& x2) {
+    if (accumulates_in_place(w, g.scalar_type(), g.device())) {
+      w.mutable_grad().addmm_(g.t(), x2);  // W.grad += g^T x, in the GEMM's epilogue
+      return {};
+    }
+    return at::mm(g.t(), x2);  // (out_i, in), contiguous
   }
 };
 
 }  // namespace
+
+bool accumulates_in_place(const torch::Tensor& w, at::ScalarType dtype, const at::Device& device) {
+  const auto& acc = w.grad();
+  if (!(acc.defined() && !torch::GradMode::is_enabled() && acc.is_contiguous() && acc.sizes() == w.sizes() &&
+        acc.scalar_type() == dtype && acc.device() == device)) {
+    return false;
+  }
+  // The running graph task: no execution info = a plain backward, where every node runs.
+  const auto* info = torch::autograd::get_current_graph_task_exec_info();
+  if (info == nullptr || info->empty()) return true;
+  const auto node = torch::autograd::impl::try_get_grad_accumulator(w);
+  if (!node) return false;
+  const auto it = info->find(node.get());
+  return it != info->end() && it->second.needed_;  // needed_: AccumulateGrad runs (captures_: grad() takes it)
+}
 
 std::vector<torch::Tensor> shared_input_linear(const torch::Tensor& x, const std::vector<torch::Tensor>& weights) {
   ZT_CHECK(!weights.empty(), "shared_input_linear: no weights");
