@@ -24,6 +24,7 @@
 
 #include "models/shared_linear.h"
 #include "support/gpu_util.h"
+#include "support/grad_probe.h"
 
 namespace zt::models {
 namespace test_shared_linear_gpu {
@@ -142,23 +143,14 @@ TEST_F(LlamaSharedLinearGpu, AccumulatesIntoTheFlatBufferInPlace) {
     auto flat = v.clone();  // the engine's flat gradient buffer
     std::vector<at::Tensor> ws, wref;
     std::vector<const void*> ptrs;
-    std::vector<int> calls(outs.size(), 0), fresh(outs.size(), 0);
-    std::vector<std::shared_ptr<torch::autograd::Node>> accs;  // held, as the reducer holds them
+    std::vector<std::unique_ptr<::test_support::GradAccumulatorProbe>> probes;
     int64_t off = 0;
     for (size_t i = 0; i < outs.size(); ++i) {
       auto w = randn({outs[i], in}, dt, 0.05).requires_grad_(true);
       w.mutable_grad() = flat.narrow(0, off, outs[i] * in).view({outs[i], in});
       off += outs[i] * in;
       ptrs.push_back(w.grad().data_ptr());
-      auto acc = torch::autograd::impl::grad_accumulator(w);
-      acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-          [&calls, &fresh, i](const torch::autograd::variable_list& outputs,
-                              const torch::autograd::variable_list& inputs) {
-            ++calls[i];
-            if (!inputs.empty() && inputs[0].defined()) ++fresh[i];
-            return outputs;
-          }));
-      accs.push_back(std::move(acc));
+      probes.push_back(std::make_unique<::test_support::GradAccumulatorProbe>(w));
       ws.push_back(w);
       wref.push_back(w.detach().clone().requires_grad_(true));
     }
@@ -178,8 +170,8 @@ TEST_F(LlamaSharedLinearGpu, AccumulatesIntoTheFlatBufferInPlace) {
       const auto vi = v.narrow(0, off, outs[i] * in).view({outs[i], in});
       off += outs[i] * in;
       EXPECT_TRUE(close(ws[i].grad(), vi + wref[i].grad(), grad_tol(dt), "W.grad"));
-      EXPECT_EQ(calls[i], 1) << "AccumulateGrad's post hook";
-      EXPECT_EQ(fresh[i], 0) << "a separate dW reached AccumulateGrad: the GEMM did not accumulate";
+      EXPECT_EQ(probes[i]->calls, 1) << "AccumulateGrad's post hook";
+      EXPECT_EQ(probes[i]->handed, 0) << "a separate dW reached AccumulateGrad: the GEMM did not accumulate";
     }
   }
 }

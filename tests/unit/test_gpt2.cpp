@@ -11,6 +11,7 @@
 #include "models/checkpoint.h"
 #include "models/gpt2.h"
 #include "models/lm_head_loss.h"
+#include "support/grad_probe.h"
 #include "zerotrain/error.h"
 
 namespace zt_test_gpt2 {
@@ -414,18 +415,10 @@ TEST(LmHeadLoss, AccumulatesTheWeightGradientIntoAnExistingGrad) {
   w.mutable_grad() = before.clone();
   x.mutable_grad() = torch::Tensor();
   const void* buf = w.grad().data_ptr();
-  int fired = 0, handed = 0;  // hook calls; calls where autograd handed AccumulateGrad a gradient
-  auto acc = torch::autograd::impl::grad_accumulator(w);  // held: the variable keeps it weakly
-  ASSERT_NE(acc, nullptr);
-  acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-      [&](const torch::autograd::variable_list& out, const torch::autograd::variable_list& in) {
-        ++fired;
-        if (!in.empty() && in[0].defined()) ++handed;
-        return out;
-      }));
+  test_support::GradAccumulatorProbe probe(w);
   zt::models::lm_head_cross_entropy(x, w, t, 8, 5).backward();
-  EXPECT_EQ(fired, 1);
-  EXPECT_EQ(handed, 0) << "the loss returned a separate weight gradient for autograd to add";
+  EXPECT_EQ(probe.calls, 1);
+  EXPECT_EQ(probe.handed, 0) << "the loss returned a separate weight gradient for autograd to add";
   EXPECT_EQ(w.grad().data_ptr(), buf);
   EXPECT_TRUE(torch::allclose(w.grad(), before + fresh, 1e-6, 1e-6)) << (w.grad() - before - fresh).abs().max();
   EXPECT_TRUE(torch::equal(x.grad(), dx));

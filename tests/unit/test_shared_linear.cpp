@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "models/shared_linear.h"
+#include "support/grad_probe.h"
 
 namespace zt::models {
 namespace test_shared_linear {
@@ -119,27 +120,14 @@ TEST(LlamaSharedLinear, AccumulatesIntoAnExistingGradInPlace) {
   auto flat = v.clone();
   std::vector<torch::Tensor> ws, wref;
   std::vector<const void*> ptrs;
-  std::vector<int> hook_calls(outs.size(), 0);
-  std::vector<int> fresh_grads(outs.size(), 0);  // calls that brought AccumulateGrad a gradient
-  // The variable holds its AccumulateGrad weakly: keep each one (and its hook) alive, as the
-  // gradient reducer does (accumulators_).
-  std::vector<std::shared_ptr<torch::autograd::Node>> accs;
+  std::vector<std::unique_ptr<::test_support::GradAccumulatorProbe>> probes;
   int64_t off = 0;
   for (size_t i = 0; i < outs.size(); ++i) {
     auto w = (torch::randn({outs[i], in}) * 0.3).requires_grad_(true);
     w.mutable_grad() = flat.narrow(0, off, outs[i] * in).view({outs[i], in});
     off += outs[i] * in;
     ptrs.push_back(w.grad().data_ptr());
-    auto acc = torch::autograd::impl::grad_accumulator(w);
-    ASSERT_NE(acc, nullptr);
-    acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [&hook_calls, &fresh_grads, i](const torch::autograd::variable_list& outputs,
-                                       const torch::autograd::variable_list& inputs) {
-          ++hook_calls[i];
-          if (!inputs.empty() && inputs[0].defined()) ++fresh_grads[i];
-          return outputs;
-        }));
-    accs.push_back(std::move(acc));
+    probes.push_back(std::make_unique<::test_support::GradAccumulatorProbe>(w));
     ws.push_back(w);
     wref.push_back(w.detach().clone().requires_grad_(true));
   }
@@ -164,8 +152,8 @@ TEST(LlamaSharedLinear, AccumulatesIntoAnExistingGradInPlace) {
     const auto vi = v.narrow(0, off, outs[i] * in).view({outs[i], in});
     off += outs[i] * in;
     EXPECT_TRUE(close(ws[i].grad(), vi + wref[i].grad(), "W.grad"));
-    EXPECT_EQ(hook_calls[i], 1) << "AccumulateGrad's post hook";
-    EXPECT_EQ(fresh_grads[i], 0) << "a separate dW reached AccumulateGrad: the GEMM did not accumulate";
+    EXPECT_EQ(probes[i]->calls, 1) << "AccumulateGrad's post hook";
+    EXPECT_EQ(probes[i]->handed, 0) << "a separate dW reached AccumulateGrad: the GEMM did not accumulate";
   }
   // The buffer itself holds the sums (the views were written through).
   EXPECT_TRUE(close(flat.narrow(0, 0, outs[0] * in).view({outs[0], in}), ws[0].grad(), "flat buffer"));
@@ -179,15 +167,9 @@ TEST(LlamaSharedLinear, NonContiguousGradTakesAFreshProduct) {
   auto w = torch::randn({4, 3}).requires_grad_(true);
   const auto v = torch::randn({3, 4});
   w.mutable_grad() = v.clone().t();  // (4, 3), strides (1, 4)
-  int fresh = 0;
-  auto acc = torch::autograd::impl::grad_accumulator(w);
-  acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-      [&fresh](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list& inputs) {
-        if (!inputs.empty() && inputs[0].defined()) ++fresh;
-        return outputs;
-      }));
+  ::test_support::GradAccumulatorProbe probe(w);
   shared_input_linear(x, {w})[0].sum().backward();
-  EXPECT_EQ(fresh, 1);
+  EXPECT_EQ(probe.handed, 1);
   const auto dw = at::mm(torch::ones({5, 4}).t(), x);
   EXPECT_TRUE(close(w.grad(), v.t() + dw, "W.grad"));
 }
