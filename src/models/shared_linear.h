@@ -32,10 +32,11 @@ std::vector<torch::Tensor> shared_input_linear(const torch::Tensor& x, const std
 
 // Whether a backward node may add its gradient for parameter w straight into w.grad instead of
 // returning it: w.grad exists as a contiguous tensor of w's sizes, of `dtype` and on `device`
-// (the gradient's), grad mode is off (no double backward), and the running backward will execute w's AccumulateGrad (a plain backward, or
-// backward(inputs) naming w) -- not torch::autograd::grad, which captures the returned
-// gradient and leaves w.grad alone (the pipeline's zb-h1 input-gradient pass asks for the
-// tied head weight's gradient that way). [Shared-Input Linears]
+// (the gradient's), grad mode is off (no double backward), and the running backward will
+// execute w's AccumulateGrad (a plain backward, or backward(inputs) naming w) -- not
+// torch::autograd::grad, which captures the returned gradient and leaves w.grad alone (the
+// pipeline's zb-h1 input-gradient pass asks for the tied head weight's gradient that way).
+// [Shared-Input Linears]
 bool accumulates_in_place(const torch::Tensor& w, at::ScalarType dtype, const at::Device& device);
 
 }  // namespace zt::models
