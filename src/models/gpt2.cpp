@@ -12,6 +12,7 @@
 #include "models/model_util.h"
 #include "models/shared_linear.h"  // accumulates_in_place
 #include "models/checkpoint.h"
+#include "models/deferred_grad.h"
 #include "kernels/aten.h"
 #include "kernels/column_sum.h"
 #include "kernels/layer_norm_grad.h"
@@ -275,29 +276,54 @@ struct LayerNormFn : torch::autograd::Function<LayerNormFn> {
     const bool need_w = ctx->needs_input_grad(1), need_b = ctx->needs_input_grad(2);
     auto [dx, dw, db] = at::native_layer_norm_backward(g, x2, {C}, mean, rstd, w, b,
                                                        {ctx->needs_input_grad(0), !fused && need_w, !fused && need_b});
-    if (fused && (need_w || need_b)) {
-      kernels::LayerNormParamGradArgs a;
-      a.grad_out = g.data_ptr();
-      a.input = x2.data_ptr();
-      a.mean = mean.data_ptr<float>();
-      a.rstd = rstd.data_ptr<float>();
-      a.type = kernels::dtype_of(g.scalar_type());
-      a.rows = g.size(0);
-      a.cols = C;
-      if (need_w) {
-        dw = at::empty({C}, g.options());
-        a.grad_weight = dw.data_ptr();
-      }
-      if (need_b) {
-        db = at::empty({C}, g.options());
-        a.grad_bias = db.data_ptr();
-      }
-      auto ws = at::empty({kernels::layer_norm_param_grad_workspace_floats(a.rows, C)}, g.options().dtype(at::kFloat));
-      a.workspace = ws.data_ptr<float>();
-      kernels::layer_norm_param_grads(a, kernels::current_stream(g.device()));
-    }
+    if (fused && (need_w || need_b)) std::tie(dw, db) = fused_param_grads(g, x2, mean, rstd, need_w, need_b);
     if (dx.defined()) dx = dx.view(grad_out[0].sizes());
+    // zb-h1's input-gradient pass: the weight and bias gradients later, in W.
+    // [Deferred Weight Gradients]
+    const bool defer_w = !need_w && w.defined(), defer_b = !need_b && b.defined();
+    if (defer_w || defer_b) {
+      auto later = [g, x2, mean, rstd, w, b, fused, defer_w, defer_b] {
+        torch::Tensor gw, gb;
+        if (fused) {
+          std::tie(gw, gb) = fused_param_grads(g, x2, mean, rstd, defer_w, defer_b);
+        } else {
+          auto r = at::native_layer_norm_backward(g, x2, {x2.size(1)}, mean, rstd, w, b, {false, defer_w, defer_b});
+          gw = std::get<1>(r);
+          gb = std::get<2>(r);
+        }
+        return std::vector<torch::Tensor>{gw, gb};
+      };
+      defer_weight_grads({defer_w ? w : torch::Tensor(), defer_b ? b : torch::Tensor()}, std::move(later));
+    }
     return {dx, need_w ? dw : torch::Tensor(), need_b ? db : torch::Tensor(), torch::Tensor()};
+  }
+  // The weight and bias gradients from zerotrain's kernel (those asked for; the others undefined).
+  static std::pair<torch::Tensor, torch::Tensor> fused_param_grads(const torch::Tensor& g, const torch::Tensor& x2,
+                                                                    const torch::Tensor& mean,
+                                                                    const torch::Tensor& rstd, bool need_w,
+                                                                    bool need_b) {
+    const int64_t C = x2.size(1);
+    torch::Tensor dw, db;
+    kernels::LayerNormParamGradArgs a;
+    a.grad_out = g.data_ptr();
+    a.input = x2.data_ptr();
+    a.mean = mean.data_ptr<float>();
+    a.rstd = rstd.data_ptr<float>();
+    a.type = kernels::dtype_of(g.scalar_type());
+    a.rows = g.size(0);
+    a.cols = C;
+    if (need_w) {
+      dw = at::empty({C}, g.options());
+      a.grad_weight = dw.data_ptr();
+    }
+    if (need_b) {
+      db = at::empty({C}, g.options());
+      a.grad_bias = db.data_ptr();
+    }
+    auto ws = at::empty({kernels::layer_norm_param_grad_workspace_floats(a.rows, C)}, g.options().dtype(at::kFloat));
+    a.workspace = ws.data_ptr<float>();
+    kernels::layer_norm_param_grads(a, kernels::current_stream(g.device()));
+    return {dw, db};
   }
 };
 
@@ -314,6 +340,7 @@ struct LinearFn : torch::autograd::Function<LinearFn> {
     ctx->save_for_backward({x2});
     ctx->saved_data["w"] = w;  // the parameter itself (its .grad is read in backward)
     ctx->saved_data["has_bias"] = b.defined();
+    if (b.defined()) ctx->saved_data["b"] = b;  // the bias parameter ([Deferred Weight Gradients])
     return b.defined() ? at::addmm(b, x2, w.t()) : at::mm(x2, w.t());
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -323,15 +350,27 @@ struct LinearFn : torch::autograd::Function<LinearFn> {
     const auto& g = grad_out[0];  // (N, out)
     torch::Tensor dx, dw, db;
     if (ctx->needs_input_grad(0)) dx = at::mm(g, w);
-    if (ctx->needs_input_grad(1)) {
-      if (accumulates_in_place(w, g.scalar_type(), g.device())) {
-        w.mutable_grad().addmm_(g.t(), x2);  // W.grad += g^T x, in the GEMM's epilogue
-      } else {
-        dw = at::mm(g.t(), x2);  // (out, in), contiguous
-      }
+    if (ctx->needs_input_grad(1)) dw = weight_grad(w, g, x2);
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    if (has_bias && ctx->needs_input_grad(2)) db = column_sum(g);
+    // zb-h1's input-gradient pass: the weight and bias gradients later, in W.
+    // [Deferred Weight Gradients]
+    if (!ctx->needs_input_grad(1)) {
+      defer_weight_grads({w}, [w, g, x2] { return std::vector<torch::Tensor>{weight_grad(w, g, x2)}; });
     }
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) db = column_sum(g);
+    if (has_bias && !ctx->needs_input_grad(2)) {
+      defer_weight_grads({ctx->saved_data["b"].toTensor()}, [g] { return std::vector<torch::Tensor>{column_sum(g)}; });
+    }
     return {dx, dw, db};
+  }
+  // g^T x2 added into W.grad by the GEMM when W.grad can take it (then undefined is
+  // returned), else a fresh (out, in) gradient.
+  static torch::Tensor weight_grad(torch::Tensor w, const torch::Tensor& g, const torch::Tensor& x2) {
+    if (accumulates_in_place(w, g.scalar_type(), g.device())) {
+      w.mutable_grad().addmm_(g.t(), x2);  // W.grad += g^T x, in the GEMM's epilogue
+      return {};
+    }
+    return at::mm(g.t(), x2);  // (out, in), contiguous
   }
 };
 

@@ -10,6 +10,7 @@
 #include "kernels/layer_norm_grad.h"
 #include "kernels/llama_ops.h"
 #include "log/log.h"
+#include "models/deferred_grad.h"
 #include "models/model_util.h"
 
 namespace zt::models {
@@ -44,6 +45,7 @@ struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
     a.rstd = rstd.data_ptr<float>();
     kernels::rms_norm_forward(a, kernels::current_stream(x2.device()));
     ctx->save_for_backward({x2, wc, rstd});
+    if (w.requires_grad()) ctx->saved_data["w"] = w;  // the parameter itself ([Deferred Weight Gradients])
     return y.view(x.sizes());
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -69,23 +71,32 @@ struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
       dx = dx.view(grad_out[0].sizes());
     }
     if (ctx->needs_input_grad(1)) {
-      // dw_j = sum_i dy_ij * x_ij * r_i: LayerNorm's dgamma with mean 0 (layer_norm_grad.h).
-      dw = at::empty({C}, x2.options());
-      const auto zero_mean = at::zeros({x2.size(0)}, rstd.options());
-      auto ws = at::empty({kernels::layer_norm_param_grad_workspace_floats(x2.size(0), C)}, rstd.options());
-      kernels::LayerNormParamGradArgs a;
-      a.grad_out = g.data_ptr();
-      a.input = x2.data_ptr();
-      a.mean = zero_mean.data_ptr<float>();
-      a.rstd = rstd.data_ptr<float>();
-      a.type = kernels::dtype_of(x2.scalar_type());
-      a.rows = x2.size(0);
-      a.cols = C;
-      a.grad_weight = dw.data_ptr();
-      a.workspace = ws.data_ptr<float>();
-      kernels::layer_norm_param_grads(a, stream);
+      dw = weight_grad(g, x2, rstd);
+    } else if (ctx->saved_data.count("w")) {
+      // zb-h1's input-gradient pass: the weight gradient later, in W. [Deferred Weight Gradients]
+      defer_weight_grads({ctx->saved_data["w"].toTensor()},
+                         [g, x2, rstd] { return std::vector<torch::Tensor>{weight_grad(g, x2, rstd)}; });
     }
     return {dx, dw, torch::Tensor()};
+  }
+  // dw_j = sum_i dy_ij * x_ij * r_i: LayerNorm's dgamma with mean 0 (layer_norm_grad.h).
+  static torch::Tensor weight_grad(const torch::Tensor& g, const torch::Tensor& x2, const torch::Tensor& rstd) {
+    const int64_t C = x2.size(1);
+    auto dw = at::empty({C}, x2.options());
+    const auto zero_mean = at::zeros({x2.size(0)}, rstd.options());
+    auto ws = at::empty({kernels::layer_norm_param_grad_workspace_floats(x2.size(0), C)}, rstd.options());
+    kernels::LayerNormParamGradArgs a;
+    a.grad_out = g.data_ptr();
+    a.input = x2.data_ptr();
+    a.mean = zero_mean.data_ptr<float>();
+    a.rstd = rstd.data_ptr<float>();
+    a.type = kernels::dtype_of(x2.scalar_type());
+    a.rows = x2.size(0);
+    a.cols = C;
+    a.grad_weight = dw.data_ptr();
+    a.workspace = ws.data_ptr<float>();
+    kernels::layer_norm_param_grads(a, kernels::current_stream(g.device()));
+    return dw;
   }
 };
 

@@ -5,6 +5,7 @@
 
 #include "kernels/aten.h"
 #include "kernels/softmax_xent.h"
+#include "models/deferred_grad.h"
 #include "models/shared_linear.h"  // accumulates_in_place
 #include "zerotrain/error.h"
 
@@ -113,20 +114,35 @@ struct LmHeadCrossEntropy : torch::autograd::Function<LmHeadCrossEntropy> {
     if (saved[0].defined()) dx = (saved[0].to(at::kFloat) * scale).to(saved[0].scalar_type());
     if (saved[1].defined()) {
       auto w = ctx->saved_data["w"].toTensor();
-      if (accumulates_in_place(w, w_dtype, saved[1].device())) {
-        // W.grad exists (the engine's flat gradient buffer at ZeRO stages 0-1): add the scaled
-        // fp32 sum into it in one pass, rounded once, as GPT-2's LinearFn accumulates in its GEMM;
-        // W's AccumulateGrad then receives no gradient (its hooks still run). Saves the (V, C)
-        // gradient in w's dtype and autograd's separate add of it (two passes over V x C).
-        w.mutable_grad().addcmul_(saved[1], scale);
+      if (ctx->needs_input_grad(1)) {
+        dw = weight_grad(w, saved[1], scale, w_dtype);
       } else {
-        // Computed in fp32, rounded once into w's dtype: (dw * scale).to(w_dtype) without the
-        // (V, C) fp32 temporary (on CUDA; the CPU's TensorIterator makes one internally).
-        dw = at::empty(saved[1].sizes(), saved[1].options().dtype(w_dtype));
-        at::mul_out(dw, saved[1], scale);
+        // zb-h1's input-gradient pass: the head's gradient later, in W (the (V, C) fp32 sum is
+        // kept until then; only the scaling is deferred). [Deferred Weight Gradients]
+        defer_weight_grads({w}, [w, sum = saved[1], scale, w_dtype] {
+          return std::vector<torch::Tensor>{weight_grad(w, sum, scale, w_dtype)};
+        });
       }
     }
     return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+  // The head's gradient sum (V, C fp32) x scale: added into w.grad in place when it can take it
+  // (undefined is returned), else a fresh gradient in w's dtype.
+  static torch::Tensor weight_grad(torch::Tensor w, const torch::Tensor& sum, const torch::Tensor& scale,
+                                   at::ScalarType w_dtype) {
+    if (accumulates_in_place(w, w_dtype, sum.device())) {
+      // W.grad exists (the engine's flat gradient buffer at ZeRO stages 0-1): add the scaled
+      // fp32 sum into it in one pass, rounded once, as GPT-2's LinearFn accumulates in its GEMM;
+      // W's AccumulateGrad then receives no gradient (its hooks still run). Saves the (V, C)
+      // gradient in w's dtype and autograd's separate add of it (two passes over V x C).
+      w.mutable_grad().addcmul_(sum, scale);
+      return {};
+    }
+    // Computed in fp32, rounded once into w's dtype: (dw * scale).to(w_dtype) without the
+    // (V, C) fp32 temporary (on CUDA; the CPU's TensorIterator makes one internally).
+    auto dw = at::empty(sum.sizes(), sum.options().dtype(w_dtype));
+    at::mul_out(dw, sum, scale);
+    return dw;
   }
 };
 

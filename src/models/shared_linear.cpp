@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "models/deferred_grad.h"
 #include "zerotrain/error.h"
 
 namespace zt::models {
@@ -39,14 +40,24 @@ struct SharedInputLinearFn : torch::autograd::Function<SharedInputLinearFn> {
         if (dx.defined()) dx.addmm_(g, w);  // dx += g W_i, in the GEMM
         else dx = at::mm(g, w);             // (N, in)
       }
-      if (!ctx->needs_input_grad(i + 1)) continue;
-      if (accumulates_in_place(w, g.scalar_type(), g.device())) {
-        w.mutable_grad().addmm_(g.t(), x2);  // W.grad += g^T x, in the GEMM's epilogue
-      } else {
-        grads[i + 1] = at::mm(g.t(), x2);  // (out_i, in), contiguous
+      if (!ctx->needs_input_grad(i + 1)) {
+        // zb-h1's input-gradient pass: W_i's gradient later, in W. [Deferred Weight Gradients]
+        defer_weight_grads({w}, [w, g, x2] { return std::vector<torch::Tensor>{weight_grad(w, g, x2)}; });
+        continue;
       }
+      grads[i + 1] = weight_grad(w, g, x2);
     }
     return grads;
+  }
+
+  // g^T x2 added into W.grad by the GEMM when W.grad can take it (then undefined is
+  // returned), else a fresh (out, in) gradient.
+  static torch::Tensor weight_grad(torch::Tensor w, const torch::Tensor& g, const torch::Tensor& x2) {
+    if (accumulates_in_place(w, g.scalar_type(), g.device())) {
+      w.mutable_grad().addmm_(g.t(), x2);  // W.grad += g^T x, in the GEMM's epilogue
+      return {};
+    }
+    return at::mm(g.t(), x2);  // (out_i, in), contiguous
   }
 };
 

@@ -10,6 +10,7 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <unordered_set>
 #include <utility>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 
 #include "ckpt/engine_checkpoint.h"
 #include "config/tensor_parallel_options.h"
+#include "models/deferred_grad.h"
 #include "models/gpt2_shapes.h"
 #include "zerotrain/error.h"
 #include "log/log.h"
@@ -354,6 +356,9 @@ struct PipeEngine::Slot {
   torch::Tensor output;    // hidden state, or the loss on the head chunk
   torch::Tensor out_grad;  // gradient of output received from the next virtual stage
   torch::Tensor in_grad;   // gradient of input, to send back
+  // zb-h1: the weight-gradient closures its B pass collected, run by its W.
+  // [Deferred Weight Gradients] in models/deferred_grad.h
+  std::shared_ptr<models::WeightGradCollector> deferred;
 };
 
 PipeEngine::PipeEngine(const models::GPT2& full, const PipeConfig& cfg, parallel::Topology& topo, PipeOptions opts)
@@ -446,6 +451,14 @@ PipeEngine::PipeEngine(const std::vector<LayerInfo>& layers, int model_tp,
                 "25) -- for diagnosis only; set ZT_COMM_TIMEOUT "
                 "so a stalled stream is reported (docs/pipeline.md)", d.dp);
     }
+  }
+  // [Deferred Weight Gradients]: on by default for zb-h1; ZT_PIPE_ZB_DEFERRED_W=0 runs every W
+  // as the autograd pass through the stage (for A/B timing).
+  const char* defer_env = std::getenv("ZT_PIPE_ZB_DEFERRED_W");
+  defer_weight_pass_ = defer_env == nullptr || std::string(defer_env) != "0";
+  if (!defer_weight_pass_ && splits_backward(spec.kind) && topo.parent()->rank() == 0) {
+    log::warn("ZT_PIPE_ZB_DEFERRED_W=0: zb-h1's weight passes run as autograd passes through the stage "
+              "(recomputing B's activation gradients) [Deferred Weight Gradients]");
   }
   const int chunks = spec.stages * spec.virtual_stages;
   bounds_ = partition_layers(layers, chunks, po.partition,
@@ -603,6 +616,45 @@ void PipeEngine::finish_sends() {
   pending_.clear();
 }
 
+// [Deferred Weight Gradients]: W can run from the closures B collected when every
+// parameter of the stage that requires grad has one and every closure is for a parameter;
+// otherwise (a module of plain ATen ops, e.g. the CPU RMSNorm reference) W is an autograd
+// pass through the kept graph, and the first such micro-batch logs the parameter. Decided
+// right after B.
+bool PipeEngine::weight_pass_covered(const models::WeightGradCollector& c) {
+  std::string missing;
+  std::unordered_set<const c10::TensorImpl*> mine;
+  for (const auto& p : params_) {
+    if (!p.requires_grad()) continue;
+    mine.insert(p.unsafeGetTensorImpl());
+    if (missing.empty() && !c.covers(p)) missing = "parameter '" + param_name(p) + "'";
+  }
+  if (missing.empty()) {
+    for (const auto* k : c.covered()) {
+      if (mine.count(k) == 0) {
+        missing = "a deferred gradient for a tensor that is not one of the stage's parameters";
+        break;
+      }
+    }
+  }
+  if (missing.empty()) return !mine.empty();
+  if (!fallback_logged_) {
+    fallback_logged_ = true;
+    log::warn("pipeline stage %d: zb-h1's weight pass runs as an autograd pass through the stage (recomputing the "
+              "activation gradients of B): %s got no deferred weight gradient in B (a module of plain ATen ops); "
+              "logged once [Deferred Weight Gradients]",
+              stage_, missing.c_str());
+  }
+  return false;
+}
+
+std::string PipeEngine::param_name(const torch::Tensor& p) const {
+  for (const auto& kv : module_->named_parameters()) {
+    if (kv.value().unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) return kv.key();
+  }
+  return "?";
+}
+
 void PipeEngine::run(const Instr& in, size_t at, std::vector<MicroBatch>& mbs, std::vector<Slot>& slots,
                      StageTiming& t) {
   const int p = schedule_.spec.stages, v = schedule_.spec.virtual_stages;
@@ -684,19 +736,50 @@ void PipeEngine::run(const Instr& in, size_t at, std::vector<MicroBatch>& mbs, s
         std::vector<torch::Tensor> ins{slot->input};
         const bool tied = head && module_->holds_tied_copy();
         if (tied) ins.push_back(module_->tied_copy());
-        auto res = torch::autograd::grad(outs, ins, grads, /*retain_graph=*/true, /*create_graph=*/false,
-                                         /*allow_unused=*/true);
+        // The parametered nodes leave their weight gradients to W as closures
+        // ([Deferred Weight Gradients]); the graph is kept for a fallback W, freed below otherwise.
+        if (defer_weight_pass_) slot->deferred = std::make_shared<models::WeightGradCollector>();
+        torch::autograd::variable_list res;
+        {
+          models::CollectWeightGrads collect(slot->deferred.get());
+          res = torch::autograd::grad(outs, ins, grads, /*retain_graph=*/true, /*create_graph=*/false,
+                                      /*allow_unused=*/true);
+        }
         slot->in_grad = res[0];
         if (tied && res[1].defined()) tied_grad_ = tied_grad_.defined() ? tied_grad_ + res[1] : res[1];
+        if (slot->deferred && !weight_pass_covered(*slot->deferred)) {
+          slot->deferred.reset();  // W recomputes everything the closures hold
+          ++fallback_weight_passes_;
+        }
+        if (slot->deferred) {
+          // W needs only the closures and what they captured: the rest of the graph (and
+          // the received gradient) is freed now, not at W.
+          slot->output = slot->output.detach();
+          slot->out_grad = torch::Tensor();
+        }
       });
       break;
     }
     case Op::kBackwardWeight: {
       timed(t.weight_ms, [&] {
+        const torch::Tensor loss = head ? slot->output.detach() : torch::Tensor();
+        const auto deferred = std::move(slot->deferred);
         std::vector<torch::Tensor> outs, grads;
+        if (deferred) {
+          // [Deferred Weight Gradients]: one micro-step over a 0-dim root per parameter whose
+          // backward runs that parameter's closures (then its AccumulateGrad and hooks).
+          outs = deferred->roots(params_);
+          for (const auto& r : outs) grads.push_back(torch::ones_like(r));
+          engine_->backward(outs, grads, {}, loss);
+          deferred_closures_run_ += deferred->closures_run();
+          ++deferred_weight_passes_;
+          deferred->clear();
+          return;
+        }
+        // The first virtual stage's whole backward, or a B whose closures did not cover the stage.
         roots(outs, grads);
         add_tied(outs, grads);
-        engine_->backward(outs, grads, params_, head ? slot->output.detach() : torch::Tensor());
+        engine_->backward(outs, grads, params_, loss);
       });
       slot->output = torch::Tensor();
       slot->out_grad = torch::Tensor();

@@ -19,8 +19,10 @@
 //    (its gradient_accumulation_steps is m x virtual_stages): the chunk's full backward
 //    (gpipe, 1f1b, interleaved; Engine::backward(outputs, grads), the outputs being the
 //    loss on the head chunk) or its weight pass (zb-h1: the input gradient comes first
-//    from torch::autograd::grad(..., retain_graph), the weight gradient later from
-//    Engine::backward(outputs, grads, parameters)). The loss gradient is
+//    from torch::autograd::grad(..., retain_graph), the weight gradient later from the
+//    closures the parametered nodes left in B, run as one Engine::backward over a root per
+//    parameter -- [Deferred Weight Gradients] in models/deferred_grad.h -- or, when a
+//    parameter got none, from Engine::backward(outputs, grads, parameters)). The loss gradient is
 //    virtual_stages x backward_scale() = loss scale / m, and the gradients sent back carry
 //    it, so every stage's gradients carry the scale of the non-pipelined engine.
 //  * Activations and gradients travel on two groups split from the pp group, so each
@@ -78,6 +80,10 @@
 #include "pipe/schedule.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
+
+namespace zt::models {
+class WeightGradCollector;  // models/deferred_grad.h
+}  // namespace zt::models
 
 namespace zt::pipe {
 
@@ -188,6 +194,13 @@ class PipeEngine {
   // neighbours so far (not the tied weight's messages): with tp, 1/tp of the hidden state
   // per message ([Pipeline x Tensor Parallel]).
   int64_t p2p_bytes_sent() const { return p2p_bytes_; }
+  // zb-h1 ([Deferred Weight Gradients] in models/deferred_grad.h), counted since construction:
+  // weight passes (W) run from the closures collected in B, W passes that fell back to an
+  // autograd pass through the stage (some parameter got no closure), and the closures run.
+  // The first virtual stage's W, a whole backward (token ids have no gradient), is neither.
+  int64_t deferred_weight_passes() const { return deferred_weight_passes_; }
+  int64_t fallback_weight_passes() const { return fallback_weight_passes_; }
+  int64_t deferred_closures_run() const { return deferred_closures_run_; }
 
  private:
   PipeEngine(const std::vector<LayerInfo>& layers, int model_tp,
@@ -198,6 +211,8 @@ class PipeEngine {
   class EventTimer;    // see [Pipeline Execution]: the CUDA-event timing of a batch
   void run(const Instr& in, size_t at, std::vector<MicroBatch>& mbs, std::vector<Slot>& slots, StageTiming& t);
   void finish_sends();
+  bool weight_pass_covered(const models::WeightGradCollector& c);
+  std::string param_name(const torch::Tensor& p) const;
 
   PipeConfig cfg_;
   PipeOptions opts_;
@@ -234,6 +249,9 @@ class PipeEngine {
   torch::Tensor take_prefetched(int channel, size_t at, const std::vector<MicroBatch>& mbs);
   void abandon_prefetched();
   int64_t p2p_bytes_ = 0;
+  int64_t deferred_weight_passes_ = 0, fallback_weight_passes_ = 0, deferred_closures_run_ = 0;
+  bool fallback_logged_ = false;
+  bool defer_weight_pass_ = true;  // ZT_PIPE_ZB_DEFERRED_W (default on)
   torch::Tensor tied_grad_;      // last stage: accumulated tied-copy gradient (zb-h1); first: received
   bool tied_grad_ready_ = false;  // first stage: received, not yet added
   torch::Tensor loss_sum_;  // the head's losses of this batch, summed on the device (double)
