@@ -45,12 +45,9 @@ bool WeightGradCollector::covers(const torch::Tensor& p) const {
   return by_param_.count(p.unsafeGetTensorImpl()) > 0;
 }
 
-std::vector<const c10::TensorImpl*> WeightGradCollector::covered() const {
+size_t WeightGradCollector::num_covered() const {
   std::lock_guard<std::mutex> lk(mu_);
-  std::vector<const c10::TensorImpl*> out;
-  out.reserve(by_param_.size());
-  for (const auto& [k, v] : by_param_) out.push_back(k);
-  return out;
+  return by_param_.size();
 }
 
 bool WeightGradCollector::empty() const {

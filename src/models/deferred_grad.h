@@ -50,8 +50,8 @@ class WeightGradCollector {
   void add(const std::vector<torch::Tensor>& params, Fn fn);
   // Whether some closure computes p's gradient.
   bool covers(const torch::Tensor& p) const;
-  // The parameters that have closures (identity), for the caller's coverage check.
-  std::vector<const c10::TensorImpl*> covered() const;
+  // How many parameters have closures, for the caller's coverage check.
+  size_t num_covered() const;
   bool empty() const;
   // One 0-dim root per parameter of `params` (in order) that requires grad: backward of
   // roots()[i] with gradient 1 runs params[i]'s closures and hands AccumulateGrad the sum

@@ -10,7 +10,6 @@
 #include <exception>
 #include <mutex>
 #include <thread>
-#include <unordered_set>
 #include <utility>
 #include <cstdio>
 #include <cstdlib>
@@ -56,6 +55,13 @@ std::function<TensorParallelSpec(const std::string&)> pipe_stage_tp_spec(const t
     out.full_size = models::gpt2_param_shape(cfg, name)[static_cast<size_t>(s.dim)];
     return out;
   };
+}
+
+// A switch that is on unless the environment sets it to "0" (ZT_PIPE_EAGER_COMMS,
+// ZT_PIPE_ZB_DEFERRED_W).
+bool env_not_zero(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || std::string(v) != "0";
 }
 
 // [Pipeline Eager Groups] (on by default; ZT_PIPE_EAGER_COMMS=0 turns it off) The fix of
@@ -436,8 +442,7 @@ PipeEngine::PipeEngine(const std::vector<LayerInfo>& layers, int model_tp,
   // connect lazily inside the first batch ([Pipeline Eager Groups]): with the eager setup
   // turned off (ZT_PIPE_EAGER_COMMS=0) it is refused on CUDA rather than left to hang;
   // ZT_PIPE_ALLOW_INTERLEAVED_ZERO2=1 lifts that refusal (diagnosis only).
-  const char* eager_env = std::getenv("ZT_PIPE_EAGER_COMMS");
-  const bool eager_groups = eager_env == nullptr || std::string(eager_env) != "0";
+  const bool eager_groups = env_not_zero("ZT_PIPE_EAGER_COMMS");
   if (opts_.device.value_or(default_device()).is_cuda() && spec.virtual_stages > 1 &&
       cfg_.config.zero_optimization.stage == 2 && d.dp > 1 && !eager_groups) {
     const char* allow = std::getenv("ZT_PIPE_ALLOW_INTERLEAVED_ZERO2");
@@ -454,8 +459,7 @@ PipeEngine::PipeEngine(const std::vector<LayerInfo>& layers, int model_tp,
   }
   // [Deferred Weight Gradients]: on by default for zb-h1; ZT_PIPE_ZB_DEFERRED_W=0 runs every W
   // as the autograd pass through the stage (for A/B timing).
-  const char* defer_env = std::getenv("ZT_PIPE_ZB_DEFERRED_W");
-  defer_weight_pass_ = defer_env == nullptr || std::string(defer_env) != "0";
+  defer_weight_pass_ = env_not_zero("ZT_PIPE_ZB_DEFERRED_W");
   if (!defer_weight_pass_ && splits_backward(spec.kind) && topo.parent()->rank() == 0) {
     log::warn("ZT_PIPE_ZB_DEFERRED_W=0: zb-h1's weight passes run as autograd passes through the stage "
               "(recomputing B's activation gradients) [Deferred Weight Gradients]");
@@ -623,21 +627,17 @@ void PipeEngine::finish_sends() {
 // right after B.
 bool PipeEngine::weight_pass_covered(const models::WeightGradCollector& c) {
   std::string missing;
-  std::unordered_set<const c10::TensorImpl*> mine;
+  size_t trainable = 0;
   for (const auto& p : params_) {
     if (!p.requires_grad()) continue;
-    mine.insert(p.unsafeGetTensorImpl());
+    ++trainable;
     if (missing.empty() && !c.covers(p)) missing = "parameter '" + param_name(p) + "'";
   }
-  if (missing.empty()) {
-    for (const auto* k : c.covered()) {
-      if (mine.count(k) == 0) {
-        missing = "a deferred gradient for a tensor that is not one of the stage's parameters";
-        break;
-      }
-    }
+  // Every trainable parameter is covered: any further covered tensor is not one of them.
+  if (missing.empty() && c.num_covered() != trainable) {
+    missing = "a deferred gradient for a tensor that is not one of the stage's parameters";
   }
-  if (missing.empty()) return !mine.empty();
+  if (missing.empty()) return trainable > 0;
   if (!fallback_logged_) {
     fallback_logged_ = true;
     log::warn("pipeline stage %d: zb-h1's weight pass runs as an autograd pass through the stage (recomputing the "
