@@ -5,10 +5,14 @@
 # addmm into W.grad; fp32 and bf16) on one GPU, then bench_pipe_bubble at pp 2 on GPT-2 XL
 # (MODEL), bf16, micro-batch 4 x seq 1024, 8 micro-batches: 1f1b, zb-h1 with the deferred W
 # (default) and zb-h1 with ZT_PIPE_ZB_DEFERRED_W=0 (W = an autograd pass, as before) in one
-# call, so the three rows are on the same machine. Last: a table of ms/batch, the last
-# stage's F/B/W per batch, bubble and peak GiB per stage. Results: $OUT/pipe_zbw_2gpu.tar.gz.
+# call, so the three rows are on the same machine; then, when .whl/ holds the DeepSpeed wheels
+# (SKIP_DS unset), DeepSpeed 0.19.8's PipelineEngine (1F1B) on the same shape and batch
+# (bench/anchors/ds_pipe_anchor.py, wheels installed into SITE, default /tmp/site). Last: a
+# table of ms/batch, the last stage's F/B/W per batch, bubble, peak GiB per stage and the ratio
+# to DeepSpeed. Results: $OUT/pipe_zbw_2gpu.tar.gz.
 #   bash scripts/device/pipe_zbw_2gpu.sh      (about 6-8 minutes with the build)
 set -uo pipefail
+SITE=${SITE:-/tmp/site}
 source scripts/device/common.sh pipe_zbw_2gpu bench_pipe_bubble zerotrain_cli zt_gpu
 MODEL=${MODEL:-gpt2-xl}; MB=${MB:-4}; SEQ=${SEQ:-1024}; M=${M:-8}
 timeout 120 $B/zt_gpu --gtest_filter='DeferredWeightGradsGpu*' > $R/gpu_test.txt 2>&1
@@ -24,16 +28,31 @@ bench() {  # $1 = label, $2 = schedules, then env
 bench 1f1b 1f1b ZT_PIPE_ZB_DEFERRED_W=1
 bench zbh1_deferred zb-h1 ZT_PIPE_ZB_DEFERRED_W=1
 bench zbh1_autograd_w zb-h1 ZT_PIPE_ZB_DEFERRED_W=0
+if [ -z "${SKIP_DS:-}" ] && ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl > $R/pip.log 2>&1
+  PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} timeout ${DS_TIMEOUT:-240} torchrun --standalone --nproc_per_node 2 \
+    bench/anchors/ds_pipe_anchor.py --model $MODEL --micro-batch $MB --seq $SEQ --micro-batches $M --steps ${BATCHES:-5} \
+    --warmup 2 --out $R/deepspeed_pipe.json > $R/deepspeed_pipe.log 2>&1
+  echo "deepspeed pipe rc=$?"; [ -s $R/deepspeed_pipe.json ] || grep -v "^\s*$" $R/deepspeed_pipe.log | tail -6
+fi
 python3 - "$R" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(f"{sys.argv[1]}/bench.jsonl") if l.strip()]
-print("| run | ms/batch | last stage F / B / W ms per batch | bubble (formula) | peak GiB per stage | loss |")
-print("|---|---|---|---|---|---|")
+import json, os, sys
+R = sys.argv[1]
+rows = [json.loads(l) for l in open(f"{R}/bench.jsonl") if l.strip()]
+ds = json.load(open(f"{R}/deepspeed_pipe.json")) if os.path.exists(f"{R}/deepspeed_pipe.json") else {}
+dms = ds.get("ms_per_iter") if ds.get("status") == "ok" else None
+print("| run | ms/batch | last stage F / B / W ms per batch | bubble (formula) | peak GiB per stage | loss | DeepSpeed / this |")
+print("|---|---|---|---|---|---|---|")
 for r in rows:
     t = r.get("last_stage_ms", {})
+    ratio = f"{dms / r['ms_per_batch']:.2f}x" if dms else "-"
     print(f"| {r['label']} | {r['ms_per_batch']:.1f} | {t.get('F', 0):.1f} / {t.get('B', 0):.1f} / {t.get('W', 0):.1f} | "
           f"{r['bubble_measured']:.3f} ({r['bubble_formula']:.3f}) | {', '.join(f'{p:.1f}' for p in r['peak_gib_per_stage'])} | "
-          f"{r.get('loss_last', 0):.4f} |")
+          f"{r.get('loss_last', 0):.4f} | {ratio} |")
+if dms:
+    print(f"| DeepSpeed PipelineEngine (1F1B) | {dms:.1f} | - | - | {', '.join(f'{p:.1f}' for p in ds['peak_gib_per_stage'])} | - | 1.00x |")
+elif ds:
+    print("DeepSpeed:", ds)
 PY
 tar -czf $OUT/pipe_zbw_2gpu.tar.gz -C $OUT pipe_zbw_2gpu && rm -rf $R
 echo "total: $(( $(date +%s) - T0 )) s"
