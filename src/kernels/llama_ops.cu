@@ -126,7 +126,12 @@ __global__ void __launch_bounds__(kRowThreads)
 
 // ---- RoPE ---------------------------------------------------------------------------
 
-template <typename T, int kVec, bool kBackward>
+// [RoPE Thread Order] Consecutive threads walk memory in order: with kHeadInner (the head
+// stride below the position stride, as in a transposed view of the q/k projection, where one
+// position's heads are contiguous) a row is (b, t, h) with h fastest, else (b, h, t). The
+// other order made each warp touch 8 rows one position stride (6 KB on Llama-3.2-1B's q)
+// apart, and the kernel ran at 0.6 TB/s on an H100 (110 us for q's 67 MB).
+template <typename T, int kVec, bool kBackward, bool kHeadInner>
 __global__ void __launch_bounds__(kThreads)
     rope_kernel(const T* __restrict__ in, T* __restrict__ out, const T* __restrict__ cs, const T* __restrict__ sn,
                 int64_t heads, int64_t seq, int64_t half, int64_t sb, int64_t sh, int64_t st, int64_t cos_sb,
@@ -137,10 +142,18 @@ __global__ void __launch_bounds__(kThreads)
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
     const int64_t row = i / per_row;
     const int64_t j = (i - row * per_row) * kVec;
-    const int64_t t = row % seq;
-    const int64_t bh = row / seq;
-    const int64_t h = bh % heads;
-    const int64_t b = bh / heads;
+    int64_t t, h, b;
+    if constexpr (kHeadInner) {
+      h = row % heads;
+      const int64_t bt = row / heads;
+      t = bt % seq;
+      b = bt / seq;
+    } else {
+      t = row % seq;
+      const int64_t bh = row / seq;
+      h = bh % heads;
+      b = bh / heads;
+    }
     const int64_t off = b * sb + h * sh + t * st + j;
     const int64_t coff = b * cos_sb + t * 2 * half + j;
     const P x0 = *reinterpret_cast<const P*>(in + off);
@@ -163,6 +176,26 @@ __global__ void __launch_bounds__(kThreads)
     }
     *reinterpret_cast<P*>(out + off) = o0;
     *reinterpret_cast<P*>(out + off + half) = o1;
+  }
+}
+
+// ---- dst += src * scale -------------------------------------------------------------
+
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kThreads)
+    add_scaled_kernel(T* __restrict__ dst, const float* __restrict__ src, const float* __restrict__ scale,
+                      int64_t vecs) {
+  using P = Pack<T, kVec>;
+  using F = Pack<float, kVec>;
+  const float sc = *scale;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < vecs;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const P d = reinterpret_cast<const P*>(dst)[i];
+    const F f = reinterpret_cast<const F*>(src)[i];
+    P o;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) o.v[k] = from_float<T>(to_float(d.v[k]) + f.v[k] * sc);
+    reinterpret_cast<P*>(dst)[i] = o;
   }
 }
 
@@ -319,10 +352,18 @@ void rope(const RopeArgs& a, cudaStream_t stream) {
     const int kVec = vec ? kV : 1;
     const int64_t total = a.batch * a.heads * a.seq * (half / kVec);
     const unsigned grid = static_cast<unsigned>(grid_for(total, kFn));
+    // [RoPE Thread Order]: heads innermost when they are closer in memory than positions.
+    const bool head_inner = a.heads == 1 || a.seq == 1 || a.stride_head <= a.stride_seq;
     auto go = [&](auto v, auto b) {
-      rope_kernel<T, decltype(v)::value, decltype(b)::value><<<grid, kThreads, 0, stream>>>(
-          in, out, cs, sn, a.heads, a.seq, half, a.stride_batch, a.stride_head, a.stride_seq, a.cos_batch_stride,
-          total);
+      if (head_inner) {
+        rope_kernel<T, decltype(v)::value, decltype(b)::value, true><<<grid, kThreads, 0, stream>>>(
+            in, out, cs, sn, a.heads, a.seq, half, a.stride_batch, a.stride_head, a.stride_seq, a.cos_batch_stride,
+            total);
+      } else {
+        rope_kernel<T, decltype(v)::value, decltype(b)::value, false><<<grid, kThreads, 0, stream>>>(
+            in, out, cs, sn, a.heads, a.seq, half, a.stride_batch, a.stride_head, a.stride_seq, a.cos_batch_stride,
+            total);
+      }
     };
     using Fwd = std::false_type;
     using Bwd = std::true_type;
@@ -383,6 +424,28 @@ void swiglu_backward(const SwigluArgs& a, cudaStream_t stream) {
       swiglu_backward_kernel<T, 1><<<grid, kThreads, 0, stream>>>(dy, g, u, dg, du, vecs);
     }
     check_launch(std::string("swiglu_backward_kernel<") + DTypeName<T>::value + (vec ? ", vec>" : ">"),
+                 "n=" + std::to_string(a.n));
+  });
+}
+
+void add_scaled(const AddScaledArgs& a, cudaStream_t stream) {
+  constexpr const char* kFn = "add_scaled";
+  require(a.n >= 0, kFn, "negative n");
+  if (a.n == 0) return;
+  require(a.dst && a.src && a.scale, kFn, "null pointer");
+  dispatch(a.type, kFn, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int kV = 16 / sizeof(T);
+    T* d = static_cast<T*>(a.dst);
+    const bool vec = a.n % kV == 0 && aligned(d, 16) && aligned(a.src, sizeof(float) * kV);
+    const int64_t vecs = vec ? a.n / kV : a.n;
+    const unsigned grid = static_cast<unsigned>(grid_for(vecs, kFn));
+    if (vec) {
+      add_scaled_kernel<T, kV><<<grid, kThreads, 0, stream>>>(d, a.src, a.scale, vecs);
+    } else {
+      add_scaled_kernel<T, 1><<<grid, kThreads, 0, stream>>>(d, a.src, a.scale, vecs);
+    }
+    check_launch(std::string("add_scaled_kernel<") + DTypeName<T>::value + (vec ? ", vec>" : ">"),
                  "n=" + std::to_string(a.n));
   });
 }

@@ -77,6 +77,17 @@ struct SwigluArgs {
   void* grad_up = nullptr;
 };
 
+// dst += src * *scale per element, in fp32, rounded once to dst's dtype (the LM head adds
+// its fp32 (V, C) gradient sum into the engine's gradient buffer in one pass; ATen's
+// mixed-dtype addcmul_ ran unvectorized at half the bandwidth on an H100).
+struct AddScaledArgs {
+  void* dst = nullptr;           // (n) contiguous, dtype `type`
+  const float* src = nullptr;    // (n) contiguous fp32
+  const float* scale = nullptr;  // one fp32 on the device
+  DType type = DType::kBF16;
+  int64_t n = 0;
+};
+
 // Each: one launch on `stream`, asynchronous; all pointers are device pointers of the
 // current CUDA device. 16-byte loads and stores where sizes, strides and pointers allow,
 // a scalar path otherwise. Empty shapes do nothing. Throws std::invalid_argument on bad
@@ -88,5 +99,6 @@ void rms_norm_backward_input(const RmsNormGradArgs& a, cudaStream_t stream);
 void rope(const RopeArgs& a, cudaStream_t stream);
 void swiglu_forward(const SwigluArgs& a, cudaStream_t stream);
 void swiglu_backward(const SwigluArgs& a, cudaStream_t stream);
+void add_scaled(const AddScaledArgs& a, cudaStream_t stream);
 
 }  // namespace zt::kernels

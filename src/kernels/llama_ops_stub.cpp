@@ -18,6 +18,7 @@ void rms_norm_backward_input(const RmsNormGradArgs& /*a*/, cudaStream_t /*stream
 void rope(const RopeArgs& /*a*/, cudaStream_t /*stream*/) { no_kernels(); }
 void swiglu_forward(const SwigluArgs& /*a*/, cudaStream_t /*stream*/) { no_kernels(); }
 void swiglu_backward(const SwigluArgs& /*a*/, cudaStream_t /*stream*/) { no_kernels(); }
+void add_scaled(const AddScaledArgs& /*a*/, cudaStream_t /*stream*/) { no_kernels(); }
 
 }  // namespace zt::kernels
 

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "kernels/aten.h"
+#include "kernels/llama_ops.h"
 #include "kernels/softmax_xent.h"
 #include "models/deferred_grad.h"
 #include "models/shared_linear.h"  // accumulates_in_place
@@ -135,7 +136,20 @@ struct LmHeadCrossEntropy : torch::autograd::Function<LmHeadCrossEntropy> {
       // fp32 sum into it in one pass, rounded once, as GPT-2's LinearFn accumulates in its GEMM;
       // W's AccumulateGrad then receives no gradient (its hooks still run). Saves the (V, C)
       // gradient in w's dtype and autograd's separate add of it (two passes over V x C).
-      w.mutable_grad().addcmul_(sum, scale);
+      auto& g = w.mutable_grad();
+      if (g.is_cuda() && g.is_contiguous() && sum.is_contiguous() && sum.scalar_type() == at::kFloat &&
+          scale.scalar_type() == at::kFloat && scale.numel() == 1 && scale.device() == g.device() &&
+          kernels::kernels_available() && kernels::dtype_supported(g.scalar_type())) {
+        kernels::AddScaledArgs a;  // the same sum, one vectorized pass (ATen's addcmul_ of mixed dtypes is not)
+        a.dst = g.data_ptr();
+        a.src = sum.data_ptr<float>();
+        a.scale = scale.data_ptr<float>();
+        a.type = kernels::dtype_of(g.scalar_type());
+        a.n = g.numel();
+        kernels::add_scaled(a, kernels::current_stream(g.device()));
+      } else {
+        g.addcmul_(sum, scale);
+      }
       return {};
     }
     // Computed in fp32, rounded once into w's dtype: (dw * scale).to(w_dtype) without the

@@ -18,6 +18,8 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/aten.h"
+#include "kernels/llama_ops.h"
 #include "models/lm_head_loss.h"
 #include "models/llama.h"
 #include "support/gpu_util.h"
@@ -144,6 +146,57 @@ TEST_F(LmHeadLossGpu, ManyChunksMatchOneChunk) {
 
 // The chunk-rows rule's input (models/llama.h llama_loss_chunk_rows): on the fused path the
 // logits are in x's dtype, so bf16/fp16 count 2 bytes each and Llama-3.2-1B's chunk doubles.
+// An existing W.grad (the engine's gradient buffer at ZeRO 0-1): the scaled fp32 sum is added
+// into it by kernels::add_scaled in one pass. The kernel against ATen's addcmul_ on the same
+// operands (odd sizes take the scalar path), then end to end: W.grad - G0 against a fresh
+// backward's gradient, within one ulp of |G0| + M (each side rounds once).
+TEST_F(LmHeadLossGpu, AddsIntoAnExistingGradInOnePass) {
+  for (auto dt : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (int64_t n : {int64_t{4096}, int64_t{1001}}) {
+      SCOPED_TRACE(std::string(c10::toString(dt)) + " n " + std::to_string(n));
+      at::manual_seed(3);
+      auto dst = at::randn({n}).to(on(dt));
+      const auto src = at::randn({n}, on(at::kFloat)) * 3;
+      const auto scale = at::full({}, 0.37f, on(at::kFloat));
+      auto want = dst.clone();
+      want.addcmul_(src, scale);
+      kernels::AddScaledArgs a;
+      a.dst = dst.data_ptr();
+      a.src = src.data_ptr<float>();
+      a.scale = scale.data_ptr<float>();
+      a.type = kernels::dtype_of(dt);
+      a.n = n;
+      kernels::add_scaled(a, kernels::current_stream(dev_));
+      const double m = want.abs().max().item<double>();
+      // One rounding of the same fp32 value; an FMA may round the product differently: 1 ulp.
+      const double ulp = dt == at::kFloat ? 1.2e-7 : dt == at::kBFloat16 ? 7.9e-3 : 9.8e-4;
+      EXPECT_LE((dst.to(at::kDouble) - want.to(at::kDouble)).abs().max().item<double>(), ulp * m);
+    }
+  }
+  for (auto dt : {at::kFloat, at::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dt));
+    at::manual_seed(9);
+    const int64_t N = 200, C = 64, V = 777;
+    const auto x = (at::randn({N, C}) * 2).to(on(dt));
+    const auto w0 = (at::randn({V, C}) * 0.5).to(on(dt));
+    const auto t = at::randint(0, V, {N}, at::TensorOptions(at::kLong)).to(dev_);
+    auto fresh = w0.clone().requires_grad_(true);
+    lm_head_cross_entropy(x, fresh, t, 64, 50).backward();
+    auto acc = w0.clone().requires_grad_(true);
+    const auto g0 = at::randn({V, C}).to(on(dt)) * 1e-3;
+    acc.mutable_grad() = g0.clone();
+    const void* before = acc.grad().data_ptr();
+    lm_head_cross_entropy(x, acc, t, 64, 50).backward();
+    EXPECT_EQ(acc.grad().data_ptr(), before) << "the gradient was not added in place";
+    const auto d = (acc.grad().to(at::kDouble) - g0.to(at::kDouble) - fresh.grad().to(at::kDouble)).abs();
+    const double m = fresh.grad().abs().max().item<double>();
+    // Each side rounds g0 + s (or s) once: half an ulp of |g0| + M each, twice.
+    const double ulp = dt == at::kFloat ? 1.2e-7 : 7.9e-3;
+    const auto bound = (g0.to(at::kDouble).abs() + m) * ulp + 1e-12;
+    EXPECT_TRUE((d <= bound).all().item<bool>()) << "max diff " << d.max().item<double>() << " (M " << m << ")";
+  }
+}
+
 TEST_F(LmHeadLossGpu, LogitBytesFollowTheFusedPath) {
   EXPECT_EQ(lm_head_logit_bytes(at::zeros({2, 3}, on(at::kBFloat16))), 2);
   EXPECT_EQ(lm_head_logit_bytes(at::zeros({2, 3}, on(at::kHalf))), 2);
