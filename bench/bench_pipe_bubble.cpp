@@ -1,6 +1,6 @@
 // Measured pipeline bubble of each schedule against its formula, with throughput and peak
-// memory per stage; GPT-2, pp = world size (or --pp, dp = world / pp), ZeRO 0 (or --zero-stage
-// 1|2 over dp), one JSON line per schedule.
+// memory per stage; GPT-2 or a Llama-family shape, pp = world size (or --pp, dp = world / pp),
+// ZeRO 0 (or --zero-stage 1|2 over dp), one JSON line per schedule.
 //
 // CPU ranks (the default: GPT-2 with 8 blocks, C 512, T 128, micro-batch 4, fp32, partition
 // type:GPT2Block so that every chunk, also at 2 virtual stages, holds 2 blocks; one thread per
@@ -11,19 +11,29 @@
 // GPUs (one per rank; CUDA-event timing, see [Pipeline Execution]):
 //   build/zerotrain launch -n 2 -- build/bench_pipe_bubble --device cuda --model gpt2-xl \
 //       --micro-batch 4 --seq 1024 --micro-batches 8 --batches 5 --dtype bf16
+// A Llama shape (scripts/device/pipe_llama_2gpu.sh; CPU: --model llama-tiny --layers 4):
+//   build/zerotrain launch -n 2 -- build/bench_pipe_bubble --device cuda --model llama3.2-1b \
+//       --micro-batch 4 --seq 2048 --micro-batches 8 --batches 5 --dtype bf16
 //
-// Flags: --device cpu|cuda, --model NAME (a named GPT-2, see models/gpt2.h; default: the
-// small CPU model), --micro-batch B, --seq T, --micro-batches m (default 8), --batches N
+// Flags: --device cpu|cuda, --model NAME (a named GPT-2, see models/gpt2.h, or a named Llama
+// shape, models/llama.h: llama-tiny, llama3.2-1b, llama3-8b; default: the small CPU GPT-2),
+// --micro-batch B, --seq T, --micro-batches m (default 8), --batches N
 // timed batches (default 5) after --warmup N (default 2), --dtype fp32|bf16,
 // --schedules LIST (default gpipe,1f1b,interleaved,zb-h1), --ckpt-interval K (activation
 // checkpoint interval, default 0), --pp N (default: world size / tp; dp = world / (tp x N)),
 // --zero-stage S (0, 1 or 2 over dp; default 0), --tp M (default 1: each stage's layers
 // cut over M tensor-parallel ranks, GPT2TP from the same weights; [Pipeline x Tensor
-// Parallel] in pipe/gpt2_pipe.h), --layers N / --embd C (the small CPU model's blocks and
-// width; default 8, 512), --partition P (default type:GPT2Block for the small model,
-// parameters for a named one), --max-other-load X --attempts N (CPU: time the batches again,
-// up to N rounds in all, while other processes used more than X CPU cores during them;
-// default: once).
+// Parallel] in pipe/gpt2_pipe.h; GPT-2 only), --layers N (the small CPU GPT-2's blocks,
+// default 8; a Llama's decoder layers, default its shape's) / --embd C (the small CPU GPT-2's
+// width, default 512), --partition P (default type:GPT2Block for the small GPT-2,
+// parameters -- the CLI's default -- for a named model), --max-other-load X --attempts N
+// (CPU: time the batches again, up to N rounds in all, while other processes used more than
+// X CPU cores during them; default: once).
+//
+// A Llama is built as `zerotrain train --model NAME --pp N` builds it: one
+// LlamaForCausalLM from seed 1 on every rank, cut by PipeEngine ([Llama Pipeline] in
+// pipe/llama_pipe.h: embedding | decoder layers | norm + head + loss, tied embeddings
+// exchanged as GPT-2's wte), tp 1. Random tokens below the config's vocabulary.
 //
 // Per schedule: the median measured bubble ((max stage wall - max stage busy) / max stage
 // busy), the published formula, the bubble the simulator predicts from the measured
@@ -50,6 +60,7 @@
 
 #include "models/gpt2.h"
 #include "models/gpt2_tp.h"
+#include "models/llama.h"
 #include "parallel/topology.h"
 #include "pipe/pipe_engine.h"
 #include "zerotrain/comm.h"
@@ -65,9 +76,9 @@ double median(std::vector<double> v) {
 
 struct Args {
   std::string device = "cpu", model, dtype = "fp32", schedules = "gpipe,1f1b,interleaved,zb-h1";
-  std::string partition;  // default: "uniform" for the small CPU model, "parameters" for a named one
+  std::string partition;  // default: "type:GPT2Block" for the small CPU model, "parameters" for a named one
   int64_t micro = 4, seq = 128, m = 8, batches = 5, warmup = 2, ckpt = 0, pp = 0, zero = 0, tp = 1;
-  int64_t layers = 8, embd = 512;  // the small CPU model's blocks and width
+  int64_t layers = 0, embd = 512;  // the small CPU GPT-2's blocks (0: 8) and width; a Llama's layers (0: its own)
   double max_other_load = -1;      // CPU cores other processes may use during the timed batches
   int64_t attempts = 1;            // timed rounds at most while they use more
 };
@@ -164,17 +175,36 @@ int main(int argc, char** argv) {
     if (world->size() % (pp * tp) != 0) throw std::runtime_error("--pp x --tp must divide the world size");
     if (a.zero < 0 || a.zero > 2) throw std::runtime_error("--zero-stage is 0, 1 or 2 (the pipeline's ZeRO over dp)");
     const int dp = world->size() / (pp * tp);
+    // A named Llama shape ([Llama Pipeline]) or GPT-2 (the small CPU model, or a named one).
+    const bool llama = !a.model.empty() && zt::models::is_llama_name(a.model);
     zt::models::GPT2Config cfg;
-    if (a.model.empty()) {
-      cfg.n_layer = a.layers;
-      cfg.n_head = 4;
-      cfg.n_embd = a.embd;
-      cfg.vocab_size = 256;
-      cfg.n_positions = 128;
+    zt::models::LlamaConfig lcfg;
+    int64_t vocab = 0, max_seq = 0;
+    if (llama) {
+      lcfg = zt::models::named_llama(a.model);
+      if (a.layers > 0) lcfg.num_hidden_layers = a.layers;
+      if (lcfg.is_moe())
+        throw std::runtime_error("--model " + a.model + ": the pipeline stages do not take an MoE Llama");
+      if (tp > 1) throw std::runtime_error("--tp > 1 with a Llama: the Llama pipeline is tp 1 ([Llama Pipeline])");
+      vocab = lcfg.vocab_size;
+      max_seq = lcfg.max_position_embeddings;
     } else {
-      cfg = zt::models::named_gpt2(a.model);
+      if (a.model.empty()) {
+        cfg.n_layer = a.layers > 0 ? a.layers : 8;
+        cfg.n_head = 4;
+        cfg.n_embd = a.embd;
+        cfg.vocab_size = 256;
+        cfg.n_positions = 128;
+      } else {
+        cfg = zt::models::named_gpt2(a.model);
+      }
+      vocab = cfg.vocab_size;
+      max_seq = cfg.n_positions;
     }
     const int64_t B = a.micro, T = a.seq;
+    if (T > max_seq)
+      throw std::runtime_error("--seq " + std::to_string(T) + " exceeds the model's " + std::to_string(max_seq) +
+                               " positions");
     const int m = static_cast<int>(a.m);
     for (const std::string& sched : split(a.schedules)) {
       nlohmann::json j = {{"train_micro_batch_size_per_gpu", B},
@@ -201,7 +231,11 @@ int main(int argc, char** argv) {
       zt::pipe::PipeOptions po;
       if (a.device == "cpu") po.device = torch::Device(torch::kCPU);
       std::unique_ptr<zt::pipe::PipeEngine> pipe;
-      {
+      if (llama) {  // as `zerotrain train --model NAME --pp N` (cli/train.cpp, train_pipeline)
+        torch::manual_seed(1);
+        zt::models::LlamaForCausalLM full(lcfg);  // freed once the stage has taken its layers
+        pipe = std::make_unique<zt::pipe::PipeEngine>(full, pc, topo, po);
+      } else {
         torch::manual_seed(1);
         zt::models::GPT2 full(cfg);  // freed once the stage has copied its layers
         if (tp > 1) {
@@ -220,7 +254,7 @@ int main(int argc, char** argv) {
       const torch::Device dev = pipe->engine().device();
       auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
       auto next = [&] {
-        auto s = torch::randint(0, cfg.vocab_size, {B, T + 1}, gen, torch::kLong);
+        auto s = torch::randint(0, vocab, {B, T + 1}, gen, torch::kLong);
         return zt::pipe::MicroBatch{s.narrow(1, 0, T).contiguous(), s.narrow(1, 1, T).contiguous()};
       };
       for (int w = 0; w < a.warmup; ++w) pipe->train_batch(next);

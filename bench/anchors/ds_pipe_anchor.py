@@ -1,21 +1,40 @@
-"""DeepSpeed pipeline-parallel anchor: GPT-2 trained by DeepSpeed's PipelineModule + engine.train_batch().
+"""DeepSpeed pipeline-parallel anchor: GPT-2 or a Llama shape trained by DeepSpeed's PipelineModule + engine.train_batch().
 
-Measures DeepSpeed's (0.19.8) pipeline engine (its 1F1B TrainSchedule) on the GPT-2 of gpt2.py, to set
-against zerotrain's pipeline engine. Every process is one pipeline stage (pp = world size, dp = 1; or --pp N, dp = world / N).
+Measures DeepSpeed's (0.19.8) pipeline engine (its 1F1B TrainSchedule) on the GPT-2 of gpt2.py, or on a Llama
+shape built from Hugging Face transformers' Llama modules, to set against zerotrain's pipeline engine
+(bench/bench_pipe_bubble.cpp). Every process is one pipeline stage (pp = world size, dp = 1; or --pp N, dp = world / N).
 One iteration = one train_batch() = --micro-batches micro-batches of --micro-batch sequences of --seq
 tokens, then the optimizer step.
 
+GPT-2 (--model gpt2, gpt2-xl, ...):
   layers: wte (TiedLayerSpec 'embed') | + wpe | n_layer Blocks | ln_f | head x @ wte.T (TiedLayerSpec 'embed')
-  loss:   cross_entropy(logits.float(), targets) (PipelineModule's loss_fn, on the last stage)
+  wte and wpe are two pipeline layers, not one: the tied module is only wte, so the last stage holds no
+  unused wpe copy. Init as gpt2.py (N(0, 0.02), c_proj N(0, 0.02/sqrt(2L))).
+Llama (--model llama3.2-1b, llama3-8b, llama-tiny; the shapes of llama_dist_anchor.llama_config: transformers'
+LlamaConfig with sdpa attention, rms_norm_eps 1e-5; Llama-3.2-1B: hidden 2048, intermediate 8192, 16 layers,
+32 heads / 8 kv heads, head_dim 64, vocab 128256, rope_theta 5e5 with rope_scaling llama3 (factor 32, low 1,
+high 4, original 8192) as its HF config.json, tied embeddings; --layers N overrides the layer count):
+  layers: embed_tokens (nn.Embedding, TiedLayerSpec 'embed' when tie_word_embeddings) | num_hidden_layers
+          transformers LlamaDecoderLayers | final LlamaRMSNorm | head x @ embed_tokens.weight.T (TiedLayerSpec
+          'embed'; an untied shape: its own bias-free lm_head Linear)
+  Each decoder layer is transformers' LlamaDecoderLayer itself (subclassed for a one-tensor forward): only the
+  hidden state (B, T, d) travels between layers and stages, as DeepSpeed pipes tensors; each layer computes its
+  RoPE (cos, sin) with transformers' LlamaRotaryEmbedding for positions 0..T-1 (the llama3 scaling included),
+  once per sequence length and cached, from fp32 inverse frequencies kept out of the module's parameters and
+  buffers (DeepSpeed's bf16 cast would round them), exactly what LlamaModel computes once per forward and hands
+  to every layer. Causal attention through sdpa with no mask (is_causal: flash attention on the GPU).
+  Init as transformers' _init_weights: Linear and Embedding N(0, initializer_range 0.02), RMSNorm 1.
+  This is the standard way to run a Hugging Face model under DeepSpeed's PipelineModule: the model's own
+  modules as LayerSpecs, no fused kernels beyond what transformers uses by default.
+loss:   cross_entropy(logits.float(), targets) (PipelineModule's loss_fn, on the last stage), both models.
 
-wte and wpe are two pipeline layers, not one: the tied module is only wte, so the last stage holds no
-unused wpe copy. Partitioning: 'parameters' (the tied wte counts on both stages). bf16 (DeepSpeed keeps
-bf16 params with fp32 master weights, grads accumulated in fp32 by its BF16_Optimizer), AdamW
+Partitioning: 'parameters' (the tied embedding counts on both stages), as zerotrain's default. bf16 (DeepSpeed
+keeps bf16 params with fp32 master weights, grads accumulated in fp32 by its BF16_Optimizer), AdamW
 lr 1e-4 betas (0.9, 0.999) eps 1e-8 wd 0 as DeepSpeed's FusedAdam, gradient clipping 1.0, ZeRO stage 0
 (--zero-stage 1: ZeRO-1 over dp, with fp32 grad accumulation, i.e. BF16_Optimizer as well).
-Data: one fixed random batch (seed 1234, vocab 50257) fed for every micro-batch.
+Data: one fixed random batch (seed 1234, the model's vocabulary) fed for every micro-batch.
 --ckpt-interval k: DeepSpeed's (reentrant) activation checkpointing of each run of k layers, only of runs
-made of Blocks alone (checkpointable_layers; a checkpointed embedding would get no gradient).
+made of Blocks / decoder layers alone (checkpointable_layers; a checkpointed embedding would get no gradient).
 Timing: --warmup train_batch calls, then sync + barrier, --steps timed calls, sync + barrier.
   ms_per_iter = timed span / steps; tokens_per_s = micro_batches * micro_batch * seq / (ms/1000).
   peak_gib_per_stage = torch.cuda.max_memory_allocated() of each rank (stage) over the whole run.
@@ -23,9 +42,13 @@ Timing: --warmup train_batch calls, then sync + barrier, --steps timed calls, sy
 Run (2 GPUs, pp 2), from the repository root; rank 0 prints one JSON line and writes it to --out:
   torchrun --nproc_per_node 2 bench/anchors/ds_pipe_anchor.py --model gpt2-xl --micro-batch 4 \
       --seq 1024 --micro-batches 8 --steps 10 --warmup 3 --out result.json
-CPU smoke test (gloo, fp32, torch AdamW):
+  torchrun --nproc_per_node 2 bench/anchors/ds_pipe_anchor.py --model llama3.2-1b --micro-batch 4 \
+      --seq 2048 --micro-batches 8 --steps 5 --warmup 2 --out result.json
+CPU smoke tests (gloo, fp32, torch AdamW):
   DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 bench/anchors/ds_pipe_anchor.py --cpu \
       --model gpt2-tiny --micro-batch 2 --seq 64 --micro-batches 4 --steps 2 --warmup 1 --out /tmp/r.json
+  DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 bench/anchors/ds_pipe_anchor.py --cpu \
+      --model llama-tiny --layers 4 --micro-batch 2 --seq 64 --micro-batches 4 --steps 2 --warmup 1 --out /tmp/r.json
 """
 import os
 
@@ -103,6 +126,98 @@ def loss_fn(logits, targets):
     return cross_entropy_loss(logits, targets)
 
 
+def gpt2_specs(args):
+    """GPT-2's pipeline layers: (layer specs, checkpointable layer class names, vocabulary, parameters)."""
+    from deepspeed.pipe import LayerSpec, TiedLayerSpec
+
+    cfg = get_config(args.model)
+    if args.seq > cfg.n_positions:
+        raise ValueError(f"--seq {args.seq} > n_positions {cfg.n_positions} of {args.model}")
+    layers = ([TiedLayerSpec("embed", TokEmbed, cfg), LayerSpec(PosEmbed, cfg)]
+              + [LayerSpec(PipeBlock, cfg) for _ in range(cfg.n_layer)]
+              + [LayerSpec(FinalNorm, cfg), TiedLayerSpec("embed", TokEmbed, cfg, forward_fn=lm_head)])
+    return layers, ["PipeBlock"], cfg.vocab_size, num_params(cfg)
+
+
+LLAMA_MODELS = ("llama3.2-1b", "llama3-8b", "llama-tiny")
+
+
+def llama_specs(args):
+    """A Llama shape's pipeline layers from transformers' modules (see the module docstring):
+    (layer specs, checkpointable layer class names, vocabulary, parameters)."""
+    from deepspeed.pipe import LayerSpec, TiedLayerSpec
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+    from llama_dist_anchor import llama_config, n_params_of
+
+    cfg = llama_config(args.model, args.layers)
+    cfg.use_cache = False  # training: no KV cache
+    if args.seq > cfg.max_position_embeddings:
+        raise ValueError(f"--seq {args.seq} > max_position_embeddings {cfg.max_position_embeddings} of {args.model}")
+
+    def init_(module):  # transformers' _init_weights: matrices N(0, initializer_range); RMSNorm keeps 1
+        with torch.no_grad():
+            for m in module.modules():
+                if isinstance(m, (nn.Linear, nn.Embedding)):
+                    nn.init.normal_(m.weight, mean=0.0, std=cfg.initializer_range)
+                    if getattr(m, "bias", None) is not None:
+                        nn.init.zeros_(m.bias)
+        return module
+
+    class LlamaEmbed(nn.Embedding):
+        """model.embed_tokens (the tied module when tie_word_embeddings: first stage idx -> E[idx], last the head)."""
+
+        def __init__(self):
+            super().__init__(cfg.vocab_size, cfg.hidden_size)
+            init_(self)
+
+    def tied_head(embed, x):
+        return F.linear(x, embed.weight)  # lm_head tied to embed_tokens: x @ E.T
+
+    class LlamaHead(nn.Linear):
+        """An untied lm_head."""
+
+        def __init__(self):
+            super().__init__(cfg.hidden_size, cfg.vocab_size, bias=False)
+            init_(self)
+
+    class PipeLlamaDecoderLayer(LlamaDecoderLayer):
+        """transformers' LlamaDecoderLayer, hidden state in and out; RoPE of positions 0..T-1 computed here."""
+
+        def __init__(self, layer_idx):
+            super().__init__(cfg, layer_idx)
+            init_(self)
+            # Not a submodule: its fp32 inv_freq stays fp32 under DeepSpeed's bf16 cast of the module.
+            self.__dict__["_rope"] = LlamaRotaryEmbedding(cfg)
+            self.__dict__["_rope_cache"] = {}
+
+        def position_embeddings(self, x):
+            key = (x.size(1), x.device, x.dtype)
+            if key not in self._rope_cache:  # LlamaModel's position_embeddings, once per (T, device, dtype)
+                with torch.no_grad():
+                    self._rope.to(x.device)
+                    pos = torch.arange(x.size(1), device=x.device).unsqueeze(0)
+                    self._rope_cache[key] = self._rope(x, pos)
+            return self._rope_cache[key]
+
+        def forward(self, x):
+            out = super().forward(x, attention_mask=None, position_embeddings=self.position_embeddings(x))
+            return out[0] if isinstance(out, tuple) else out  # transformers 4 returns a tuple
+
+    class LlamaFinalNorm(LlamaRMSNorm):
+        """model.norm."""
+
+        def __init__(self):
+            super().__init__(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    tied = cfg.tie_word_embeddings
+    layers = ([TiedLayerSpec("embed", LlamaEmbed) if tied else LayerSpec(LlamaEmbed)]
+              + [LayerSpec(PipeLlamaDecoderLayer, i) for i in range(cfg.num_hidden_layers)]
+              + [LayerSpec(LlamaFinalNorm),
+                 TiedLayerSpec("embed", LlamaEmbed, forward_fn=tied_head) if tied else LayerSpec(LlamaHead)])
+    return layers, ["PipeLlamaDecoderLayer"], cfg.vocab_size, n_params_of(cfg)
+
+
 def ds_config(args):
     zero = {"stage": args.zero_stage}
     params = {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
@@ -125,20 +240,21 @@ def ds_config(args):
 
 def run(args, rank, world, device, out):
     import deepspeed
-    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+    from deepspeed.pipe import PipelineModule
 
     out["deepspeed"] = deepspeed.__version__
-    cfg = get_config(args.model)
-    if args.seq > cfg.n_positions:
-        raise ValueError(f"--seq {args.seq} > n_positions {cfg.n_positions} of {args.model}")
+    if args.model in LLAMA_MODELS:
+        import transformers
+        out["transformers"] = transformers.__version__
+        layers, checkpointable, vocab, n_params = llama_specs(args)
+    else:
+        layers, checkpointable, vocab, n_params = gpt2_specs(args)
+    out["params"] = n_params
     torch.manual_seed(1234)
-    layers = ([TiedLayerSpec("embed", TokEmbed, cfg), LayerSpec(PosEmbed, cfg)]
-              + [LayerSpec(PipeBlock, cfg) for _ in range(cfg.n_layer)]
-              + [LayerSpec(FinalNorm, cfg), TiedLayerSpec("embed", TokEmbed, cfg, forward_fn=lm_head)])
     pp = args.pp or world
     model = PipelineModule(layers=layers, num_stages=pp, loss_fn=loss_fn, partition_method="parameters",
                            activation_checkpoint_interval=args.ckpt_interval,
-                           checkpointable_layers=["PipeBlock"])  # reentrant ckpt of the embedding breaks
+                           checkpointable_layers=checkpointable)  # reentrant ckpt of the embedding breaks
     config = ds_config(args)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()
                                                                           if p.requires_grad], config=config)
@@ -146,7 +262,7 @@ def run(args, rank, world, device, out):
     out["optimizer"] = f"{type(engine.optimizer).__name__}({type(engine.basic_optimizer).__name__})"
 
     g = torch.Generator().manual_seed(1234)
-    tokens = torch.randint(0, cfg.vocab_size, (args.micro_batch, args.seq + 1), generator=g).to(device)
+    tokens = torch.randint(0, vocab, (args.micro_batch, args.seq + 1), generator=g).to(device)
     batch = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
 
     def batches():
@@ -179,7 +295,8 @@ def run(args, rank, world, device, out):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="gpt2-xl", choices=list(CONFIGS))
+    p.add_argument("--model", default="gpt2-xl", choices=list(CONFIGS) + list(LLAMA_MODELS))
+    p.add_argument("--layers", type=int, default=0, help="a Llama's decoder layers (0: its shape's)")
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--micro-batches", type=int, default=8, help="gradient_accumulation_steps")
@@ -195,7 +312,7 @@ def main():
         p.error("--steps must be >= 1")
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    out = {"anchor": "deepspeed-pipe", "model": args.model, "params": num_params(get_config(args.model)),
+    out = {"anchor": "deepspeed-pipe", "model": args.model, "layers": args.layers or None,
            "pp": args.pp or world, "micro_batch": args.micro_batch, "micro_batches": args.micro_batches, "seq": args.seq,
            "zero_stage": args.zero_stage, "ckpt_interval": args.ckpt_interval,
            "dtype": "fp32" if args.cpu else "bf16"}

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Device run PIPE_LLAMA_2GPU (2 GPUs): issue 25's pipeline comparison on the Llama-3.2-1B shape
+# (MODEL, default llama3.2-1b; random weights and tokens). bench_pipe_bubble at pp 2 (the Llama
+# cut by PipeEngine as `zerotrain train --model MODEL --pp 2` cuts it, partition "parameters"),
+# bf16, micro-batch MB (4) x seq SEQ (2048), M (8) micro-batches, BATCHES (5) timed batches after
+# 2: 1f1b, zb-h1 (the deferred weight pass, the default), interleaved (2 virtual stages) and
+# gpipe, each its own launch; then, when .whl/ holds the DeepSpeed wheels (SKIP_DS unset),
+# DeepSpeed 0.19.8's PipelineEngine (1F1B) on the same shape and batch: transformers'
+# LlamaDecoderLayers in a PipelineModule, the embedding tied to the head
+# (bench/anchors/ds_pipe_anchor.py; wheels installed into SITE, default /tmp/site; transformers
+# from the machine's python3). Last: a table of ms/batch, tokens/s, bubble vs formula, peak GiB
+# per stage, loss and DeepSpeed's time over each run's.
+# Memory (estimate, 80 GB per GPU): model states ~16 B per parameter, ~12 GiB per stage;
+# activations ~0.5 GiB (zerotrain) / ~1 GiB (transformers' unfused layers) per decoder layer and
+# micro-batch of 4 x 2048: 1f1b/zb-h1/DeepSpeed keep <= 2-3 micro-batches of 8 layers in flight
+# (~20-40 GiB), gpipe all 8 (~45 GiB), last at seq 2048 so an out-of-memory costs nothing else.
+# Every step runs under a timeout; DEADLINE (default 480 s after the build, and never past
+# HARD_DEADLINE, default 570 s from the start) guards each start, DS_RESERVE (150 s) is kept for
+# DeepSpeed. Honours CUDA_VISIBLE_DEVICES (2 GPUs). Results: $OUT/pipe_llama_2gpu.tar.gz.
+#   bash scripts/device/pipe_llama_2gpu.sh      (carry .whl; about 6-8 minutes with the build)
+set -uo pipefail
+SITE=${SITE:-/tmp/site}
+source scripts/device/common.sh pipe_llama_2gpu bench_pipe_bubble zerotrain_cli || exit 1
+MODEL=${MODEL:-llama3.2-1b}; MB=${MB:-4}; SEQ=${SEQ:-2048}; M=${M:-8}; BATCHES=${BATCHES:-5}
+DEADLINE=${DEADLINE:-480}; HARD_DEADLINE=${HARD_DEADLINE:-570}; DS_RESERVE=${DS_RESERVE:-150}
+TB=$(date +%s)
+left() {  # seconds left before the earlier of the two deadlines
+  local a=$(( DEADLINE - ($(date +%s) - TB) )) b=$(( HARD_DEADLINE - ($(date +%s) - T0) ))
+  echo $(( a < b ? a : b ))
+}
+DS=0; [ -z "${SKIP_DS:-}" ] && ls .whl/deepspeed-*.whl > /dev/null 2>&1 && DS=1
+: > $R/bench.jsonl
+bench() {  # $1 = schedule
+  local s=$1 t=$(( $(left) - DS * DS_RESERVE ))
+  [ $t -gt ${PIPE_TIMEOUT:-150} ] && t=${PIPE_TIMEOUT:-150}
+  if [ $t -lt 40 ]; then echo "bench $s skipped: $(left) s left ($(( DS * DS_RESERVE )) s kept for DeepSpeed)"; return; fi
+  timeout -k 10 $t $Z launch -n 2 -- $B/bench_pipe_bubble --device cuda --model $MODEL --dtype bf16 \
+    --micro-batch $MB --seq $SEQ --micro-batches $M --batches $BATCHES --warmup 2 --schedules $s \
+    > $R/bench_$s.log 2>&1
+  echo "bench $s rc=$? ($t s limit)"; grep -aiE "error|what\(\)|out of memory|autograd pass" $R/bench_$s.log | head -3
+  grep -ao '{"bench".*' $R/bench_$s.log >> $R/bench.jsonl
+}
+for s in 1f1b zb-h1 interleaved gpipe; do bench $s; done
+if [ $DS = 1 ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl > $R/pip.log 2>&1
+  t=$(( $(left) - 5 )); [ $t -gt ${DS_TIMEOUT:-240} ] && t=${DS_TIMEOUT:-240}
+  if [ $t -lt 60 ]; then echo "deepspeed skipped: $(left) s left"
+  else
+    PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} timeout -k 10 $t torchrun --standalone --nproc_per_node 2 \
+      bench/anchors/ds_pipe_anchor.py --model $MODEL --micro-batch $MB --seq $SEQ --micro-batches $M --steps $BATCHES \
+      --warmup 2 --out $R/deepspeed_pipe.json > $R/deepspeed_pipe.log 2>&1
+    echo "deepspeed pipe rc=$? ($t s limit)"; [ -s $R/deepspeed_pipe.json ] || grep -av "^\s*$" $R/deepspeed_pipe.log | tail -6
+  fi
+fi
+python3 - "$R" "$MODEL" "$MB" "$SEQ" "$M" <<'PY'
+import json, os, sys
+R, model, mb, seq, m = sys.argv[1:]
+gib = lambda ps: ", ".join("-" if p is None else f"{p:.1f}" for p in ps or [])
+rows = [json.loads(l) for l in open(f"{R}/bench.jsonl") if l.strip()]
+ds = json.load(open(f"{R}/deepspeed_pipe.json")) if os.path.exists(f"{R}/deepspeed_pipe.json") else {}
+dms = ds.get("ms_per_iter") if ds.get("status") == "ok" else None
+print(f"{model}, bf16, pp 2, micro-batch {mb} x seq {seq}, {m} micro-batches; device: {' / '.join(open(f'{R}/device.txt').read().split(chr(10))).strip(' /')}")
+print("| run | ms/batch | tokens/s | last stage F / B / W ms | bubble (formula) | peak GiB per stage | loss | DeepSpeed / this |")
+print("|---|---|---|---|---|---|---|---|")
+for r in rows:
+    t = r.get("last_stage_ms", {})
+    ratio = f"{dms / r['ms_per_batch']:.2f}x" if dms else "-"
+    name = r["schedule"] + (f" (v {r['virtual_stages']})" if r.get("virtual_stages", 1) > 1 else "")
+    print(f"| {name} | {r['ms_per_batch']:.1f} | {r['tokens_per_s']:.0f} | {t.get('F', 0):.1f} / {t.get('B', 0):.1f} / "
+          f"{t.get('W', 0):.1f} | {r['bubble_measured']:.3f} ({r['bubble_formula']:.3f}) | "
+          f"{gib(r['peak_gib_per_stage'])} | {r.get('loss_last', 0):.4f} | {ratio} |")
+if dms:
+    print(f"| DeepSpeed PipelineEngine (1F1B, layers {ds.get('parts')}) | {dms:.1f} | {ds['tokens_per_s']:.0f} | - | - | "
+          f"{gib(ds['peak_gib_per_stage'])} | {ds.get('loss_last', 0):.4f} | 1.00x |")
+elif ds:
+    print("DeepSpeed:", ds)
+PY
+tar -czf $OUT/pipe_llama_2gpu.tar.gz -C $OUT pipe_llama_2gpu && rm -rf $R
+echo "total: $(( $(date +%s) - T0 )) s"
