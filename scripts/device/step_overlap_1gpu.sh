@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device run STEP_OVERLAP_1GPU (one GPU; about 1 min of tests and 4 x ~40-60 s of training after
-# the build, at most 6 min after it): issue 17's step overlap ([Step Overlap] in src/zero/step_overlap.h).
+# the build): issue 17's step overlap ([Step Overlap] in src/zero/step_overlap.h).
 #   1. zt_gpu --gtest_filter='*StepOverlapGpu*:*EngineAsync*:*FusedAdam*' (bit-identical weights and
 #      losses with ZT_STEP_OVERLAP on and off; the asynchronous step; the Adam kernel)
 #   2. the Llama-3.2-1B row (bench/configs/llama_bf16_z0.json, mb 4, seq 2048, 18 steps after 3
@@ -11,18 +11,15 @@ set -uo pipefail
 source scripts/device/common.sh step_overlap zerotrain_cli zt_gpu || exit 1
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES%%,*}  # one GPU
-T1=$(date +%s)  # after the build: everything below ends within 6 min (a run starts only before 280 s)
 
-timeout 120 $B/zt_gpu --gtest_filter="${GPU_FILTER:-*StepOverlapGpu*:*EngineAsync*:*FusedAdam*}" > $R/zt_gpu.txt 2>&1
+timeout 150 $B/zt_gpu --gtest_filter="${GPU_FILTER:-*StepOverlapGpu*:*EngineAsync*:*FusedAdam*}" > $R/zt_gpu.txt 2>&1
 echo "zt_gpu rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" $R/zt_gpu.txt | head -4
 grep -E "FAILED  \]|Failure|error" $R/zt_gpu.txt | sort -u | head -20
-grep -E "SKIPPED \] .*StepOverlap|differ on this device" $R/zt_gpu.txt | head -10
 
 i=0
 for v in ${ORDER:-off on on off}; do
   i=$((i + 1)); x=0; [ $v = on ] && x=1
-  [ $(( $(date +%s) - T1 )) -lt 280 ] || { echo "1B run $i ($v): skipped (6 min after the build)"; continue; }
-  ZT_STEP_OVERLAP=$x timeout 75 $Z train --config bench/configs/llama_bf16_z0.json --model llama3.2-1b --seq 2048 \
+  ZT_STEP_OVERLAP=$x timeout 90 $Z train --config bench/configs/llama_bf16_z0.json --model llama3.2-1b --seq 2048 \
     --micro-batch 4 --steps 18 --warmup 3 --device cuda --summary $R/l1b-$i-$v.json > $R/l1b-$i-$v.log 2>&1
   echo "1B run $i ($v) rc=$?; $(grep -m1 -o 'step overlap: [a-z]*[^:]*' $R/l1b-$i-$v.log)"
 done
