@@ -26,7 +26,6 @@
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "zero/grad_norm.h"
-#include "zero/step_overlap.h"
 #include "zero/zero_optimizer.h"
 #include "zerotrain/error.h"
 #include "zerotrain/model.h"
@@ -255,14 +254,11 @@ class EngineImpl : public Engine {
       }
     }
     if (!split_experts(params, names, zo)) zero_ = std::make_unique<zero::ZeroOptimizer>(params, group_, zo);
-    setup_step_overlap(params);
     if (hooked_) {
       UnitHooks hooks;
       hooks.pre_forward = [this](int64_t i, bool recompute) { unit_pre_forward(static_cast<int>(i), recompute); };
-      if (stage3) {  // stages 0-2 ([Step Overlap]): only the wait before each unit
-        hooks.post_forward = [this](int64_t i, bool recompute) { unit_post_forward(static_cast<int>(i), recompute); };
-        hooks.wrap_output = [this](int64_t i, const torch::Tensor& y) { return unit_output(static_cast<int>(i), y); };
-      }
+      hooks.post_forward = [this](int64_t i, bool recompute) { unit_post_forward(static_cast<int>(i), recompute); };
+      hooks.wrap_output = [this](int64_t i, const torch::Tensor& y) { return unit_output(static_cast<int>(i), y); };
       hooked_->set_unit_hooks(hooks);
     }
 
@@ -291,11 +287,6 @@ class EngineImpl : public Engine {
   }
 
   ~EngineImpl() override {
-    try {
-      fence();  // [Step Overlap]: nothing the engine frees may still be in use on the side stream
-    } catch (const std::exception& ex) {
-      log::error("waiting for the optimizer step failed: %s", ex.what());
-    }
     // Steps still waiting for the device are reported (metrics file) before the engine goes.
     if (std::uncaught_exceptions() == 0) {
       try {
@@ -319,30 +310,21 @@ class EngineImpl : public Engine {
 
   torch::Tensor forward(const std::function<torch::Tensor()>& fn) override {
     timer_->begin();
-    // [Step Overlap]: the first forward shows whether the model calls every unit's hook.
-    const bool checking = overlap_ && !overlap_checked_;
-    if (checking) std::fill(unit_seen_.begin(), unit_seen_.end(), 0);
     torch::Tensor loss = in_phase("forward", [&] {
-      if (overlap_) zero_->step_overlap()->wait_first();  // parameters in no unit
       zero_->begin_forward();
       if (expert_) expert_->begin_forward();
       torch::Tensor l = fn();
-      fence();
       zero_->end_forward();
       if (expert_) expert_->end_forward();
       return l;
     });
-    if (checking) check_step_overlap();
     fwd_phases_.push_back(timer_->end());
     return loss;
   }
 
   torch::Tensor run_unit(int unit, const std::function<torch::Tensor(const torch::Tensor&)>& fn,
                          const torch::Tensor& x) override {
-    if (cfg_.zero_optimization.stage != 3) {
-      overlap_unit(unit);
-      return fn(x);
-    }
+    if (cfg_.zero_optimization.stage != 3) return fn(x);
     ZT_CHECK_T(unit >= 0 && unit < zero_->num_units(), ConfigError, "run_unit(", unit, "): the engine has ",
                zero_->num_units(), " units (EngineOptions.units)");
     unit_pre_forward(unit, false);
@@ -353,7 +335,6 @@ class EngineImpl : public Engine {
   // Stage 3: one unit index drives every shard group's gatherer ([Expert Groups]): the dense
   // group's, then the experts' (a unit without experts is a no-op there).
   void unit_pre_forward(int unit, bool recompute) {
-    overlap_unit(unit);
     zero_->unit_pre_forward(unit, recompute);
     if (expert_) expert_->unit_pre_forward(unit, recompute);
   }
@@ -367,12 +348,10 @@ class EngineImpl : public Engine {
   }
   std::vector<std::string> unit_names() const override { return unit_names_; }
   void gather_params() override {
-    fence();
     zero_->gather_all();
     if (expert_) expert_->gather_all();
   }
   void release_params() override {
-    fence();
     zero_->release_all(/*persistent_too=*/false);
     if (expert_) expert_->release_all(/*persistent_too=*/false);
   }
@@ -412,7 +391,6 @@ class EngineImpl : public Engine {
       auto l = loss.detach().to(at::kFloat).reshape({});
       loss_sum_ = loss_sum_.defined() ? loss_sum_ + l : l.clone();
     }
-    fence();  // [Step Overlap]: the gradients and parameters the backward reads and writes
     timer_->begin();
     zero_->begin_backward(boundary, first);
     if (expert_) expert_->begin_backward(boundary, first);
@@ -429,7 +407,6 @@ class EngineImpl : public Engine {
 
   bool step() override {
     if (micro_ % cfg_.gradient_accumulation_steps != 0 || window_micro_ == 0) return false;
-    fence();
     // The previous step's outcome (overflow) decides this step's lr and bias correction.
     // Its device work finished long ago unless the CPU is far ahead: this is the one
     // place per step where the CPU may wait for the GPU.
@@ -466,16 +443,7 @@ class EngineImpl : public Engine {
         p.host = vals;
       }
     }
-    if (zero::StepOverlap* ov = overlap_ ? zero_->step_overlap() : nullptr; ov && ov->in_flight()) {
-      // [Step Overlap]: the step phase ends where its work ends, on the side stream (after
-      // the update and the zeroed gradients) and after the report's copy above (the report
-      // reads p.host once this span has passed).
-      ov->side_waits_main();
-      ov->on_side([&] { p.step = timer_->end(); });
-      ov->end_step();
-    } else {
-      p.step = timer_->end();
-    }
+    p.step = timer_->end();
     ++global_steps_;
     // DeepSpeed's global_samples: every step (skipped ones too) adds the batch it ran with.
     global_samples_ += cfg_.train_batch_size;
@@ -504,12 +472,6 @@ class EngineImpl : public Engine {
     r.frozen_gathered_peak_bytes =
         zero_->frozen_stats().peak_live_numel * esize + zero_->frozen_storage_stats().peak_live_numel;
     if (!out.overflow) r.nvme = zero_->nvme_step_stats();
-    if (overlap_) {
-      // [Step Overlap]: the units whose forward of this window waited for the previous step.
-      const int64_t waits = zero_->step_overlap()->unit_waits();
-      r.extra["step_overlap_unit_waits"] = waits - overlap_waits_reported_;
-      overlap_waits_reported_ = waits;
-    }
     p.fwd = std::move(fwd_phases_);
     p.bwd = std::move(bwd_phases_);
     p.exposed = std::move(exposed_);
@@ -533,7 +495,6 @@ class EngineImpl : public Engine {
 
   std::vector<StepReport> take_reports(bool wait) override {
     if (wait) {
-      fence();  // a caller that waits sees the parameters of those steps
       resolve_pending();
     } else {
       while (!pending_.empty() && pending_.front().step.span.ready()) resolve_one();
@@ -581,12 +542,10 @@ class EngineImpl : public Engine {
     return m;
   }
   const StepReport& last_report() override {
-    fence();
     resolve_pending();
     return last_;
   }
   std::vector<torch::Tensor> gather_master_params() override {
-    fence();
     if (!expert_) return zero_->gather_master_params();
     // Both shard groups, back in the user's order (collective over dp and over expert-dp).
     auto dense = zero_->gather_master_params();
@@ -620,7 +579,6 @@ class EngineImpl : public Engine {
                "zero_optimization.stage3_gather_16bit_weights_on_model_save to true (or save a checkpoint and "
                "consolidate it with `zerotrain convert`)");
     refuse_experts("save_16bit_model");
-    fence();
     auto full = zero_->gather_master_params();  // collective
     if (group_->rank() != 0) return;
     std::map<std::string, torch::Tensor> tensors;
@@ -635,7 +593,6 @@ class EngineImpl : public Engine {
                        bool async) override {
     ZT_CHECK_T(window_micro_ == 0, CheckpointError, "save_checkpoint() between micro-steps of an accumulation window (",
                window_micro_, " of ", cfg_.gradient_accumulation_steps, " done): save after step() returned true");
-    fence();
     resolve_pending();  // the counters and the loss scaler must include the last step
     ckpt::Counters c{micro_, global_steps_, applied_steps_, skipped_, global_samples_};
     ckpt::EngineParts parts{*model_, *zero_, *scaler_, cfg_, ckpt_group(), device_, dtype_, c};
@@ -644,15 +601,11 @@ class EngineImpl : public Engine {
     add_experts(parts, "save_checkpoint");
     saver_.save(parts, dir, tag, client_state, async);
   }
-  void wait_checkpoint() override {
-    fence();
-    saver_.wait(ckpt_group(), global_steps_);
-  }
+  void wait_checkpoint() override { saver_.wait(ckpt_group(), global_steps_); }
   bool checkpoint_pending() const override { return saver_.pending(); }
   const CheckpointSaveReport& last_checkpoint_save() const override { return saver_.last(); }
   nlohmann::json load_checkpoint(const std::string& dir, const std::string& tag) override {
     ZT_CHECK_T(window_micro_ == 0, CheckpointError, "load_checkpoint() inside an accumulation window");
-    fence();
     resolve_pending();
     // The checkpoint being loaded may be the one in flight: settle it first; a failed
     // asynchronous save is thrown after the load ([Failed Previous Save], ckpt::load_after_settling).
@@ -724,81 +677,6 @@ class EngineImpl : public Engine {
   const ckpt::ShardLayout* ckpt_layout() {
     init_ckpt_layout();
     return ckpt_layout_.get();
-  }
-
-  // [Step Overlap] (src/zero/step_overlap.h): decided once at construction and logged on
-  // rank 0 on CUDA. Units: EngineOptions.units (the model calls run_unit), else the
-  // ZeroModel's zero_units() (the engine installs its pre-forward hook at stages 0-2 too).
-  void setup_step_overlap(const std::vector<torch::Tensor>& params) {
-    if (!device_.is_cuda() || cfg_.zero_optimization.stage == 3) return;
-    std::string why;
-    std::vector<std::vector<int>> units;
-    bool hooks = false;
-    const char* env = std::getenv("ZT_STEP_OVERLAP");
-    if (env != nullptr && std::string(env) == "0") {
-      why = "ZT_STEP_OVERLAP=0";
-    } else if (cfg_.fp16.enabled) {
-      why = "fp16 (the dynamic loss scale is decided on the host at each step)";
-    } else if (expert_) {
-      why = "expert parallelism (two shard groups)";
-    } else if (opts_.checkpoint_group) {
-      why = "a pipeline stage";
-    } else {
-      why = zero_->step_overlap_unavailable();
-    }
-    if (why.empty()) {
-      std::vector<std::vector<torch::Tensor>> list = opts_.units;
-      if (list.empty() && zero_model_) {
-        for (auto& mu : zero_model_->zero_units()) list.push_back(std::move(mu.params));
-        hooks = !list.empty();
-      }
-      std::map<c10::TensorImpl*, int> index;
-      for (size_t i = 0; i < params.size(); ++i) index.emplace(params[i].unsafeGetTensorImpl(), static_cast<int>(i));
-      for (const auto& u : list) {
-        std::vector<int> mine;
-        for (const auto& t : u) {
-          if (auto it = index.find(t.unsafeGetTensorImpl()); it != index.end()) mine.push_back(it->second);
-        }
-        units.push_back(std::move(mine));
-      }
-      if (units.empty()) why = "the model has no units (ZeroModel::zero_units or EngineOptions.units)";
-    }
-    if (!why.empty()) {
-      if (group_->rank() == 0) log::info("step overlap: off (%s): the optimizer step runs on the compute stream", why.c_str());
-      return;
-    }
-    zero_->enable_step_overlap(units);
-    overlap_ = true;
-    unit_seen_.assign(units.size(), 0);
-    if (hooks) hooked_ = zero_model_;
-    if (group_->rank() == 0) {
-      log::info("step overlap: on: the fused Adam step runs on a side stream (priority %d) in forward order over %zu "
-                "units; the next forward waits per unit (ZT_STEP_OVERLAP=0 turns it off)",
-                zero_->step_overlap()->priority(), units.size());
-    }
-  }
-  // After the first forward: arms the overlap when the model called every unit's hook.
-  void check_step_overlap() {
-    overlap_checked_ = true;
-    const bool all = std::all_of(unit_seen_.begin(), unit_seen_.end(), [](char c) { return c != 0; });
-    zero_->arm_step_overlap(all);
-    if (all) return;
-    overlap_ = false;
-    if (group_->rank() == 0) {
-      log::warn("step overlap: off: the first forward did not run every unit through the engine (run_unit or the "
-                "unit hooks), so a unit's parameters could be read before their update; the step runs on the "
-                "compute stream");
-    }
-  }
-  // Before unit `unit`'s forward: the compute stream waits for that unit's update.
-  void overlap_unit(int unit) {
-    if (!overlap_) return;
-    if (!overlap_checked_ && unit >= 0 && static_cast<size_t>(unit) < unit_seen_.size()) unit_seen_[static_cast<size_t>(unit)] = 1;
-    zero_->step_overlap()->wait_unit(unit);
-  }
-  // The compute stream waits for the whole step in flight (no-op without one).
-  void fence() {
-    if (overlap_) zero_->step_overlap()->fence();
   }
 
   // Runs one phase; running out of device memory becomes an error naming the rank, the
@@ -1186,11 +1064,6 @@ class EngineImpl : public Engine {
   int64_t micro_ = 0, window_micro_ = 0, global_steps_ = 0, applied_steps_ = 0;
   int64_t global_samples_ = 0;  // DeepSpeed's global_samples (see step())
   bool skipped_ = false;
-  // [Step Overlap]: enabled (setup_step_overlap) and not turned off by check_step_overlap;
-  // the first forward's check done; the units it saw; unit waits already reported.
-  bool overlap_ = false, overlap_checked_ = false;
-  std::vector<char> unit_seen_;
-  int64_t overlap_waits_reported_ = 0;
   torch::Tensor loss_sum_;
   // The current accumulation window's phases and exposed-communication spans.
   std::vector<PendingPhase> fwd_phases_, bwd_phases_;

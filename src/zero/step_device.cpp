@@ -72,13 +72,18 @@ bool DeviceStep::kernel_step(double factor, const StepInputs& in, const GradFn& 
   torch::Tensor scale = grad_scale_;
   if (!scale.defined() && factor != 1.0) scale = torch::full({1}, factor, state_.master.options());
   cudaStream_t stream = kernels::current_stream(opt_.device);
-  // Elements [at, at + len) of bucket b's owned part, one launch per group run.
-  auto launch = [&](int b, int64_t at0, int64_t len0, const torch::Tensor& grad, const torch::Tensor& dst) {
+  bool wrote = false;
+  for (int b = 0; b < L_.num_buckets(); ++b) {
     auto master = L_.owned_view(state_.master, b);
     auto m = L_.owned_view(state_.exp_avg, b);
     auto v = L_.owned_view(state_.exp_avg_sq, b);
-    rule_.for_group_runs(L_.owned_begin(b) + at0, len0, [&](int64_t rel, int64_t len, int g) {
-      const int64_t at = at0 + rel;
+    auto grad = grad_of(b);
+    torch::Tensor dst = params(b);
+    wrote = wrote || dst.defined();
+    ZT_CHECK_T(grad.numel() == master.numel() && (!dst.defined() || dst.numel() == master.numel()), InternalError,
+               "fused step: bucket ", b, " has ", master.numel(), " master elements but ", grad.numel(),
+               " gradient elements");
+    rule_.for_group_runs(L_.owned_begin(b), master.numel(), [&](int64_t at, int64_t len, int g) {
       kernels::AdamArgs a;
       a.master = master.data_ptr<float>() + at;
       a.exp_avg = m.data_ptr<float>() + at;
@@ -102,36 +107,6 @@ bool DeviceStep::kernel_step(double factor, const StepInputs& in, const GradFn& 
       a.found_inf = found_inf_.defined() ? found_inf_.data_ptr<float>() : nullptr;
       kernels::fused_adam(a, stream);
     });
-  };
-  bool wrote = false;
-  std::vector<torch::Tensor> grads(static_cast<size_t>(L_.num_buckets())), dsts(grads.size());
-  for (int b = 0; b < L_.num_buckets(); ++b) {
-    const int64_t n = L_.owned_bucket_numel(b);
-    auto grad = grad_of(b);
-    torch::Tensor dst = params(b);
-    wrote = wrote || dst.defined();
-    ZT_CHECK_T(grad.numel() == n && (!dst.defined() || dst.numel() == n), InternalError,
-               "fused step: bucket ", b, " has ", n, " master elements but ", grad.numel(),
-               " gradient elements");
-    if (!overlap_on_) {
-      launch(b, 0, n, grad, dst);
-      continue;
-    }
-    grads[static_cast<size_t>(b)] = grad;
-    dsts[static_cast<size_t>(b)] = dst;
-  }
-  if (overlap_on_) {
-    // [Step Overlap]: slot by slot in forward order; the compute stream made these
-    // tensors and may free them (the stage-2 gradient shard after the step) while the
-    // side stream still reads them.
-    for (const auto& g : grads) overlap_->use(g);
-    overlap_->use(scale);
-    overlap_->use(found_inf_);
-    for (size_t k = 0; k < segments_.size(); ++k) {
-      const StepSegment& sg = segments_[k];
-      launch(sg.bucket, sg.at, sg.len, grads[static_cast<size_t>(sg.bucket)], dsts[static_cast<size_t>(sg.bucket)]);
-      if (k + 1 == segments_.size() || segments_[k + 1].slot != sg.slot) overlap_->end_slot(sg.slot);
-    }
   }
   return wrote;
 }

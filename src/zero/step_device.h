@@ -12,7 +12,6 @@
 
 #include "zero/optimizer_state.h"
 #include "zero/step_backend.h"
-#include "zero/step_overlap.h"
 #include "zero/shard_layout.h"
 
 namespace zt::zero {
@@ -52,16 +51,6 @@ class DeviceStep final : public StepBackend {
   // Forgets the deferred tensors (after the step).
   void clear_deferred() { grad_scale_ = found_inf_ = torch::Tensor(); }
   void end_step() override { clear_deferred(); }
-  // [Step Overlap] (step_overlap.h): the fused step's launches go to `overlap`'s side stream
-  // in `segments` order (every owned element once), recording each slot's event after its
-  // last segment, for the steps between overlap_steps(true) and overlap_steps(false). The
-  // caller makes the side stream current (StepOverlap::on_side) and ends the step.
-  // Otherwise: the plain launch, one per bucket and group run, on the current stream.
-  void set_overlap(StepOverlap* overlap, std::vector<StepSegment> segments) {
-    overlap_ = overlap;
-    segments_ = std::move(segments);
-  }
-  void overlap_steps(bool on) { overlap_on_ = on && overlap_ != nullptr; }
 
  private:
   bool kernel_step(double factor, const StepInputs& in, const GradFn& grad, const ParamFn& params);
@@ -82,9 +71,6 @@ class DeviceStep final : public StepBackend {
   // A deferred step (StepOutcome::norm_sq): 1-element fp32 device tensors the fused
   // kernels read. ATen's divide the gradients by grad_scale_; found_inf_ = 1 skips.
   torch::Tensor grad_scale_, found_inf_;
-  StepOverlap* overlap_ = nullptr;  // owned by ZeroOptimizer
-  bool overlap_on_ = false;
-  std::vector<StepSegment> segments_;
 };
 
 }  // namespace zt::zero

@@ -211,7 +211,6 @@ torch::Tensor ZeroOptimizer::prepare_step() {
 
 StepOutcome ZeroOptimizer::apply_step(const torch::Tensor& sq, const StepInputs& in) {
   torch::NoGradGuard no_grad;
-  if (overlap_) overlap_->fence();  // a previous step still in flight (the engine fences first)
   StepOutcome out;
   double factor = 1.0 / in.loss_scale;
   const bool defer = in.defer && backend_->can_defer();
@@ -230,27 +229,6 @@ StepOutcome ZeroOptimizer::apply_step(const torch::Tensor& sq, const StepInputs&
       const double coef = in.clip / (out.grad_norm + 1e-6);
       if (coef < 1.0) factor *= coef;
     }
-  }
-  if (defer && overlap_armed_) {
-    // [Step Overlap]: the update on the side stream, after the norm and the device scalars
-    // above; the compute stream goes on with whatever comes next.
-    auto* dstep = static_cast<DeviceStep*>(backend_.get());
-    overlap_->begin_step();
-    dstep->overlap_steps(true);
-    try {
-      overlap_->on_side([&] {
-        params_written_ = backend_->update(factor, in);
-        refresh_params();
-        backend_->end_step();
-      });
-    } catch (...) {
-      dstep->overlap_steps(false);
-      overlap_->end_step();
-      throw;
-    }
-    dstep->overlap_steps(false);
-    overlap_->end_step();
-    return out;
   }
   // Offload: the CPU step and its uploads (delayed: the previous step's put in place), then
   // the stage's refresh below.
@@ -342,54 +320,7 @@ torch::Tensor ZeroOptimizer::grad_norm_sq() {
   return sq;
 }
 
-void ZeroOptimizer::zero_grad() {
-  if (overlap_ && overlap_->in_flight()) {
-    // [Step Overlap]: behind the update that reads the gradients; the last event moves here.
-    overlap_->on_side([&] { reducer_->zero_grad(); });
-    overlap_->end_step();
-    return;
-  }
-  reducer_->zero_grad();
-}
-
-std::string ZeroOptimizer::step_overlap_unavailable() const {
-  if (!opt_.device.is_cuda()) return "not on CUDA";
-  if (opt_.stage > 2) return "ZeRO-3 (the gathers already follow the units)";
-  if (!L_.owns_all && world_ > 1) {
-    return detail::cat("ZeRO-", opt_.stage, " over ", world_, " ranks all-gathers the updated shards after the step");
-  }
-  if (opt_.offload_optimizer) return "offload_optimizer (the step runs on the CPU)";
-  const auto* d = dynamic_cast<const DeviceStep*>(backend_.get());
-  if (d == nullptr || !d->use_kernel() || !d->can_defer()) {
-    return "the step does not run zerotrain's fused Adam kernel (CUDA kernels, Adam/AdamW with bias correction)";
-  }
-  return "";
-}
-
-void ZeroOptimizer::enable_step_overlap(const std::vector<std::vector<int>>& units) {
-  ZT_ASSERT(step_overlap_unavailable().empty(), "enable_step_overlap: ", step_overlap_unavailable());
-  const int nu = static_cast<int>(units.size());
-  // Slot 0: in no unit; 1 + u: unit u (the first that lists it); nu + 1: bucket padding.
-  std::vector<int> slot_of_user(params_.size(), 0);
-  for (int u = nu - 1; u >= 0; --u) {
-    for (int i : units[static_cast<size_t>(u)]) {
-      ZT_ASSERT(i >= 0 && static_cast<size_t>(i) < params_.size(), "step overlap: unit ", u, " parameter ", i);
-      slot_of_user[static_cast<size_t>(i)] = 1 + u;
-    }
-  }
-  for (int b = 0; b < L_.num_buckets(); ++b) {
-    // This rank owns the whole bucket (stage 0, or one rank): owned offset = flat - B.offset.
-    ZT_ASSERT(L_.owned_bucket_numel(b) == L_.flat.buckets[b].numel, "step overlap: bucket ", b, " not owned whole");
-  }
-  std::vector<int> slot_of(params_.size());
-  for (size_t li = 0; li < params_.size(); ++li) slot_of[li] = slot_of_user[static_cast<size_t>(user_index_[li])];
-  std::vector<StepSegment> merged = plan_step_segments(L_.flat, slot_of, nu);
-  int64_t total = 0;
-  for (const auto& sg : merged) total += sg.len;
-  ZT_ASSERT(total == L_.owned_numel(), "step overlap: the segments cover ", total, " of ", L_.owned_numel(), " elements");
-  overlap_ = std::make_unique<StepOverlap>(opt_.device, nu);
-  static_cast<DeviceStep*>(backend_.get())->set_overlap(overlap_.get(), std::move(merged));
-}
+void ZeroOptimizer::zero_grad() { reducer_->zero_grad(); }
 
 ModelStateBytes ZeroOptimizer::state_bytes() const {
   auto nb = [](const torch::Tensor& t) -> int64_t { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; };

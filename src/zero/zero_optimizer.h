@@ -43,7 +43,6 @@
 #include "zero/partition.h"
 #include "zero/shard_layout.h"
 #include "zero/step_backend.h"
-#include "zero/step_overlap.h"
 #include "zero/zero_options.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
@@ -106,23 +105,7 @@ class ZeroOptimizer {
   // apply_step(combine_norm_sq({prepare_step()}, model_parallel), in).
   torch::Tensor prepare_step();
   StepOutcome apply_step(const torch::Tensor& global_sq, const StepInputs& in);
-  // With a step on the side stream in flight ([Step Overlap]): zeroes the gradients there,
-  // after the update reads them.
   void zero_grad();
-
-  // [Step Overlap] (step_overlap.h). Why this shard group's step cannot run on a side
-  // stream ("" when it can): CUDA, stage 0 (or stages 1-2 on one rank), the fused kernel
-  // with the deferred step, no offload.
-  std::string step_overlap_unavailable() const;
-  // Makes the side stream and the launch order for `units` (user indices, forward order; a
-  // parameter in several units belongs to the first). Call once, when unavailable() is "".
-  void enable_step_overlap(const std::vector<std::vector<int>>& units);
-  // Whether deferred steps go to the side stream (enabled and armed; the engine arms it
-  // once it saw the model call every unit's hook in a forward).
-  void arm_step_overlap(bool on) { overlap_armed_ = on && overlap_ != nullptr; }
-  bool step_overlap_armed() const { return overlap_armed_; }
-  // Null unless enabled. The engine issues the compute stream's waits through it.
-  StepOverlap* step_overlap() { return overlap_.get(); }
 
   // Stage 3 (no-ops at stages 0-2). The engine calls begin/end_forward around the user's
   // forward; models call the unit hooks around each unit's forward (GPT-2 through its
@@ -234,10 +217,6 @@ class ZeroOptimizer {
   std::vector<torch::Tensor> params_;        // layout order
   std::vector<int> user_index_;              // layout index -> user index
   ShardLayout L_;                            // the layout and this rank's views of it (owns_all: stage 0)
-  // [Step Overlap]: the side stream and its events (null: the step runs on the compute
-  // stream). Declared before the buffers: destroyed after them (it waits for the stream).
-  std::unique_ptr<StepOverlap> overlap_;
-  bool overlap_armed_ = false;
   // Owned gradient pieces whose norm weight is not 1 ([Norm Weights] in zero_optimizer.cpp).
   struct WeightedPiece {
     int bucket;
