@@ -8,6 +8,8 @@
 #   GPU 2     scripts/device/llama1b_rows.sh (this tree with its defaults, the torch.compile'd
 #             transformers anchor, DeepSpeed ZeRO-1; DS_STAGES default "1"; SITE /tmp/site_c)
 #   GPU 3     base / new (overlap on) / new (overlap off) crossover: base on1 off1 base off1 on1
+# (ZT_STEP_OVERLAP was the switch of the step overlap of cc77585, reverted after this call: it
+# saved 1.2% and crashed at exit; see bench/results/2026-11-27_call17b_h100x4.)
 # Every 1B row: bench/configs/llama_bf16_z0.json, mb 4, seq 2048, 18 steps after 3 (--summary).
 # DEADLINE (default 560 s from the start): nothing starts that could end after it. Carry .head,
 # .base and .whl. Results: $OUT/call17b.tar.gz and $OUT/llama1b_rows.tar.gz; tables last.

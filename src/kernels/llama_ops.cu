@@ -126,12 +126,7 @@ __global__ void __launch_bounds__(kRowThreads)
 
 // ---- RoPE ---------------------------------------------------------------------------
 
-// [RoPE Thread Order] Consecutive threads walk memory in order: with kHeadInner (the head
-// stride below the position stride, as in a transposed view of the q/k projection, where one
-// position's heads are contiguous) a row is (b, t, h) with h fastest, else (b, h, t). The
-// other order made each warp touch 8 rows one position stride (6 KB on Llama-3.2-1B's q)
-// apart, and the kernel ran at 0.6 TB/s on an H100 (110 us for q's 67 MB).
-template <typename T, int kVec, bool kBackward, bool kHeadInner>
+template <typename T, int kVec, bool kBackward>
 __global__ void __launch_bounds__(kThreads)
     rope_kernel(const T* __restrict__ in, T* __restrict__ out, const T* __restrict__ cs, const T* __restrict__ sn,
                 int64_t heads, int64_t seq, int64_t half, int64_t sb, int64_t sh, int64_t st, int64_t cos_sb,
@@ -142,18 +137,10 @@ __global__ void __launch_bounds__(kThreads)
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
     const int64_t row = i / per_row;
     const int64_t j = (i - row * per_row) * kVec;
-    int64_t t, h, b;
-    if constexpr (kHeadInner) {
-      h = row % heads;
-      const int64_t bt = row / heads;
-      t = bt % seq;
-      b = bt / seq;
-    } else {
-      t = row % seq;
-      const int64_t bh = row / seq;
-      h = bh % heads;
-      b = bh / heads;
-    }
+    const int64_t t = row % seq;
+    const int64_t bh = row / seq;
+    const int64_t h = bh % heads;
+    const int64_t b = bh / heads;
     const int64_t off = b * sb + h * sh + t * st + j;
     const int64_t coff = b * cos_sb + t * 2 * half + j;
     const P x0 = *reinterpret_cast<const P*>(in + off);
@@ -352,18 +339,10 @@ void rope(const RopeArgs& a, cudaStream_t stream) {
     const int kVec = vec ? kV : 1;
     const int64_t total = a.batch * a.heads * a.seq * (half / kVec);
     const unsigned grid = static_cast<unsigned>(grid_for(total, kFn));
-    // [RoPE Thread Order]: heads innermost when they are closer in memory than positions.
-    const bool head_inner = a.heads == 1 || a.seq == 1 || a.stride_head <= a.stride_seq;
     auto go = [&](auto v, auto b) {
-      if (head_inner) {
-        rope_kernel<T, decltype(v)::value, decltype(b)::value, true><<<grid, kThreads, 0, stream>>>(
-            in, out, cs, sn, a.heads, a.seq, half, a.stride_batch, a.stride_head, a.stride_seq, a.cos_batch_stride,
-            total);
-      } else {
-        rope_kernel<T, decltype(v)::value, decltype(b)::value, false><<<grid, kThreads, 0, stream>>>(
-            in, out, cs, sn, a.heads, a.seq, half, a.stride_batch, a.stride_head, a.stride_seq, a.cos_batch_stride,
-            total);
-      }
+      rope_kernel<T, decltype(v)::value, decltype(b)::value><<<grid, kThreads, 0, stream>>>(
+          in, out, cs, sn, a.heads, a.seq, half, a.stride_batch, a.stride_head, a.stride_seq, a.cos_batch_stride,
+          total);
     };
     using Fwd = std::false_type;
     using Bwd = std::true_type;

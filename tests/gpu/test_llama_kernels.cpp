@@ -145,7 +145,7 @@ TEST_F(LlamaKernels, RopeMatchesReference) {
   const std::vector<Case> cases = {{2, 7, 3, 16, false, true}, {2, 9, 4, 64, false, true}, {1, 5, 2, 6, false, true},
                                    {3, 4, 2, 128, true, true}, {2, 6, 3, 10, true, false}, {1, 1, 1, 2, false, false},
                                    // Llama-3.2-1B's q at micro-batch 4 (more rows than one grid: the
-                                   // grid-stride loop), both thread orders ([RoPE Thread Order])
+                                   // grid-stride loop), and a larger head-outer layout
                                    {4, 2048, 32, 64, false, true}, {2, 1500, 8, 64, true, false}};
   for (const auto dt : kDtypes) {
     for (const auto& c : cases) {
