@@ -252,7 +252,7 @@ def run(args, rank, world, device, out):
     out["params"] = n_params
     torch.manual_seed(1234)
     pp = args.pp or world
-    model = PipelineModule(layers=layers, num_stages=pp, loss_fn=loss_fn, partition_method="parameters",
+    model = PipelineModule(layers=layers, num_stages=pp, loss_fn=loss_fn, partition_method=args.partition,
                            activation_checkpoint_interval=args.ckpt_interval,
                            checkpointable_layers=checkpointable)  # reentrant ckpt of the embedding breaks
     config = ds_config(args)
@@ -305,6 +305,8 @@ def main():
     p.add_argument("--zero-stage", type=int, default=0, choices=[0, 1])
     p.add_argument("--pp", type=int, default=0, help="pipeline stages (default: world size); dp = world / pp")
     p.add_argument("--ckpt-interval", type=int, default=0, help="activation_checkpoint_interval")
+    p.add_argument("--partition", default="parameters",
+                   help="PipelineModule's partition_method: parameters (its default), uniform or type:REGEX")
     p.add_argument("--out", default="ds_pipe_result.json")
     p.add_argument("--cpu", action="store_true", help="testing: CPU, gloo, fp32, torch AdamW")
     args = p.parse_args()
@@ -314,7 +316,7 @@ def main():
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     out = {"anchor": "deepspeed-pipe", "model": args.model, "layers": args.layers or None,
            "pp": args.pp or world, "micro_batch": args.micro_batch, "micro_batches": args.micro_batches, "seq": args.seq,
-           "zero_stage": args.zero_stage, "ckpt_interval": args.ckpt_interval,
+           "zero_stage": args.zero_stage, "ckpt_interval": args.ckpt_interval, "partition": args.partition,
            "dtype": "fp32" if args.cpu else "bf16"}
     try:
         if args.cpu:

@@ -68,11 +68,11 @@ void read_pipeline_keys(Section& s, int64_t stages, PipelineOptions& o, std::vec
   const std::string lower_partition = lower(o.partition);
   if (lower_partition == "best") {
     o.partition = def.partition;
-  } else if (lower_partition != "parameters" && lower_partition != "uniform" &&
+  } else if (lower_partition != "parameters" && lower_partition != "uniform" && lower_partition != "compute" &&
              lower_partition.rfind("type:", 0) != 0) {
     s.ctx().error(s.path_of("partition") + " = \"" + o.partition +
-                  "\" is not a partition method: use \"parameters\" (the default), \"uniform\" or "
-                  "\"type:REGEX\" (DeepSpeed's \"profile\" is not implemented there either)");
+                  "\" is not a partition method: use \"parameters\" (the default), \"uniform\", "
+                  "\"type:REGEX\" or \"compute\" (DeepSpeed's \"profile\" is not implemented there either)");
   }
   const bool seed_layers = s.get_bool("seed_layers", false);
   if (seed_layers) {

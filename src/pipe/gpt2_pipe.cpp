@@ -18,7 +18,7 @@ namespace F = torch::nn::functional;
 std::vector<LayerInfo> gpt2_layers(const models::GPT2Config& cfg) {
   const int64_t C = cfg.n_embd;
   std::vector<LayerInfo> out;
-  out.push_back({"GPT2Embedding", cfg.vocab_size * C + cfg.n_positions * C});
+  out.push_back({"GPT2Embedding", cfg.vocab_size * C + cfg.n_positions * C, /*lookup=*/true});
   for (int64_t i = 0; i < cfg.n_layer; ++i) out.push_back({"GPT2Block", 12 * C * C + 13 * C});
   out.push_back({"GPT2Head", cfg.vocab_size * C + 2 * C});
   return out;

@@ -14,7 +14,7 @@ namespace F = torch::nn::functional;
 std::vector<LayerInfo> llama_layers(const models::LlamaConfig& cfg) {
   const int64_t L = cfg.num_hidden_layers;
   std::vector<LayerInfo> out;
-  out.push_back({"LlamaEmbedding", 0});
+  out.push_back({"LlamaEmbedding", 0, /*lookup=*/true});
   for (int64_t i = 0; i < L; ++i) out.push_back({"LlamaDecoderLayer", 0});
   out.push_back({"LlamaHead", 0});
   const std::string pre = "model.layers.";

@@ -76,6 +76,12 @@ std::vector<int> partition_layers(const std::vector<LayerInfo>& layers, int part
     std::vector<int64_t> w;
     for (const auto& l : layers) w.push_back(l.params);
     bounds = partition_balanced(w, parts);
+  } else if (lower == "compute") {
+    // [Compute Partition]: the parameters a layer multiplies by -- its matrix products' share
+    // of the step's FLOPs (attention's T-dependent part is left out: the same in every block).
+    std::vector<int64_t> w;
+    for (const auto& l : layers) w.push_back(l.lookup ? 0 : l.params);
+    bounds = partition_balanced(w, parts);
   } else if (lower.rfind("type:", 0) == 0) {
     const std::string pattern = method.substr(5);
     std::regex re;
@@ -100,8 +106,8 @@ std::vector<int> partition_layers(const std::vector<LayerInfo>& layers, int part
     bounds = partition_balanced(w, parts);
   } else {
     throw ConfigError("pipeline.partition = \"" + method +
-                      "\" is not a partition method: use \"parameters\" (the default), \"uniform\" or "
-                      "\"type:REGEX\" (DeepSpeed's \"profile\" is not implemented there either)");
+                      "\" is not a partition method: use \"parameters\" (the default), \"uniform\", "
+                      "\"type:REGEX\" or \"compute\" (DeepSpeed's \"profile\" is not implemented there either)");
   }
   for (int s = 0; s < parts; ++s) {
     ZT_CHECK_T(bounds[static_cast<size_t>(s) + 1] > bounds[static_cast<size_t>(s)], ConfigError,

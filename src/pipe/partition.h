@@ -6,6 +6,12 @@
 //   "uniform"     balance the number of layers
 //   "type:REGEX"  balance the number of layers whose type name matches REGEX
 //                 (case-insensitive search, e.g. "type:block" or "type:transformer")
+//   "compute"     (zerotrain's; DeepSpeed has none: its "profile" is not implemented)
+//                 balance the parameters that take part in a matrix product: an
+//                 embedding (a lookup) weighs 0, a tied head its whole V x C. On
+//                 Llama-3.2-1B at pp 2, "parameters" gives the stage that holds the
+//                 embedding 8 decoder layers and the last 8 plus the head, whose GEMMs
+//                 cost about 4 layers; "compute" cuts 10 | 6 + head ([Compute Partition])
 //
 // Balancing is DeepSpeed's linear-partition dynamic program: among the cuts into
 // `parts` contiguous ranges it takes one minimising (largest - smallest) part weight,
@@ -22,6 +28,7 @@ namespace zt::pipe {
 struct LayerInfo {
   std::string type;    // class-like name the type:REGEX method matches ("GPT2Block")
   int64_t params = 0;  // trainable parameters (a tied layer counts its tied weight too)
+  bool lookup = false; // its parameters are only indexed (an embedding): "compute" weighs it 0
 };
 
 std::vector<int> partition_uniform(int num_items, int num_parts);

@@ -52,6 +52,24 @@ TEST(PipePartition, Methods) {
   EXPECT_EQ(partition_layers(gpt2_like(2), 2, "best"), partition_layers(gpt2_like(2), 2, "parameters"));
 }
 
+// [Compute Partition]: an embedding (lookup) weighs 0, everything else its parameters. The
+// Llama-3.2-1B shape: embedding 262.7M (tied head on the last stage: 262.7M + norm), 16
+// decoder layers of 60.8M. "parameters" cuts 8 | 8 + head; "compute" 10 | 6 + head.
+TEST(PipePartition, ComputeWeighsAnEmbeddingZero) {
+  const int64_t emb = 128256LL * 2048, layer = 60821504;
+  std::vector<LayerInfo> l{{"LlamaEmbedding", emb, /*lookup=*/true}};
+  for (int i = 0; i < 16; ++i) l.push_back({"LlamaDecoderLayer", layer});
+  l.push_back({"LlamaHead", emb + 2048});
+  EXPECT_EQ(partition_layers(l, 2, "parameters"), (V{0, 9, 18}));
+  EXPECT_EQ(partition_layers(l, 2, "compute"), (V{0, 11, 18}));
+  EXPECT_EQ(partition_layers(l, 2, "Compute"), partition_layers(l, 2, "compute"));
+  // Without a lookup layer it is "parameters"; with one, that layer weighs nothing.
+  EXPECT_EQ(partition_layers(gpt2_like(6), 3, "compute"), partition_layers(gpt2_like(6), 3, "parameters"));
+  auto g = gpt2_like(6);
+  g.front().lookup = true;
+  EXPECT_EQ(partition_layers(g, 3, "compute"), partition_balanced({0, 300, 300, 300, 300, 300, 300, 50}, 3));
+}
+
 template <typename F>
 std::string config_error(F&& f) {
   try {
