@@ -1,32 +1,28 @@
 // A standalone probe (no torch) of why zerotrain's RoPE kernel (src/kernels/llama_ops.cu)
 // ran at ~0.6 TB/s on an H100 for Llama-3.2-1B's q (B 4, T 2048, H 32, hd 64, bf16):
-// the kernel as it is (head-outer rows, grid capped at 8 blocks per SM), the same uncapped,
-// with 32-bit index math, without the cos/sin loads, and a plain copy of the same bytes.
+// the kernel itself (llama_ops.cu is compiled into this file: kernels::rope() as the model
+// launches it, and its rope_kernel with an uncapped grid), then two variants of it (32-bit
+// index math; no cos/sin loads) and a plain copy of the same bytes.
 // Build and run: scripts/device/rope_probe.sh. Prints one line per variant: us, GB/s.
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-
 #include <cstdint>
 #include <cstdio>
-#include <vector>
+
+#include "kernels/llama_ops.cu"  // the kernel under test, as built (nvcc -I src)
 
 namespace {
 
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-  T v[N];
-};
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+using zt::kernels::detail::Pack;
+using zt::kernels::detail::to_float;
 using T = __nv_bfloat16;
 constexpr int kVec = 8, kThreads = 256;
 using P = Pack<T, kVec>;
+__device__ __forceinline__ T from_float(float x) { return zt::kernels::detail::from_float<T>(x); }
 
-// mode 0: as zerotrain's kernel (int64 index math, cos/sin loads)
-// mode 1: 32-bit index math; mode 2: int64 math, no cos/sin loads (constants)
+// Variants of rope_kernel: mode 1 its 32-bit index math; mode 2 its int64 math without the
+// cos/sin loads (constants).
 template <int kMode>
 __global__ void __launch_bounds__(kThreads)
-    rope(const T* __restrict__ in, T* __restrict__ out, const T* __restrict__ cs, const T* __restrict__ sn,
+    rope_variant(const T* __restrict__ in, T* __restrict__ out, const T* __restrict__ cs, const T* __restrict__ sn,
          int64_t heads, int64_t seq, int64_t half, int64_t sb, int64_t sh, int64_t st, int64_t cos_sb, int64_t total) {
   const int64_t per_row = half / kVec;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < total;
@@ -124,20 +120,33 @@ int main() {
     std::printf("%-44s %8.1f us  %7.0f GB/s  (%s)\n", name, us, bytes / (us * 1e-6) / 1e9,
                 cudaGetErrorString(cudaGetLastError()));
   };
-  time("rope as is (int64, grid 8/SM)", [&] {
-    rope<0><<<capped, kThreads>>>(in, out, cs, sn, H, T_, half, sb, sh, st, cos_sb, total);
-  });
-  time("rope int64, grid uncapped", [&] {
-    rope<0><<<full, kThreads>>>(in, out, cs, sn, H, T_, half, sb, sh, st, cos_sb, total);
+  zt::kernels::RopeArgs a;
+  a.in = in;
+  a.out = out;
+  a.cos = cs;
+  a.sin = sn;
+  a.type = zt::kernels::DType::kBF16;
+  a.batch = B;
+  a.heads = H;
+  a.seq = T_;
+  a.head_dim = D;
+  a.stride_batch = sb;
+  a.stride_head = sh;
+  a.stride_seq = st;
+  a.cos_batch_stride = cos_sb;
+  time("kernels::rope() as the model launches it", [&] { zt::kernels::rope(a, nullptr); });
+  time("its rope_kernel, grid uncapped", [&] {
+    zt::kernels::rope_kernel<T, kVec, false><<<full, kThreads>>>(in, out, cs, sn, H, T_, half, sb, sh, st, cos_sb,
+                                                                 total);
   });
   time("rope int32 index math, grid 8/SM", [&] {
-    rope<1><<<capped, kThreads>>>(in, out, cs, sn, H, T_, half, sb, sh, st, cos_sb, total);
+    rope_variant<1><<<capped, kThreads>>>(in, out, cs, sn, H, T_, half, sb, sh, st, cos_sb, total);
   });
   time("rope int32 index math, uncapped", [&] {
-    rope<1><<<full, kThreads>>>(in, out, cs, sn, H, T_, half, sb, sh, st, cos_sb, total);
+    rope_variant<1><<<full, kThreads>>>(in, out, cs, sn, H, T_, half, sb, sh, st, cos_sb, total);
   });
   time("rope no cos/sin loads (int64, 8/SM)", [&] {
-    rope<2><<<capped, kThreads>>>(in, out, cs, sn, H, T_, half, sb, sh, st, cos_sb, total);
+    rope_variant<2><<<capped, kThreads>>>(in, out, cs, sn, H, T_, half, sb, sh, st, cos_sb, total);
   });
   time("plain 16-byte copy, same bytes, 8/SM", [&] {
     copy<<<capped, kThreads>>>(reinterpret_cast<const P*>(in), reinterpret_cast<P*>(out), n / kVec);
