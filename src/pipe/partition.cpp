@@ -72,15 +72,13 @@ std::vector<int> partition_layers(const std::vector<LayerInfo>& layers, int part
   for (char c : method) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (lower == "uniform") {
     bounds = partition_uniform(n, parts);
-  } else if (lower == "parameters" || lower == "best") {
+  } else if (lower == "parameters" || lower == "best" || lower == "compute") {
+    // [Compute Partition]: "compute" weighs the parameters a layer multiplies by -- its matrix
+    // products' share of the step's FLOPs (attention's T-dependent part is left out: the same
+    // in every block) -- so an embedding lookup weighs 0.
+    const bool compute = lower == "compute";
     std::vector<int64_t> w;
-    for (const auto& l : layers) w.push_back(l.params);
-    bounds = partition_balanced(w, parts);
-  } else if (lower == "compute") {
-    // [Compute Partition]: the parameters a layer multiplies by -- its matrix products' share
-    // of the step's FLOPs (attention's T-dependent part is left out: the same in every block).
-    std::vector<int64_t> w;
-    for (const auto& l : layers) w.push_back(l.lookup ? 0 : l.params);
+    for (const auto& l : layers) w.push_back(compute && l.lookup ? 0 : l.params);
     bounds = partition_balanced(w, parts);
   } else if (lower.rfind("type:", 0) == 0) {
     const std::string pattern = method.substr(5);
