@@ -152,13 +152,15 @@ void build_interleaved(const ScheduleSpec& spec, int s, std::vector<Instr>& out)
 
 void build_zbh1(const ScheduleSpec& spec, int s, std::vector<Instr>& out) {
   const int p = spec.stages, m = spec.micro_batches;
+  // [ZB-H1 Pending Cap]: the paper lets stage s keep s weight passes pending.
+  const int cap = spec.max_pending_w < 0 ? s : std::min(s, spec.max_pending_w);
   Builder b{spec, s, out};
   int f = 0, bi = 0, w = 0;
   for (; f < std::min(m, p - s - 1); ++f) b.forward(f, 0);
   while (bi < m) {
     if (f < m) b.forward(f++, 0);
     b.backward(bi++, 0, Op::kBackwardInput);
-    if (bi - w > s) b.weight(w++, 0);  // keep at most s weight passes pending
+    if (bi - w > cap) b.weight(w++, 0);  // keep at most `cap` weight passes pending
   }
   while (w < m) b.weight(w++, 0);
 }
@@ -194,7 +196,8 @@ void add_batch_end(const ScheduleSpec& spec, int s, std::vector<Instr>& out) {
 std::string spec_name(const ScheduleSpec& spec) {
   return std::string("pipeline schedule ") + schedule_name(spec.kind) + " (stages " + std::to_string(spec.stages) +
          ", micro-batches " + std::to_string(spec.micro_batches) + ", virtual stages " +
-         std::to_string(spec.virtual_stages) + ")";
+         std::to_string(spec.virtual_stages) +
+         (spec.max_pending_w >= 0 ? ", zb_max_pending_w " + std::to_string(spec.max_pending_w) : std::string()) + ")";
 }
 
 }  // namespace
@@ -231,6 +234,11 @@ Schedule make_schedule(const ScheduleSpec& spec) {
                "of the stages (Megatron's rule); use ",
                (spec.micro_batches / spec.stages + 1) * spec.stages, " micro-batches");
   }
+  ZT_CHECK_T(spec.max_pending_w >= -1, ConfigError, what, ": pipeline.zb_max_pending_w = ", spec.max_pending_w,
+             " is negative: use 0 (each W right after its B) or more, or leave it out (the paper's ZB-H1)");
+  ZT_CHECK_T(spec.max_pending_w < 0 || spec.kind == ScheduleKind::kZBH1, ConfigError, what,
+             ": pipeline.zb_max_pending_w caps the zb-h1 schedule's pending weight passes; use schedule zb-h1 "
+             "or remove it");
   if (spec.kind == ScheduleKind::kZBH1) {
     ZT_CHECK_T(spec.micro_batches >= spec.stages, ConfigError, what,
                ": zb-h1 needs at least as many micro-batches (gradient_accumulation_steps) as stages; use >= ",
@@ -319,7 +327,17 @@ UnitTimes default_unit_times(ScheduleKind kind) {
 }
 
 Simulation simulate(const Schedule& sch, const UnitTimes& t) {
+  return simulate(sch, std::vector<UnitTimes>(static_cast<size_t>(sch.spec.stages), t));
+}
+
+Simulation simulate(const Schedule& sch, const std::vector<UnitTimes>& per_stage) {
   const int p = sch.spec.stages;
+  ZT_ASSERT(per_stage.size() == static_cast<size_t>(p), "simulate: ", per_stage.size(), " stage times for ", p,
+            " stages");
+  bool whole_units = true;  // the timeline has one character per unit
+  for (const auto& t : per_stage) {
+    for (double d : {t.f, t.b, t.w}) whole_units = whole_units && d >= 0 && d == std::floor(d) && d <= 1000;
+  }
   std::vector<size_t> pc(static_cast<size_t>(p), 0);
   std::vector<double> clock(static_cast<size_t>(p), 0.0);
   Simulation sim;
@@ -327,7 +345,8 @@ Simulation simulate(const Schedule& sch, const UnitTimes& t) {
   std::vector<std::string> tl(static_cast<size_t>(p));
   std::map<Chan, std::vector<double>> sent;        // time of each send on a channel
   std::map<std::pair<int, Chan>, size_t> n_recv;   // receives done per (stage, channel)
-  auto duration = [&](Op op) {
+  auto duration = [&](int stage, Op op) {
+    const UnitTimes& t = per_stage[static_cast<size_t>(stage)];
     switch (op) {
       case Op::kForward: return t.f;
       case Op::kBackward: return t.b + t.w;
@@ -356,8 +375,8 @@ Simulation simulate(const Schedule& sch, const UnitTimes& t) {
             ++k;
           }
         }
-        const double d = duration(in.op);
-        if (d > 0) {
+        const double d = duration(s, in.op);
+        if (d > 0 && whole_units) {
           const long idle = std::lround(now) - static_cast<long>(tl[static_cast<size_t>(s)].size());
           if (idle > 0) tl[static_cast<size_t>(s)].append(static_cast<size_t>(idle), '.');
           const char ch = in.op == Op::kForward ? 'F' : in.op == Op::kBackwardWeight ? 'W' : 'B';
@@ -377,7 +396,9 @@ Simulation simulate(const Schedule& sch, const UnitTimes& t) {
   sim.makespan = *std::max_element(clock.begin(), clock.end());
   const double busy = *std::max_element(sim.busy.begin(), sim.busy.end());
   sim.bubble = busy > 0 ? (sim.makespan - busy) / busy : 0.0;
-  for (int s = 0; s < p; ++s) sim.timeline += "stage " + std::to_string(s) + ": " + tl[static_cast<size_t>(s)] + "\n";
+  if (whole_units) {
+    for (int s = 0; s < p; ++s) sim.timeline += "stage " + std::to_string(s) + ": " + tl[static_cast<size_t>(s)] + "\n";
+  }
   return sim;
 }
 
@@ -387,7 +408,12 @@ double bubble_formula(const ScheduleSpec& spec) {
     case ScheduleKind::kGPipe:
     case ScheduleKind::k1F1B: return (p - 1) / m;
     case ScheduleKind::kInterleaved: return (p - 1) / (v * m);
-    case ScheduleKind::kZBH1: return (p - 1) / (3 * m);
+    case ScheduleKind::kZBH1: {
+      // [ZB-H1 Pending Cap]: each W the last stage cannot postpone past its last B adds one
+      // unit; the paper's schedule (k = p - 1 on the last stage) gives (p-1)/(3m).
+      const double k = spec.max_pending_w < 0 ? p - 1 : std::min<double>(spec.max_pending_w, p - 1);
+      return (2 * (p - 1) - k) / (3 * m);
+    }
   }
   return 0;
 }

@@ -24,6 +24,15 @@
 //                   than s W's are pending, and the postponed W's at the end. The last
 //                   stage postpones the most, so B's travel back without waiting behind
 //                   W's and the W's fill the tail. m >= p.
+//                   [ZB-H1 Pending Cap] max_pending_w = k >= 0 keeps at most min(s, k) W's
+//                   pending on stage s (pipeline.zb_max_pending_w): each pending W holds its
+//                   micro-batch's weight-gradient state (every linear's input and output
+//                   gradient), so the last stage of the paper's schedule holds p - 1 of them
+//                   more than 1F1B's activations. k = 0 runs each W right after its B on every
+//                   stage: 1F1B's activation memory per stage, and still the split backward's
+//                   shorter B chain (at p = 2 with F = B = W the same makespan as k = 1, the
+//                   paper's; for p > 2 deferral shortens the tail, see simulate()). -1 (the
+//                   default) is the paper's min(s, s) = s.
 //  * Communication instructions sit where the stage executes them. A send never blocks
 //    the stage (the executor posts it and waits at the end of the batch); a receive blocks
 //    until the data is there. Activations and gradients travel on separate channels, and
@@ -84,6 +93,9 @@ struct ScheduleSpec {
   int stages = 1;          // p
   int micro_batches = 1;   // m
   int virtual_stages = 1;  // v (interleaved only; 1 otherwise)
+  // zb-h1 only: W's a stage may keep pending, min(s, max_pending_w) on stage s; -1 = s (the
+  // paper's ZB-H1). See [ZB-H1 Pending Cap].
+  int max_pending_w = -1;
 };
 
 struct Schedule {
@@ -100,7 +112,8 @@ struct Schedule {
 
 // Builds the schedule. ConfigError (naming the schedule, the value and the fix) for p < 1,
 // m < 1, v < 1, v != 1 for a schedule without virtual stages, interleaved with m not a
-// multiple of p, zb-h1 with m < p.
+// multiple of p, zb-h1 with m < p, max_pending_w < -1, max_pending_w >= 0 with a schedule
+// other than zb-h1.
 Schedule make_schedule(const ScheduleSpec& spec);
 
 // Checks a schedule's consistency: every (mb, chunk) has exactly one F and one backward
@@ -120,17 +133,25 @@ struct Simulation {
   double makespan = 0;         // time at which the last stage's last op ends
   std::vector<double> busy;    // per stage, compute time
   double bubble = 0;           // (makespan - busy) / busy of the busiest stage
-  std::string timeline;        // per stage, one character per unit ('.' idle), for printing
+  std::string timeline;        // per stage, one character per unit ('.' idle), for printing;
+                               // empty when an op's time is not a whole number of units
 };
 // Runs the schedule as a list scheduler: each stage executes its list in order, an op
 // starting when the stage is free and its inputs exist (F after the previous virtual
 // stage's F of the micro-batch, B after the next virtual stage's B and its own F, W after
 // its own B, a tied-gradient receive after the matching send). Throws InternalError on a
-// deadlock (a schedule that cannot run).
+// deadlock (a schedule that cannot run). The bubble is the one PipeEngine measures:
+// (makespan - largest busy) / largest busy.
 Simulation simulate(const Schedule& s, const UnitTimes& t);
+// The same with each stage's own times (per_stage[s] for stage s, e.g. the per-micro-batch
+// F / B / W that PipeReport measured on that stage; PipeEngine's first stage runs no B in
+// zb-h1, its W is the whole backward). InternalError unless there is one entry per stage.
+Simulation simulate(const Schedule& s, const std::vector<UnitTimes>& per_stage);
 
 // The published bubble fraction (idle / compute per stage): (p-1)/m for gpipe and 1f1b,
-// (p-1)/(v*m) for interleaved, (p-1)/(3m) for zb-h1 (F = B = W).
+// (p-1)/(v*m) for interleaved, (p-1)/(3m) for zb-h1 (F = B = W); zb-h1 with max_pending_w
+// k >= 0: (2(p-1) - min(k, p-1))/(3m) (the simulator's value, checked over a grid; k = 0 at
+// p = 2 is 2/(3m), two thirds of 1F1B's).
 double bubble_formula(const ScheduleSpec& spec);
 
 }  // namespace zt::pipe
