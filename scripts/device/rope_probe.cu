@@ -1,8 +1,9 @@
-// A standalone probe (no torch) of why zerotrain's RoPE kernel (src/kernels/llama_ops.cu)
-// ran at ~0.6 TB/s on an H100 for Llama-3.2-1B's q (B 4, T 2048, H 32, hd 64, bf16):
-// the kernel itself (llama_ops.cu is compiled into this file: kernels::rope() as the model
-// launches it, and its rope_kernel with an uncapped grid), then two variants of it (32-bit
-// index math; no cos/sin loads) and a plain copy of the same bytes.
+// A standalone probe (no torch) of zerotrain's RoPE kernel (src/kernels/llama_ops.cu) at
+// Llama-3.2-1B's q (B 4, T 2048, H 32, hd 64, bf16): kernels::rope() as the model launches
+// it (llama_ops.cu is compiled into this file), next to the variants that found why its
+// earlier 1-D form ran at ~0.6 TB/s (64-bit index division: the int64 variants below stay
+// slow with or without the cos/sin loads, the 32-bit ones run near a plain copy) and a
+// plain copy of the same bytes.
 // Build and run: scripts/device/rope_probe.sh. Prints one line per variant: us, GB/s.
 #include <cstdint>
 #include <cstdio>
@@ -66,6 +67,36 @@ __global__ void __launch_bounds__(kThreads)
     *reinterpret_cast<P*>(out + off) = o0;
     *reinterpret_cast<P*>(out + off + half) = o1;
   }
+}
+
+// Variant 3: a 2-D grid (x: rows of one (b, h) in chunks, y: b * heads + h), one thread per
+// 8-wide pair of the first/second half, 32-bit index math, no grid-stride loop.
+__global__ void __launch_bounds__(kThreads)
+    rope_2d(const T* __restrict__ in, T* __restrict__ out, const T* __restrict__ cs, const T* __restrict__ sn,
+            int heads, int seq, int half, int64_t sb, int64_t sh, int64_t st, int64_t cos_sb) {
+  const int per_row = half / kVec;
+  const int local = blockIdx.x * kThreads + threadIdx.x;
+  const int t = local / per_row;
+  if (t >= seq) return;
+  const int j = (local - t * per_row) * kVec;
+  const int b = blockIdx.y / heads, h = blockIdx.y - b * heads;
+  const int64_t off = b * sb + h * sh + t * st + j;
+  const int64_t coff = b * cos_sb + static_cast<int64_t>(t) * 2 * half + j;
+  const P x0 = *reinterpret_cast<const P*>(in + off);
+  const P x1 = *reinterpret_cast<const P*>(in + off + half);
+  const P c0 = *reinterpret_cast<const P*>(cs + coff);
+  const P c1 = *reinterpret_cast<const P*>(cs + coff + half);
+  const P s0 = *reinterpret_cast<const P*>(sn + coff);
+  const P s1 = *reinterpret_cast<const P*>(sn + coff + half);
+  P o0, o1;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    const float a = to_float(x0.v[k]), b2 = to_float(x1.v[k]);
+    o0.v[k] = from_float(a * to_float(c0.v[k]) - b2 * to_float(s0.v[k]));
+    o1.v[k] = from_float(b2 * to_float(c1.v[k]) + a * to_float(s1.v[k]));
+  }
+  *reinterpret_cast<P*>(out + off) = o0;
+  *reinterpret_cast<P*>(out + off + half) = o1;
 }
 
 __global__ void copy(const P* __restrict__ in, P* __restrict__ out, int64_t n) {
@@ -135,10 +166,6 @@ int main() {
   a.stride_seq = st;
   a.cos_batch_stride = cos_sb;
   time("kernels::rope() as the model launches it", [&] { zt::kernels::rope(a, nullptr); });
-  time("its rope_kernel, grid uncapped", [&] {
-    zt::kernels::rope_kernel<T, kVec, false><<<full, kThreads>>>(in, out, cs, sn, H, T_, half, sb, sh, st, cos_sb,
-                                                                 total);
-  });
   time("rope int32 index math, grid 8/SM", [&] {
     rope_variant<1><<<capped, kThreads>>>(in, out, cs, sn, H, T_, half, sb, sh, st, cos_sb, total);
   });
@@ -147,6 +174,26 @@ int main() {
   });
   time("rope no cos/sin loads (int64, 8/SM)", [&] {
     rope_variant<2><<<capped, kThreads>>>(in, out, cs, sn, H, T_, half, sb, sh, st, cos_sb, total);
+  });
+  time("rope 2-D grid, int32, no loop", [&] {
+    rope_2d<<<dim3((T_ * (half / kVec) + kThreads - 1) / kThreads, B * H), kThreads>>>(in, out, cs, sn, H, T_, half,
+                                                                                          sb, sh, st, cos_sb);
+  });
+  time("rope 2-D grid, (B,H,T,D) layout (backward)", [&] {
+    rope_2d<<<dim3((T_ * (half / kVec) + kThreads - 1) / kThreads, B * H), kThreads>>>(in, out, cs, sn, H, T_, half,
+                                                                                          H * T_ * D, T_ * D, D, cos_sb);
+  });
+  time("rope() (B,H,T,D) layout (backward)", [&] {
+    zt::kernels::RopeArgs c = a;
+    c.stride_head = T_ * D;
+    c.stride_seq = D;
+    c.backward = true;
+    zt::kernels::rope(c, nullptr);
+  });
+  time("rope() cos shared over batch", [&] {
+    zt::kernels::RopeArgs c = a;
+    c.cos_batch_stride = 0;
+    zt::kernels::rope(c, nullptr);
   });
   time("plain 16-byte copy, same bytes, 8/SM", [&] {
     copy<<<capped, kThreads>>>(reinterpret_cast<const P*>(in), reinterpret_cast<P*>(out), n / kVec);

@@ -1,11 +1,12 @@
 // The fused Llama ops declared in llama_ops.h. No torch headers: compiled by nvcc as part
 // of the zerotrain library when CMake finds a CUDA compiler.
 //
-// All memory-bound. RMSNorm: one block of 256 threads per row, each thread kVec
-// consecutive columns per step (16-byte loads on the vectorized path); the row is read
-// twice (the second read mostly from L1/L2) and written once. The row sums go lanes ->
-// warp (shuffles) -> warps 0..7 in order, so a row's result depends only on its values
-// and the shape. RoPE and SwiGLU: grid-stride loops over vectors of kVec elements.
+// All memory-bound. RMSNorm: one warp per row with the row in registers where it fits
+// (up to 32 x 16 x 16 bytes: 4096 bf16 columns), else one block of 256 threads per row
+// (read twice, the second read mostly from L1/L2); optionally fused with the residual add
+// before it (forward) and the gradient accumulation after it (backward). The row sums go
+// in a fixed order, so a row's result depends only on its values and the shape. RoPE: a
+// 2-D grid over (rows of one head, batch x head). SwiGLU: grid-stride loops over vectors.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -55,11 +56,15 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 }
 
 // ---- RMSNorm ------------------------------------------------------------------------
+// kResidual: the input is x + residual, rounded to T (what a separate add would store),
+// written to `sum` and normalised; the backward adds dL/d(sum) from sum's other use into
+// the input gradient, after rounding the norm's part to T (what autograd's separate
+// accumulation computes). Either way bit-equal to the unfused ops.
 
-template <typename T, int kVec>
+template <typename T, int kVec, bool kResidual>
 __global__ void __launch_bounds__(kRowThreads)
-    rms_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ w, int64_t cols, float eps,
-                            T* __restrict__ y, float* __restrict__ rstd) {
+    rms_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ res, const T* __restrict__ w, int64_t cols,
+                            float eps, T* __restrict__ y, T* __restrict__ sum, float* __restrict__ rstd) {
   using P = Pack<T, kVec>;
   __shared__ float scratch[kRowWarps + 1];
   const int64_t row = blockIdx.x;
@@ -67,18 +72,25 @@ __global__ void __launch_bounds__(kRowThreads)
   T* yr = y + row * cols;
   float ss = 0.f;
   for (int64_t c = static_cast<int64_t>(threadIdx.x) * kVec; c < cols; c += kRowThreads * kVec) {
-    const P p = *reinterpret_cast<const P*>(xr + c);
+    P p = *reinterpret_cast<const P*>(xr + c);
+    if constexpr (kResidual) {
+      const P q = *reinterpret_cast<const P*>(res + row * cols + c);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) p.v[k] = from_float<T>(to_float(p.v[k]) + to_float(q.v[k]));
+      *reinterpret_cast<P*>(sum + row * cols + c) = p;
+    }
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
       const float f = to_float(p.v[k]);
       ss += f * f;
     }
   }
-  ss = block_sum(ss, scratch);
+  ss = block_sum(ss, scratch);  // also orders the sum's stores before the reads below
   const float r = rsqrtf(ss / static_cast<float>(cols) + eps);
   if (threadIdx.x == 0) rstd[row] = r;
+  const T* hr = kResidual ? sum + row * cols : xr;
   for (int64_t c = static_cast<int64_t>(threadIdx.x) * kVec; c < cols; c += kRowThreads * kVec) {
-    const P p = *reinterpret_cast<const P*>(xr + c);
+    const P p = *reinterpret_cast<const P*>(hr + c);
     const P pw = *reinterpret_cast<const P*>(w + c);
     P o;
 #pragma unroll
@@ -90,10 +102,11 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-template <typename T, int kVec>
+template <typename T, int kVec, bool kResidual>
 __global__ void __launch_bounds__(kRowThreads)
     rms_norm_backward_input_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
-                                   const float* __restrict__ rstd, int64_t cols, T* __restrict__ dx) {
+                                   const float* __restrict__ rstd, const T* __restrict__ gsum, int64_t cols,
+                                   T* __restrict__ dx) {
   using P = Pack<T, kVec>;
   __shared__ float scratch[kRowWarps + 1];
   const int64_t row = blockIdx.x;
@@ -116,49 +129,196 @@ __global__ void __launch_bounds__(kRowThreads)
     const P v = *reinterpret_cast<const P*>(xr + c);
     const P pw = *reinterpret_cast<const P*>(w + c);
     P o;
+    if constexpr (kResidual) {
+      const P gs = *reinterpret_cast<const P*>(gsum + row * cols + c);
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      o.v[k] = from_float<T>(r * (to_float(g.v[k]) * to_float(pw.v[k])) - to_float(v.v[k]) * coef);
+      for (int k = 0; k < kVec; ++k) {
+        const float d = to_float(from_float<T>(r * (to_float(g.v[k]) * to_float(pw.v[k])) - to_float(v.v[k]) * coef));
+        o.v[k] = from_float<T>(d + to_float(gs.v[k]));
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        o.v[k] = from_float<T>(r * (to_float(g.v[k]) * to_float(pw.v[k])) - to_float(v.v[k]) * coef);
+      }
     }
     *reinterpret_cast<P*>(dxr + c) = o;
   }
 }
 
+// The same two ops with one warp per row, the row held in registers (kPer 16-byte vectors
+// per lane, cols <= 32 * kVec * kPer): every load of a row is in flight at once, the row
+// is read from memory once, and the sum needs no __syncthreads. Used whenever a row fits
+// (Llama-3.2-1B's 2048 bf16 columns: 8 vectors per lane); the block-per-row kernels above
+// take wider rows and unaligned ones. The lane sums go through the warp in a fixed order:
+// a row's result depends only on its values and the shape.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = kWarpSize / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+template <typename T, int kVec, int kPer, bool kResidual>
+__global__ void __launch_bounds__(kRowThreads)
+    rms_norm_forward_warp_kernel(const T* __restrict__ x, const T* __restrict__ res, const T* __restrict__ w,
+                                 int64_t rows, int cols, float eps, T* __restrict__ y, T* __restrict__ sum,
+                                 float* __restrict__ rstd) {
+  using P = Pack<T, kVec>;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + static_cast<int64_t>(threadIdx.x) / kWarpSize;
+  if (row >= rows) return;  // the whole warp
+  const int64_t base = row * cols;
+  P v[kPer];
+  float ss = 0.f;
+#pragma unroll
+  for (int p = 0; p < kPer; ++p) {
+    const int c = (p * kWarpSize + lane) * kVec;
+    if (c < cols) v[p] = *reinterpret_cast<const P*>(x + base + c);
+  }
+  if constexpr (kResidual) {
+#pragma unroll
+    for (int p = 0; p < kPer; ++p) {
+      const int c = (p * kWarpSize + lane) * kVec;
+      if (c < cols) {
+        const P q = *reinterpret_cast<const P*>(res + base + c);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) v[p].v[k] = from_float<T>(to_float(v[p].v[k]) + to_float(q.v[k]));
+        *reinterpret_cast<P*>(sum + base + c) = v[p];
+      }
+    }
+  }
+#pragma unroll
+  for (int p = 0; p < kPer; ++p) {
+    const int c = (p * kWarpSize + lane) * kVec;
+    if (c < cols) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const float f = to_float(v[p].v[k]);
+        ss += f * f;
+      }
+    }
+  }
+  ss = warp_sum(ss);
+  const float r = rsqrtf(ss / static_cast<float>(cols) + eps);
+  if (lane == 0) rstd[row] = r;
+#pragma unroll
+  for (int p = 0; p < kPer; ++p) {
+    const int c = (p * kWarpSize + lane) * kVec;
+    if (c < cols) {
+      const P pw = *reinterpret_cast<const P*>(w + c);
+      P o;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const float n = to_float(from_float<T>(to_float(v[p].v[k]) * r));
+        o.v[k] = from_float<T>(to_float(pw.v[k]) * n);
+      }
+      *reinterpret_cast<P*>(y + base + c) = o;
+    }
+  }
+}
+
+template <typename T, int kVec, int kPer, bool kResidual>
+__global__ void __launch_bounds__(kRowThreads)
+    rms_norm_backward_input_warp_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                                        const float* __restrict__ rstd, const T* __restrict__ gsum, int64_t rows,
+                                        int cols, T* __restrict__ dx) {
+  using P = Pack<T, kVec>;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + static_cast<int64_t>(threadIdx.x) / kWarpSize;
+  if (row >= rows) return;
+  const int64_t base = row * cols;
+  P g[kPer], v[kPer];
+#pragma unroll
+  for (int p = 0; p < kPer; ++p) {
+    const int c = (p * kWarpSize + lane) * kVec;
+    if (c < cols) {
+      g[p] = *reinterpret_cast<const P*>(dy + base + c);
+      v[p] = *reinterpret_cast<const P*>(x + base + c);
+    }
+  }
+  float dot = 0.f;
+#pragma unroll
+  for (int p = 0; p < kPer; ++p) {
+    const int c = (p * kWarpSize + lane) * kVec;
+    if (c < cols) {
+      const P pw = *reinterpret_cast<const P*>(w + c);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) dot += to_float(g[p].v[k]) * to_float(pw.v[k]) * to_float(v[p].v[k]);
+    }
+  }
+  dot = warp_sum(dot);
+  const float r = rstd[row];
+  const float coef = dot * r * r * r / static_cast<float>(cols);
+#pragma unroll
+  for (int p = 0; p < kPer; ++p) {
+    const int c = (p * kWarpSize + lane) * kVec;
+    if (c < cols) {
+      const P pw = *reinterpret_cast<const P*>(w + c);
+      P o;
+      if constexpr (kResidual) {
+        const P gs = *reinterpret_cast<const P*>(gsum + base + c);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const float d =
+              to_float(from_float<T>(r * (to_float(g[p].v[k]) * to_float(pw.v[k])) - to_float(v[p].v[k]) * coef));
+          o.v[k] = from_float<T>(d + to_float(gs.v[k]));
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          o.v[k] = from_float<T>(r * (to_float(g[p].v[k]) * to_float(pw.v[k])) - to_float(v[p].v[k]) * coef);
+        }
+      }
+      *reinterpret_cast<P*>(dx + base + c) = o;
+    }
+  }
+}
+
 // ---- RoPE ---------------------------------------------------------------------------
 
+// Grid: x covers one (batch, head)'s seq * half / kVec vectors, y (with a stride loop past
+// 65 535) the batch * heads pairs. The row and column come from 32-bit math once per thread:
+// the earlier 1-D grid-stride form split a 64-bit flat index with four 64-bit divisions per
+// vector and ran at ~0.6 TB/s on an H100 (Llama-3.2-1B's q, 115 us); this form, 28 us
+// (scripts/device/rope_probe.sh, bench/results/2026-11-27_rope_probe_h100).
 template <typename T, int kVec, bool kBackward>
 __global__ void __launch_bounds__(kThreads)
     rope_kernel(const T* __restrict__ in, T* __restrict__ out, const T* __restrict__ cs, const T* __restrict__ sn,
-                int64_t heads, int64_t seq, int64_t half, int64_t sb, int64_t sh, int64_t st, int64_t cos_sb,
-                int64_t total) {
+                int heads, int bh_total, int seq, int half, int64_t sb, int64_t sh, int64_t st, int64_t cos_sb) {
   using P = Pack<T, kVec>;
-  const int64_t per_row = half / kVec;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const int64_t row = i / per_row;
-    const int64_t j = (i - row * per_row) * kVec;
-    const int64_t t = row % seq;
-    const int64_t bh = row / seq;
-    const int64_t h = bh % heads;
-    const int64_t b = bh / heads;
+  const int per_row = half / kVec;
+  const int local = static_cast<int>(blockIdx.x) * kThreads + static_cast<int>(threadIdx.x);
+  const int t = local / per_row;
+  if (t >= seq) return;
+  const int j = (local - t * per_row) * kVec;
+  const int64_t coff = static_cast<int64_t>(t) * 2 * half + j;
+  const P c0 = *reinterpret_cast<const P*>(cs + coff);
+  const P c1 = *reinterpret_cast<const P*>(cs + coff + half);
+  const P s0 = *reinterpret_cast<const P*>(sn + coff);
+  const P s1 = *reinterpret_cast<const P*>(sn + coff + half);
+  for (int bh = static_cast<int>(blockIdx.y); bh < bh_total; bh += static_cast<int>(gridDim.y)) {
+    const int b = bh / heads, h = bh - b * heads;
     const int64_t off = b * sb + h * sh + t * st + j;
-    const int64_t coff = b * cos_sb + t * 2 * half + j;
+    const int64_t cb = b * cos_sb;
+    P cc0 = c0, cc1 = c1, ss0 = s0, ss1 = s1;
+    if (cos_sb != 0) {  // positions per sequence: this batch row's table
+      cc0 = *reinterpret_cast<const P*>(cs + cb + coff);
+      cc1 = *reinterpret_cast<const P*>(cs + cb + coff + half);
+      ss0 = *reinterpret_cast<const P*>(sn + cb + coff);
+      ss1 = *reinterpret_cast<const P*>(sn + cb + coff + half);
+    }
     const P x0 = *reinterpret_cast<const P*>(in + off);
     const P x1 = *reinterpret_cast<const P*>(in + off + half);
-    const P c0 = *reinterpret_cast<const P*>(cs + coff);
-    const P c1 = *reinterpret_cast<const P*>(cs + coff + half);
-    const P s0 = *reinterpret_cast<const P*>(sn + coff);
-    const P s1 = *reinterpret_cast<const P*>(sn + coff + half);
     P o0, o1;
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
       const float a = to_float(x0.v[k]), b2 = to_float(x1.v[k]);
       if constexpr (kBackward) {
-        o0.v[k] = from_float<T>(a * to_float(c0.v[k]) + b2 * to_float(s1.v[k]));
-        o1.v[k] = from_float<T>(b2 * to_float(c1.v[k]) - a * to_float(s0.v[k]));
+        o0.v[k] = from_float<T>(a * to_float(cc0.v[k]) + b2 * to_float(ss1.v[k]));
+        o1.v[k] = from_float<T>(b2 * to_float(cc1.v[k]) - a * to_float(ss0.v[k]));
       } else {
-        o0.v[k] = from_float<T>(a * to_float(c0.v[k]) - b2 * to_float(s0.v[k]));
-        o1.v[k] = from_float<T>(b2 * to_float(c1.v[k]) + a * to_float(s1.v[k]));
+        o0.v[k] = from_float<T>(a * to_float(cc0.v[k]) - b2 * to_float(ss0.v[k]));
+        o1.v[k] = from_float<T>(b2 * to_float(cc1.v[k]) + a * to_float(ss1.v[k]));
       }
     }
     *reinterpret_cast<P*>(out + off) = o0;
@@ -229,6 +389,38 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- embedding weight gradient -------------------------------------------------------
+// One block per sorted position; the block at the first position of each distinct id sums
+// that id's rows (columns over the threads), the others return at once.
+
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kThreads)
+    embedding_backward_add_kernel(T* __restrict__ gw, const T* __restrict__ gout, const int* __restrict__ sorted,
+                                  const int64_t* __restrict__ order, int64_t n, int64_t cols, int64_t pad) {
+  using P = Pack<T, kVec>;
+  const int64_t i = blockIdx.x;
+  const int tok = sorted[i];
+  if ((i > 0 && sorted[i - 1] == tok) || tok == pad) return;
+  int64_t end = i + 1;
+  while (end < n && sorted[end] == tok) ++end;
+  T* dst = gw + static_cast<int64_t>(tok) * cols;
+  for (int64_t c = static_cast<int64_t>(threadIdx.x) * kVec; c < cols; c += static_cast<int64_t>(kThreads) * kVec) {
+    float acc[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) acc[k] = 0.f;
+    for (int64_t r = i; r < end; ++r) {
+      const P g = *reinterpret_cast<const P*>(gout + order[r] * cols + c);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) acc[k] += to_float(g.v[k]);
+    }
+    const P d = *reinterpret_cast<const P*>(dst + c);
+    P o;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) o.v[k] = from_float<T>(to_float(d.v[k]) + to_float(from_float<T>(acc[k])));
+    *reinterpret_cast<P*>(dst + c) = o;
+  }
+}
+
 // ---- launches -----------------------------------------------------------------------
 
 void check_launch(const std::string& kernel, const std::string& shape) {
@@ -270,32 +462,74 @@ std::string rows_cols(int64_t rows, int64_t cols) {
 
 }  // namespace
 
+// Vectors per lane for the warp-per-row kernels: the smallest of 2, 4, 8, 16 that holds a
+// row of `cols` (0: the row is too wide, the block-per-row kernel takes it).
+int warp_row_vecs(int64_t cols, int vec) {
+  for (int per : {2, 4, 8, 16}) {
+    if (cols <= static_cast<int64_t>(kWarpSize) * vec * per) return per;
+  }
+  return 0;
+}
+
+// Calls f(std::integral_constant<int, per>) for per in {2, 4, 8, 16}.
+template <typename F>
+void dispatch_per(int per, F&& f) {
+  switch (per) {
+    case 2: f(std::integral_constant<int, 2>{}); return;
+    case 4: f(std::integral_constant<int, 4>{}); return;
+    case 8: f(std::integral_constant<int, 8>{}); return;
+    default: f(std::integral_constant<int, 16>{}); return;
+  }
+}
+
 void rms_norm_forward(const RmsNormArgs& a, cudaStream_t stream) {
   constexpr const char* kFn = "rms_norm_forward";
-  require(a.rows >= 0 && a.cols >= 0 && a.rows <= 0x7fffffff, kFn, "bad shape " + rows_cols(a.rows, a.cols));
+  require(a.rows >= 0 && a.cols >= 0 && a.rows <= 0x7fffffff && a.cols <= 0x7fffffff, kFn,
+          "bad shape " + rows_cols(a.rows, a.cols));
   if (a.rows == 0 || a.cols == 0) return;
   require(a.x && a.weight && a.y && a.rstd, kFn, "null pointer");
+  require((a.residual == nullptr) == (a.sum == nullptr), kFn, "residual and sum go together");
   dispatch(a.type, kFn, [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int kV = 16 / sizeof(T);
     const T* x = static_cast<const T*>(a.x);
+    const T* res = static_cast<const T*>(a.residual);
     const T* w = static_cast<const T*>(a.weight);
     T* y = static_cast<T*>(a.y);
-    const bool vec = a.cols % kV == 0 && aligned(x, 16) && aligned(w, 16) && aligned(y, 16);
-    const unsigned grid = static_cast<unsigned>(a.rows);
-    if (vec) {
-      rms_norm_forward_kernel<T, kV><<<grid, kRowThreads, 0, stream>>>(x, w, a.cols, a.eps, y, a.rstd);
-    } else {
-      rms_norm_forward_kernel<T, 1><<<grid, kRowThreads, 0, stream>>>(x, w, a.cols, a.eps, y, a.rstd);
-    }
-    check_launch(std::string("rms_norm_forward_kernel<") + DTypeName<T>::value + (vec ? ", vec>" : ">"),
+    T* sum = static_cast<T*>(a.sum);
+    const bool with_res = res != nullptr;
+    const bool vec = a.cols % kV == 0 && aligned(x, 16) && aligned(w, 16) && aligned(y, 16) &&
+                     (!with_res || (aligned(res, 16) && aligned(sum, 16)));
+    const int per = vec ? warp_row_vecs(a.cols, kV) : 0;
+    const int cols = static_cast<int>(a.cols);
+    auto go = [&](auto r) {
+      constexpr bool kRes = decltype(r)::value;
+      if (per > 0) {
+        const unsigned grid = static_cast<unsigned>((a.rows + kRowWarps - 1) / kRowWarps);
+        dispatch_per(per, [&](auto pc) {
+          rms_norm_forward_warp_kernel<T, kV, decltype(pc)::value, kRes>
+              <<<grid, kRowThreads, 0, stream>>>(x, res, w, a.rows, cols, a.eps, y, sum, a.rstd);
+        });
+      } else if (vec) {
+        rms_norm_forward_kernel<T, kV, kRes>
+            <<<static_cast<unsigned>(a.rows), kRowThreads, 0, stream>>>(x, res, w, a.cols, a.eps, y, sum, a.rstd);
+      } else {
+        rms_norm_forward_kernel<T, 1, kRes>
+            <<<static_cast<unsigned>(a.rows), kRowThreads, 0, stream>>>(x, res, w, a.cols, a.eps, y, sum, a.rstd);
+      }
+    };
+    if (with_res) go(std::true_type{});
+    else go(std::false_type{});
+    check_launch(std::string("rms_norm_forward_kernel<") + DTypeName<T>::value +
+                     (per > 0 ? ", warp>" : vec ? ", vec>" : ">") + (with_res ? " + residual" : ""),
                  rows_cols(a.rows, a.cols));
   });
 }
 
 void rms_norm_backward_input(const RmsNormGradArgs& a, cudaStream_t stream) {
   constexpr const char* kFn = "rms_norm_backward_input";
-  require(a.rows >= 0 && a.cols >= 0 && a.rows <= 0x7fffffff, kFn, "bad shape " + rows_cols(a.rows, a.cols));
+  require(a.rows >= 0 && a.cols >= 0 && a.rows <= 0x7fffffff && a.cols <= 0x7fffffff, kFn,
+          "bad shape " + rows_cols(a.rows, a.cols));
   if (a.rows == 0 || a.cols == 0) return;
   require(a.grad_out && a.x && a.weight && a.rstd && a.grad_x, kFn, "null pointer");
   dispatch(a.type, kFn, [&](auto tag) {
@@ -304,15 +538,33 @@ void rms_norm_backward_input(const RmsNormGradArgs& a, cudaStream_t stream) {
     const T* dy = static_cast<const T*>(a.grad_out);
     const T* x = static_cast<const T*>(a.x);
     const T* w = static_cast<const T*>(a.weight);
+    const T* gs = static_cast<const T*>(a.grad_sum);
     T* dx = static_cast<T*>(a.grad_x);
-    const bool vec = a.cols % kV == 0 && aligned(dy, 16) && aligned(x, 16) && aligned(w, 16) && aligned(dx, 16);
-    const unsigned grid = static_cast<unsigned>(a.rows);
-    if (vec) {
-      rms_norm_backward_input_kernel<T, kV><<<grid, kRowThreads, 0, stream>>>(dy, x, w, a.rstd, a.cols, dx);
-    } else {
-      rms_norm_backward_input_kernel<T, 1><<<grid, kRowThreads, 0, stream>>>(dy, x, w, a.rstd, a.cols, dx);
-    }
-    check_launch(std::string("rms_norm_backward_input_kernel<") + DTypeName<T>::value + (vec ? ", vec>" : ">"),
+    const bool with_res = gs != nullptr;
+    const bool vec = a.cols % kV == 0 && aligned(dy, 16) && aligned(x, 16) && aligned(w, 16) && aligned(dx, 16) &&
+                     (!with_res || aligned(gs, 16));
+    const int per = vec ? warp_row_vecs(a.cols, kV) : 0;
+    const int cols = static_cast<int>(a.cols);
+    auto go = [&](auto r) {
+      constexpr bool kRes = decltype(r)::value;
+      if (per > 0) {
+        const unsigned grid = static_cast<unsigned>((a.rows + kRowWarps - 1) / kRowWarps);
+        dispatch_per(per, [&](auto pc) {
+          rms_norm_backward_input_warp_kernel<T, kV, decltype(pc)::value, kRes>
+              <<<grid, kRowThreads, 0, stream>>>(dy, x, w, a.rstd, gs, a.rows, cols, dx);
+        });
+      } else if (vec) {
+        rms_norm_backward_input_kernel<T, kV, kRes>
+            <<<static_cast<unsigned>(a.rows), kRowThreads, 0, stream>>>(dy, x, w, a.rstd, gs, a.cols, dx);
+      } else {
+        rms_norm_backward_input_kernel<T, 1, kRes>
+            <<<static_cast<unsigned>(a.rows), kRowThreads, 0, stream>>>(dy, x, w, a.rstd, gs, a.cols, dx);
+      }
+    };
+    if (with_res) go(std::true_type{});
+    else go(std::false_type{});
+    check_launch(std::string("rms_norm_backward_input_kernel<") + DTypeName<T>::value +
+                     (per > 0 ? ", warp>" : vec ? ", vec>" : ">") + (with_res ? " + residual grad" : ""),
                  rows_cols(a.rows, a.cols));
   });
 }
@@ -337,12 +589,15 @@ void rope(const RopeArgs& a, cudaStream_t stream) {
                      a.stride_seq % kV == 0 && a.cos_batch_stride % kV == 0 && aligned(in, 16) && aligned(out, 16) &&
                      aligned(cs, 16) && aligned(sn, 16);
     const int kVec = vec ? kV : 1;
-    const int64_t total = a.batch * a.heads * a.seq * (half / kVec);
-    const unsigned grid = static_cast<unsigned>(grid_for(total, kFn));
+    const int64_t row_vecs = a.seq * (half / kVec);  // one (batch, head)'s vectors: grid x
+    const int64_t bh = a.batch * a.heads;
+    require(row_vecs <= 0x7fffffff - kThreads && bh <= 0x7fffffff, kFn, "shape too large for 32-bit rows " + shape);
+    const dim3 grid(static_cast<unsigned>((row_vecs + kThreads - 1) / kThreads),
+                    static_cast<unsigned>(bh < 65535 ? bh : 65535));
     auto go = [&](auto v, auto b) {
       rope_kernel<T, decltype(v)::value, decltype(b)::value><<<grid, kThreads, 0, stream>>>(
-          in, out, cs, sn, a.heads, a.seq, half, a.stride_batch, a.stride_head, a.stride_seq, a.cos_batch_stride,
-          total);
+          in, out, cs, sn, static_cast<int>(a.heads), static_cast<int>(bh), static_cast<int>(a.seq),
+          static_cast<int>(half), a.stride_batch, a.stride_head, a.stride_seq, a.cos_batch_stride);
     };
     using Fwd = std::false_type;
     using Bwd = std::true_type;
@@ -426,6 +681,31 @@ void add_scaled(const AddScaledArgs& a, cudaStream_t stream) {
     }
     check_launch(std::string("add_scaled_kernel<") + DTypeName<T>::value + (vec ? ", vec>" : ">"),
                  "n=" + std::to_string(a.n));
+  });
+}
+
+void embedding_backward_add(const EmbeddingGradArgs& a, cudaStream_t stream) {
+  constexpr const char* kFn = "embedding_backward_add";
+  require(a.n >= 0 && a.cols >= 0 && a.n <= 0x7fffffff, kFn,
+          "bad shape n=" + std::to_string(a.n) + " cols=" + std::to_string(a.cols));
+  if (a.n == 0 || a.cols == 0) return;
+  require(a.grad_weight && a.grad_out && a.sorted && a.order, kFn, "null pointer");
+  dispatch(a.type, kFn, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int kV = 16 / sizeof(T);
+    T* gw = static_cast<T*>(a.grad_weight);
+    const T* go = static_cast<const T*>(a.grad_out);
+    const bool vec = a.cols % kV == 0 && aligned(gw, 16) && aligned(go, 16);
+    const unsigned grid = static_cast<unsigned>(a.n);
+    if (vec) {
+      embedding_backward_add_kernel<T, kV>
+          <<<grid, kThreads, 0, stream>>>(gw, go, a.sorted, a.order, a.n, a.cols, a.padding_idx);
+    } else {
+      embedding_backward_add_kernel<T, 1>
+          <<<grid, kThreads, 0, stream>>>(gw, go, a.sorted, a.order, a.n, a.cols, a.padding_idx);
+    }
+    check_launch(std::string("embedding_backward_add_kernel<") + DTypeName<T>::value + (vec ? ", vec>" : ">"),
+                 "n=" + std::to_string(a.n) + " cols=" + std::to_string(a.cols));
   });
 }
 

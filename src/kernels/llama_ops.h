@@ -36,6 +36,10 @@ struct RmsNormArgs {
   float eps = 1e-6f;
   void* y = nullptr;        // (rows, cols) dtype `type`: the output (must not overlap x)
   float* rstd = nullptr;    // (rows) fp32: r of each row, for the backward
+  // Optional, together: the input normalised is x + residual (rounded to `type`, as a
+  // separate add stores it), written to `sum` (rows, cols); neither may overlap y.
+  const void* residual = nullptr;
+  void* sum = nullptr;
 };
 
 struct RmsNormGradArgs {
@@ -46,6 +50,9 @@ struct RmsNormGradArgs {
   DType type = DType::kBF16;
   int64_t rows = 0, cols = 0;
   void* grad_x = nullptr;          // (rows, cols) dtype `type`: dL/dx (written, not accumulated)
+  // Optional: the gradient of the norm's input from its other uses (the residual stream),
+  // added to dL/dx after it is rounded to `type` (what autograd's accumulation computes).
+  const void* grad_sum = nullptr;
 };
 
 // Rows of a (batch, heads, seq, head_dim) tensor whose last dimension is contiguous, the
@@ -88,6 +95,24 @@ struct AddScaledArgs {
   int64_t n = 0;
 };
 
+// An embedding's weight gradient added into an existing one: for each token t of `ids`,
+// grad_weight[t] += the sum of grad_out's rows at t's positions. `sorted` holds the ids in
+// ascending order and `order` the position each came from, equal ids in position order (a
+// stable sort): each distinct id's rows are summed in fp32 in that order, rounded to
+// `type` (the dense gradient ATen's embedding backward forms), then added to its row of
+// grad_weight and rounded again (what the accumulation into .grad computes). Only the
+// touched rows are read and written (ATen forms the whole (V, C) gradient, zeros included,
+// and adds all of it). The id `padding_idx` (if >= 0) gets nothing. Deterministic.
+struct EmbeddingGradArgs {
+  void* grad_weight = nullptr;     // (V, cols) contiguous, dtype `type`: accumulated into
+  const void* grad_out = nullptr;  // (n, cols) contiguous, dtype `type`
+  const int* sorted = nullptr;     // (n) ids in [0, V), ascending
+  const int64_t* order = nullptr;  // (n) the row of grad_out each sorted id came from
+  DType type = DType::kBF16;
+  int64_t n = 0, cols = 0;
+  int64_t padding_idx = -1;
+};
+
 // Each: one launch on `stream`, asynchronous; all pointers are device pointers of the
 // current CUDA device. 16-byte loads and stores where sizes, strides and pointers allow,
 // a scalar path otherwise. Empty shapes do nothing. Throws std::invalid_argument on bad
@@ -100,5 +125,6 @@ void rope(const RopeArgs& a, cudaStream_t stream);
 void swiglu_forward(const SwigluArgs& a, cudaStream_t stream);
 void swiglu_backward(const SwigluArgs& a, cudaStream_t stream);
 void add_scaled(const AddScaledArgs& a, cudaStream_t stream);
+void embedding_backward_add(const EmbeddingGradArgs& a, cudaStream_t stream);
 
 }  // namespace zt::kernels

@@ -159,9 +159,13 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer
 
 torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                              const torch::Tensor& sin, const torch::Tensor& mask) {
-  auto h = x + self_attn(input_layernorm(x), cos, sin, mask);
-  if (!block_sparse_moe) return h + mlp(post_attention_layernorm(h));
-  auto out = block_sparse_moe(post_attention_layernorm(h));  // [Mixtral]
+  // [Residual Norm]: on CUDA the residual add and both gradient accumulations run inside
+  // the norms' kernels; elsewhere x + attn and the norms as written.
+  auto [y1, xs] = llama_rms_norm_keep(x, input_layernorm->weight, input_layernorm->eps);
+  auto [h, y2] = llama_add_rms_norm(xs, self_attn(y1, cos, sin, mask), post_attention_layernorm->weight,
+                                    post_attention_layernorm->eps);
+  if (!block_sparse_moe) return h + mlp(y2);
+  auto out = block_sparse_moe(y2);  // [Mixtral]
   router_prob_mean = out.gate.prob_mean;
   router_choice_fraction = out.gate.choice_fraction;
   kept_per_expert = std::move(out.gate.kept_counts);
@@ -402,7 +406,7 @@ torch::Tensor LlamaForCausalLMImpl::hidden(const torch::Tensor& idx, const torch
   ZT_CHECK(T <= cfg_.max_position_embeddings, "Llama: sequence length ", T, " exceeds max_position_embeddings ",
            cfg_.max_position_embeddings);
   // padding_idx as HF's nn.Embedding: no gradient into the pad row.
-  auto x = torch::embedding(model->embed_tokens->weight, idx, cfg_.pad_token_id);  // (B, T, d)
+  auto x = llama_embedding(model->embed_tokens->weight, idx, cfg_.pad_token_id);  // (B, T, d)
   torch::Tensor pos_ids = pos.defined() ? pos.to(idx.device()) : pos;
   ZT_CHECK(!pos.defined() || (pos.sizes() == idx.sizes() && pos.scalar_type() == torch::kLong), "Llama: pos ",
            pos.sizes(), " ", pos.scalar_type(), " must be int64 of idx's shape ", idx.sizes());

@@ -38,6 +38,20 @@ void set_llama_fused(bool on);
 
 // HF's LlamaRMSNorm: weight * (x.float() * rsqrt(mean(x^2) + eps)).to(x.dtype).
 torch::Tensor llama_rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+// [Residual Norm] The decoder layer's norms with the residual stream around them:
+// (rms_norm(x), x), where on CUDA the returned x carries its gradient into the norm's
+// backward kernel (one pass instead of the norm's and a separate accumulation), and
+// (x + delta, rms_norm(x + delta)) with the add in the norm's forward kernel and h's
+// gradient likewise added in its backward. Bit-equal to the separate ops (the sum rounded
+// to the dtype first, the norm's input gradient rounded before the accumulation); the
+// reference formulation off CUDA or with the fused ops off.
+std::pair<torch::Tensor, torch::Tensor> llama_rms_norm_keep(const torch::Tensor& x, const torch::Tensor& weight,
+                                                            double eps);
+std::pair<torch::Tensor, torch::Tensor> llama_add_rms_norm(const torch::Tensor& x, const torch::Tensor& delta,
+                                                           const torch::Tensor& weight, double eps);
+// torch::embedding(weight, idx, padding_idx); on CUDA with a trainable weight its weight
+// gradient is added into weight.grad row by row ([Embedding Grad] in llama_fused.cpp).
+torch::Tensor llama_embedding(const torch::Tensor& weight, const torch::Tensor& idx, int64_t padding_idx);
 // x * cos + rotate_half(x) * sin, x (B, H, T, hd), cos/sin (T, hd) or (B, 1, T, hd).
 torch::Tensor llama_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 // silu(gate) * up.

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "models/checkpoint.h"
+#include "models/llama_fused.h"
 #include "models/lm_head_loss.h"
 #include "zerotrain/error.h"
 
@@ -112,7 +113,7 @@ torch::Tensor LlamaStageImpl::forward(int chunk, const torch::Tensor& x, const t
     ZT_CHECK(x.size(1) <= cfg_.max_position_embeddings, "Llama pipeline embedding: sequence length ", x.size(1),
              " exceeds max_position_embeddings ", cfg_.max_position_embeddings);
     // padding_idx as HF's nn.Embedding: no gradient into the pad row.
-    y = torch::embedding(embed_tokens_->weight, x, cfg_.pad_token_id);  // (B, T, d)
+    y = models::llama_embedding(embed_tokens_->weight, x, cfg_.pad_token_id);  // (B, T, d)
     l = 1;
   }
   const int block_end = std::min(end, num_layers_ - 1);

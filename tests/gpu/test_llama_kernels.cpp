@@ -26,6 +26,7 @@
 
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "models/llama.h"
@@ -89,7 +90,10 @@ const at::ScalarType kDtypes[] = {at::kFloat, at::kBFloat16};
 // ---- RMSNorm --------------------------------------------------------------------------
 
 TEST_F(LlamaKernels, RmsNormMatchesReference) {
-  const std::vector<std::vector<int64_t>> shapes = {{2, 3, 67}, {5, 3}, {2, 5, 256}, {3, 4096}, {7, 24}};
+  // One warp per row (256, 4096 bf16, 24, 2048 fp32), one block per row (67 and 3: scalar;
+  // 8192: wider than a warp's registers hold), 9 rows (a partial last block of warps).
+  const std::vector<std::vector<int64_t>> shapes = {{2, 3, 67}, {5, 3},    {2, 5, 256}, {3, 4096},
+                                                    {7, 24},    {9, 2048}, {2, 8192}};
   for (const auto dt : kDtypes) {
     for (const auto& shape : shapes) {
       for (const bool weight_grad : {true, false}) {
@@ -134,6 +138,102 @@ TEST_F(LlamaKernels, RmsNormBf16RoundsLikeHf) {
   EXPECT_LE(differ, f.numel() / 50) << differ << " of " << f.numel() << " differ";
 }
 
+// [Residual Norm]: (norm(x), x) then (x + d, norm(x + d)), d a function of the first norm,
+// against the same chain written as separate ops over the plain fused norm: equal bit for
+// bit (the sum and the input gradients are rounded where the separate add and autograd's
+// accumulation round them), values and every gradient, on each kernel path.
+TEST_F(LlamaKernels, ResidualNormsEqualSeparateOps) {
+  const std::vector<std::vector<int64_t>> shapes = {{2, 3, 67}, {2, 5, 256}, {3, 4096}, {9, 2048}, {2, 8192}};
+  for (const auto dt : kDtypes) {
+    for (const auto& shape : shapes) {
+      for (const bool weight_grad : {true, false}) {
+        SCOPED_TRACE(std::string(c10::toString(dt)) + " " + c10::str(c10::IntArrayRef(shape)) +
+                     (weight_grad ? "" : " frozen weights"));
+        at::manual_seed(19);
+        const int64_t C = shape.back();
+        const auto x0 = randn(shape, dt, 2.0);
+        const auto w10 = (randn({C}, at::kFloat, 0.2) + 1.0).to(dt);
+        const auto w20 = (randn({C}, at::kFloat, 0.2) + 1.0).to(dt);
+        const auto dh = randn(shape, dt), dy2 = randn(shape, dt);
+        auto run = [&](bool together) {
+          auto x = x0.clone().requires_grad_(true);
+          auto w1 = w10.clone().requires_grad_(weight_grad), w2 = w20.clone().requires_grad_(weight_grad);
+          at::Tensor h, y2;
+          if (together) {
+            auto [y1, xs] = llama_rms_norm_keep(x, w1, 1e-5);
+            std::tie(h, y2) = llama_add_rms_norm(xs, y1 * 0.75 + 0.5, w2, 1e-5);
+          } else {
+            const auto y1 = llama_rms_norm(x, w1, 1e-5);
+            h = x + (y1 * 0.75 + 0.5);
+            y2 = llama_rms_norm(h, w2, 1e-5);
+          }
+          ((h * dh).sum() + (y2 * dy2).sum()).backward();
+          return std::vector<at::Tensor>{h.detach(), y2.detach(), x.grad(), w1.grad(), w2.grad()};
+        };
+        const auto f = run(true), r = run(false);
+        const char* names[] = {"h", "y2", "dx", "dw1", "dw2"};
+        for (size_t i = 0; i < f.size(); ++i) {
+          if (!weight_grad && i >= 3) {
+            EXPECT_FALSE(f[i].defined()) << names[i];
+            continue;
+          }
+          ASSERT_TRUE(f[i].defined() && r[i].defined()) << names[i];
+          EXPECT_TRUE(f[i].equal(r[i])) << names[i] << ": max |diff| "
+                                        << (f[i].to(at::kDouble) - r[i].to(at::kDouble)).abs().max().item<double>();
+        }
+      }
+    }
+  }
+}
+
+// [Embedding Grad]: the weight gradient added into an existing .grad row by row equals
+// ATen's dense backward added by autograd. Bit for bit while no id repeats more than 10
+// times (ATen sums a token's rows in partial segments of 10, in position order, as the
+// kernel does within one segment); within the gradient tolerance with heavy repeats; with
+// no .grad yet, ATen's dense gradient itself.
+TEST_F(LlamaKernels, EmbeddingGradAddsIntoGrad) {
+  struct Case {
+    int64_t V, C, B, T, id_range, pad;
+    bool has_grad, exact;
+  };
+  const std::vector<Case> cases = {{500, 64, 3, 40, 500, -1, true, true},  {500, 64, 3, 40, 500, 7, true, true},
+                                   {300, 20, 2, 33, 300, 3, true, true},   {300, 64, 4, 64, 3, 1, true, false},
+                                   {500, 64, 3, 40, 500, -1, false, true}, {128, 2048, 2, 512, 128, -1, true, false}};
+  for (const auto dt : kDtypes) {
+    for (const auto& c : cases) {
+      SCOPED_TRACE(std::string(c10::toString(dt)) + " V" + std::to_string(c.V) + " C" + std::to_string(c.C) + " ids<" +
+                   std::to_string(c.id_range) + " pad " + std::to_string(c.pad) + (c.has_grad ? "" : " no .grad"));
+      at::manual_seed(23);
+      const auto w0 = randn({c.V, c.C}, dt);
+      const auto grad0 = randn({c.V, c.C}, dt);
+      auto idx = at::randint(c.id_range, {c.B, c.T}, at::TensorOptions(at::kLong).device(dev_));
+      if (c.exact && c.has_grad) {
+        // at most 10 repeats of any id: ids from a permutation, each used at most twice
+        idx = at::randperm(c.V, at::TensorOptions(at::kLong).device(dev_)).repeat({2}).slice(0, 0, c.B * c.T).view({c.B, c.T});
+      }
+      if (c.pad >= 0) idx.view(-1).slice(0, 0, 5).fill_(c.pad);
+      const auto dy = randn({c.B, c.T, c.C}, dt);
+      auto run = [&](bool fused) {
+        auto w = w0.clone().requires_grad_(true);
+        if (c.has_grad) w.mutable_grad() = grad0.clone();
+        auto y = fused ? llama_embedding(w, idx, c.pad) : torch::embedding(w, idx, c.pad);
+        y.backward(dy);
+        return std::vector<at::Tensor>{y.detach(), w.grad()};
+      };
+      const auto f = run(true), r = run(false);
+      EXPECT_TRUE(f[0].equal(r[0])) << "lookup";
+      ASSERT_TRUE(f[1].defined());
+      if (c.exact) {
+        EXPECT_TRUE(f[1].equal(r[1])) << "grad: max |diff| "
+                                      << (f[1].to(at::kDouble) - r[1].to(at::kDouble)).abs().max().item<double>();
+      } else {
+        EXPECT_TRUE(close(f[1], r[1], grad_tol(dt), "grad"));
+      }
+      if (c.pad >= 0 && c.has_grad) EXPECT_TRUE(f[1][c.pad].equal(grad0[c.pad])) << "the pad row moved";
+    }
+  }
+}
+
 // ---- RoPE -----------------------------------------------------------------------------
 
 TEST_F(LlamaKernels, RopeMatchesReference) {
@@ -146,7 +246,9 @@ TEST_F(LlamaKernels, RopeMatchesReference) {
                                    {3, 4, 2, 128, true, true}, {2, 6, 3, 10, true, false}, {1, 1, 1, 2, false, false},
                                    // Llama-3.2-1B's q at micro-batch 4 (more rows than one grid: the
                                    // grid-stride loop), and a larger head-outer layout
-                                   {4, 2048, 32, 64, false, true}, {2, 1500, 8, 64, true, false}};
+                                   {4, 2048, 32, 64, false, true}, {2, 1500, 8, 64, true, false},
+                                   // batch x heads past the grid's 65 535 rows of y (the kernel's stride loop)
+                                   {3, 3, 22000, 16, true, true}};
   for (const auto dt : kDtypes) {
     for (const auto& c : cases) {
       const std::string what = std::string(c10::toString(dt)) + " B" + std::to_string(c.B) + " T" +
