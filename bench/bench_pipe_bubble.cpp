@@ -19,7 +19,8 @@
 // shape, models/llama.h: llama-tiny, llama3.2-1b, llama3-8b; default: the small CPU GPT-2),
 // --micro-batch B, --seq T, --micro-batches m (default 8), --batches N
 // timed batches (default 5) after --warmup N (default 2), --dtype fp32|bf16,
-// --schedules LIST (default gpipe,1f1b,interleaved,zb-h1), --ckpt-interval K (activation
+// --schedules LIST (default gpipe,1f1b,interleaved,zb-h1; "zb-h1:K" is zb-h1 with
+// pipeline.zb_max_pending_w = K, [ZB-H1 Pending Cap]), --ckpt-interval K (activation
 // checkpoint interval, default 0), --pp N (default: world size / tp; dp = world / (tp x N)),
 // --zero-stage S (0, 1 or 2 over dp; default 0), --tp M (default 1: each stage's layers
 // cut over M tensor-parallel ranks, GPT2TP from the same weights; [Pipeline x Tensor
@@ -37,8 +38,10 @@
 //
 // Per schedule: the median measured bubble ((max stage wall - max stage busy) / max stage
 // busy), the published formula, the bubble the simulator predicts from the measured
-// per-micro-batch F / B / W times of the busiest stage (unequal stage and pass times are
-// what separate measurement from formula), each stage's busy fraction, the median batch
+// per-micro-batch F / B / W times of the busiest stage on every stage (unequal stage and pass
+// times are what separate measurement from formula) and from each stage's own times
+// (`bubble_simulated_per_stage`; each stage's F / B / W ms per batch in `stage_ms`), each
+// stage's busy fraction, the median batch
 // time (host clock, the optimizer step included) and tokens/s, and each stage's peak
 // device memory (the engine's phase peaks, CUDA caching allocator; CPU: not measured);
 // each batch's bubble, and on CPU the cores other processes used meanwhile and the rounds.
@@ -206,7 +209,11 @@ int main(int argc, char** argv) {
       throw std::runtime_error("--seq " + std::to_string(T) + " exceeds the model's " + std::to_string(max_seq) +
                                " positions");
     const int m = static_cast<int>(a.m);
-    for (const std::string& sched : split(a.schedules)) {
+    for (const std::string& entry : split(a.schedules)) {
+      // "zb-h1:K": zb-h1 with pipeline.zb_max_pending_w = K ([ZB-H1 Pending Cap]).
+      const size_t colon = entry.find(':');
+      const std::string sched = entry.substr(0, colon);
+      const int cap = colon == std::string::npos ? -1 : std::stoi(entry.substr(colon + 1));
       nlohmann::json j = {{"train_micro_batch_size_per_gpu", B},
                           {"gradient_accumulation_steps", m},
                           {"steps_per_print", 100000},
@@ -220,6 +227,7 @@ int main(int argc, char** argv) {
                                           : a.model.empty() ? "type:GPT2Block"
                                                             : "parameters"},
                             {"activation_checkpoint_interval", a.ckpt}}}};
+      if (cap >= 0) j["pipeline"]["zb_max_pending_w"] = cap;  // a ConfigError unless zb-h1
       if (a.dtype == "bf16") j["bf16"] = {{"enabled", true}};
       if (tp > 1) j["tensor_parallel"] = {{"autotp_size", tp}};
       if (sched == "interleaved") {
@@ -259,15 +267,20 @@ int main(int argc, char** argv) {
       };
       for (int w = 0; w < a.warmup; ++w) pipe->train_batch(next);
       double peak = 0, other_cores = -1;
-      std::vector<double> bubbles, predicted, batch_ms;
+      std::vector<double> bubbles, predicted, predicted_per_stage, batch_ms;
+      std::vector<std::vector<double>> stage_f(static_cast<size_t>(pp)), stage_b(static_cast<size_t>(pp)),
+          stage_w(static_cast<size_t>(pp));
       std::vector<std::vector<double>> busy(static_cast<size_t>(pp));
       int attempt = 0;
       for (;;) {  // the timed batches; again while other processes loaded the CPUs (--max-other-load)
         ++attempt;
         bubbles.clear();
         predicted.clear();
+        predicted_per_stage.clear();
         batch_ms.clear();
         for (auto& v : busy) v.clear();
+        for (auto* v : {&stage_f, &stage_b, &stage_w})
+          for (auto& x : *v) x.clear();
         const double machine0 = bubble_bench_machine_busy_s(), own0 = bubble_bench_own_cpu_s();
         const auto wall0 = std::chrono::steady_clock::now();
         for (int b = 0; b < a.batches; ++b) {
@@ -286,6 +299,15 @@ int main(int argc, char** argv) {
           const auto& h = r.timing[hot];
           zt::pipe::UnitTimes u{h.forward_ms / per, h.backward_ms / per, h.weight_ms / per};
           predicted.push_back(zt::pipe::simulate(pipe->schedule(), u).bubble);
+          std::vector<zt::pipe::UnitTimes> each;  // every stage its own times
+          for (size_t s = 0; s < r.timing.size(); ++s) {
+            const auto& t = r.timing[s];
+            each.push_back({t.forward_ms / per, t.backward_ms / per, t.weight_ms / per});
+            stage_f[s].push_back(t.forward_ms);
+            stage_b[s].push_back(t.backward_ms);
+            stage_w[s].push_back(t.weight_ms);
+          }
+          predicted_per_stage.push_back(zt::pipe::simulate(pipe->schedule(), each).bubble);
         }
         // Other processes' CPU load during the timed batches, in cores ([Bubble Bench Load];
         // one host's ranks: the machine's busy time less every rank's own); the ranks agree
@@ -314,8 +336,14 @@ int main(int argc, char** argv) {
       auto ms = torch::tensor({median(batch_ms)}, torch::kDouble);
       world->all_reduce(ms, zt::comm::ReduceOp::kMax);
       if (world->rank() == 0) {
-        std::string fr, pk, per;
+        std::string fr, pk, per, sms;
         for (double b : bubbles) per += (per.empty() ? "" : ", ") + std::to_string(b);
+        for (size_t s = 0; s < stage_f.size(); ++s) {
+          char buf[128];
+          std::snprintf(buf, sizeof buf, "%s{\"F\": %.2f, \"B\": %.2f, \"W\": %.2f}", s ? ", " : "", median(stage_f[s]),
+                        median(stage_b[s]), median(stage_w[s]));
+          sms += buf;
+        }
         for (auto& v : busy) fr += (fr.empty() ? "" : ", ") + std::to_string(median(v));
         for (int s = 0; s < pp; ++s) pk += (s ? ", " : "") + std::to_string(peaks[s].item<double>());
         const auto& r = pipe->last_report();
@@ -323,13 +351,14 @@ int main(int argc, char** argv) {
         const double tokens_per_s = static_cast<double>(dp) * static_cast<double>(m * B * T) / (batch / 1000.0);
         std::printf(
             "{\"bench\": \"pipe_bubble\", \"device\": \"%s\", \"model\": \"%s\", \"dtype\": \"%s\", \"schedule\": \"%s\", "
-            "\"stages\": %d, \"tp\": %d, \"dp\": %d, \"zero_stage\": %d, \"micro_batches\": %d, \"micro_batch\": %lld, \"seq\": %lld, \"virtual_stages\": %d, "
+            "\"zb_max_pending_w\": %d, \"stages\": %d, \"tp\": %d, \"dp\": %d, \"zero_stage\": %d, \"micro_batches\": %d, \"micro_batch\": %lld, \"seq\": %lld, \"virtual_stages\": %d, "
             "\"bubble_measured\": %.4f, \"bubble_per_batch\": [%s], \"bubble_formula\": %.4f, \"bubble_simulated_from_measured_times\": %.4f, "
-            "\"stage_busy_fraction\": [%s], \"other_processes_cpu_cores\": %.2f, \"attempts\": %d, \"ms_per_batch\": %.2f, \"tokens_per_s\": %.1f, \"peak_gib_per_stage\": [%s], "
+            "\"bubble_simulated_per_stage\": %.4f, \"stage_ms\": [%s], \"stage_busy_fraction\": [%s], \"other_processes_cpu_cores\": %.2f, \"attempts\": %d, \"ms_per_batch\": %.2f, \"tokens_per_s\": %.1f, \"peak_gib_per_stage\": [%s], "
             "\"loss_last\": %.4f, \"last_stage_ms\": {\"F\": %.2f, \"B\": %.2f, \"W\": %.2f, \"step\": %.2f}}\n",
-            a.device.c_str(), a.model.empty() ? "tiny" : a.model.c_str(), a.dtype.c_str(), sched.c_str(), pp, tp, dp, static_cast<int>(a.zero), m,
+            a.device.c_str(), a.model.empty() ? "tiny" : a.model.c_str(), a.dtype.c_str(), sched.c_str(),
+            pipe->schedule().spec.max_pending_w, pp, tp, dp, static_cast<int>(a.zero), m,
             static_cast<long long>(B), static_cast<long long>(T), pipe->schedule().spec.virtual_stages,
-            median(bubbles), per.c_str(), r.bubble_formula, median(predicted), fr.c_str(), other_cores, attempt, batch, tokens_per_s, pk.c_str(), r.loss,
+            median(bubbles), per.c_str(), r.bubble_formula, median(predicted), median(predicted_per_stage), sms.c_str(), fr.c_str(), other_cores, attempt, batch, tokens_per_s, pk.c_str(), r.loss,
             r.timing.back().forward_ms, r.timing.back().backward_ms, r.timing.back().weight_ms,
             r.timing.back().step_ms);
         std::fflush(stdout);

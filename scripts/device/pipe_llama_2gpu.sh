@@ -17,7 +17,9 @@
 # Every step runs under a timeout; DEADLINE (default 480 s after the build, and never past
 # HARD_DEADLINE, default 570 s from the start) guards each start, DS_RESERVE (150 s) is kept for
 # DeepSpeed (per DeepSpeed run). Knobs: PARTITION (zerotrain's pipeline.partition, e.g. compute;
-# default: the bench's), SCHEDULES (default "1f1b zb-h1 interleaved gpipe"), DS_PARTITIONS
+# default: the bench's), SCHEDULES (default "1f1b zb-h1 interleaved gpipe"), ZB_MAX_PENDING
+# (zerotrain's pipeline.zb_max_pending_w, e.g. "0" or "0 1": one more zb-h1 row per value, run
+# right after the zb-h1 row, as the bench's "zb-h1:K" schedule; [ZB-H1 Pending Cap]), DS_PARTITIONS
 # (DeepSpeed's partition_method, one run each, default "parameters"; every ratio is against the
 # fastest), NAME (results folder/tarball, default pipe_llama_2gpu; MODEL=gpt2-xl works too).
 # Honours CUDA_VISIBLE_DEVICES (2 GPUs). Results: $OUT/$NAME.tar.gz.
@@ -39,13 +41,17 @@ bench() {  # $1 = schedule
   local s=$1 t=$(( $(left) - DS * DS_RESERVE ))
   [ $t -gt ${PIPE_TIMEOUT:-150} ] && t=${PIPE_TIMEOUT:-150}
   if [ $t -lt 40 ]; then echo "bench $s skipped: $(left) s left ($(( DS * DS_RESERVE )) s kept for DeepSpeed)"; return; fi
+  local log=$R/bench_${s/:/_w}.log  # zb-h1:0 -> bench_zb-h1_w0.log
   timeout -k 10 $t $Z launch -n 2 -- $B/bench_pipe_bubble --device cuda --model $MODEL --dtype bf16 \
     --micro-batch $MB --seq $SEQ --micro-batches $M --batches $BATCHES --warmup 2 --schedules $s ${PARTITION:+--partition $PARTITION} \
-    > $R/bench_$s.log 2>&1
-  echo "bench $s rc=$? ($t s limit)"; grep -aiE "error|what\(\)|out of memory|autograd pass" $R/bench_$s.log | head -3
-  grep -ao '{"bench".*' $R/bench_$s.log | sed "s/^{/{\"partition\": \"${PARTITION:-default}\", /" >> $R/bench.jsonl
+    > $log 2>&1
+  echo "bench $s rc=$? ($t s limit)"; grep -aiE "error|what\(\)|out of memory|autograd pass" $log | head -3
+  grep -ao '{"bench".*' $log | sed "s/^{/{\"partition\": \"${PARTITION:-default}\", /" >> $R/bench.jsonl
 }
-for s in ${SCHEDULES:-1f1b zb-h1 interleaved gpipe}; do bench $s; done
+for s in ${SCHEDULES:-1f1b zb-h1 interleaved gpipe}; do
+  bench $s
+  if [ $s = zb-h1 ]; then for k in ${ZB_MAX_PENDING:-}; do bench zb-h1:$k; done; fi
+done
 if [ $DS -gt 0 ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl > $R/pip.log 2>&1
   for dp in ${DS_PARTITIONS:-parameters}; do  # PipelineModule's partition_method, one run each
@@ -69,15 +75,16 @@ ok = [d for d in dss if d.get("status") == "ok"]
 ds = min(ok, key=lambda d: d["ms_per_iter"]) if ok else {}
 dms = ds.get("ms_per_iter")  # the fastest DeepSpeed row is the one every ratio is against
 print(f"{model}, bf16, pp 2, micro-batch {mb} x seq {seq}, {m} micro-batches; device: {' / '.join(open(f'{R}/device.txt').read().split(chr(10))).strip(' /')}")
-print("| run | ms/batch | tokens/s | last stage F / B / W ms | bubble (formula) | peak GiB per stage | loss | DeepSpeed / this |")
+print("| run | ms/batch | tokens/s | last stage F / B / W ms | bubble (formula; simulated on each stage's times) | peak GiB per stage | loss | DeepSpeed / this |")
 print("|---|---|---|---|---|---|---|---|")
 for r in rows:
     t = r.get("last_stage_ms", {})
     ratio = f"{dms / r['ms_per_batch']:.2f}x" if dms else "-"
     name = r["schedule"] + (f" (v {r['virtual_stages']})" if r.get("virtual_stages", 1) > 1 else "") + \
+        (f" (zb_max_pending_w {r['zb_max_pending_w']})" if r.get("zb_max_pending_w", -1) >= 0 else "") + \
         f", partition {r.get('partition', 'default')}"
     print(f"| {name} | {r['ms_per_batch']:.1f} | {r['tokens_per_s']:.0f} | {t.get('F', 0):.1f} / {t.get('B', 0):.1f} / "
-          f"{t.get('W', 0):.1f} | {r['bubble_measured']:.3f} ({r['bubble_formula']:.3f}) | "
+          f"{t.get('W', 0):.1f} | {r['bubble_measured']:.3f} ({r['bubble_formula']:.3f}; {r.get('bubble_simulated_per_stage', float('nan')):.3f}) | "
           f"{gib(r['peak_gib_per_stage'])} | {r.get('loss_last', 0):.4f} | {ratio} |")
 for d in ok:
     print(f"| DeepSpeed PipelineEngine (1F1B, partition {d.get('partition', 'parameters')}, layers {d.get('parts')}) | "

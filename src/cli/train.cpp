@@ -120,7 +120,8 @@ const char* kTrainUsage =
     "  --tp N / --pp N / --ep N   tensor-parallel, pipeline and expert-parallel degrees (the config's\n"
     "                      tensor_parallel.autotp_size, pipeline.stages, expert_parallel.autoep_size;\n"
     "                      dp = ranks / (tp x pp)); --pp N > 1 trains GPT-2 or Llama in N pipeline\n"
-    "                      stages (pipeline.schedule, docs/pipeline.md); --tp N > 1 splits every layer of GPT-2\n"
+    "                      stages (pipeline.schedule, docs/pipeline.md; e.g. --set pipeline.schedule=zb-h1\n"
+    "                      --set pipeline.zb_max_pending_w=0); --tp N > 1 splits every layer of GPT-2\n"
     "                      or Llama over N ranks (Megatron-style; sequence parallelism with\n"
     "                      --set tensor_parallel.sequence_parallel=true; docs/tensor-parallel.md);\n"
     "                      --tp M --pp N together: GPT-2 in N stages of M-way tensor-parallel layers\n"
@@ -544,9 +545,12 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
     return pipe::MicroBatch{x, y};
   };
   if (rank == 0) {
-    log::info("pipeline: %s %s in %d stages (layers %s), schedule %s, %lld micro-batches of %lld x %lld per step, "
+    const int cap = engine.schedule().spec.max_pending_w;  // [ZB-H1 Pending Cap]
+    log::info("pipeline: %s %s in %d stages (layers %s), schedule %s%s, %lld micro-batches of %lld x %lld per step, "
               "dp %d%s", family_label, model.name.c_str(), pp, nlohmann::json(engine.partition()).dump().c_str(),
-              schedule_name(engine.schedule().spec.kind), static_cast<long long>(cfg.gradient_accumulation_steps),
+              schedule_name(engine.schedule().spec.kind),
+              cap >= 0 ? (" (zb_max_pending_w " + std::to_string(cap) + ")").c_str() : "",
+              static_cast<long long>(cfg.gradient_accumulation_steps),
               static_cast<long long>(cfg.train_micro_batch_size_per_gpu), static_cast<long long>(seq), dp,
               tp > 1 ? detail::cat(", tp ", tp, tpo.sequence_parallel ? " with sequence parallelism" : "").c_str() : "");
   }
@@ -682,6 +686,7 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
                            {"peak_gib", peak_gib},
                            {"last_step", r.to_json()}};  // per-stage timing and the bubble
       if (!saves.empty()) sj["checkpoint_saves"] = saves;
+      if (r.zb_max_pending_w >= 0) sj["zb_max_pending_w"] = r.zb_max_pending_w;  // [ZB-H1 Pending Cap]
       std::ofstream f(a.summary, std::ios::app);
       ZT_CHECK(f.good(), "cannot write ", a.summary);
       f << sj.dump() << "\n";

@@ -100,6 +100,15 @@ void read_pipeline_keys(Section& s, int64_t stages, PipelineOptions& o, std::vec
                   s.path_of("schedule") + " = \"interleaved\" (the only schedule with virtual stages): set " +
                   "the schedule or remove virtual_stages");
   }
+  if (const auto k = s.get_opt_int("zb_max_pending_w", IntRule{0, 1 << 20})) {
+    o.zb_max_pending_w = *k;
+    set.push_back("zb_max_pending_w");
+    if (o.schedule != "zb-h1") {
+      s.ctx().error(s.path_of("zb_max_pending_w") + " = " + std::to_string(*k) +
+                    " caps the pending weight passes of the zb-h1 schedule only, but " + s.path_of("schedule") +
+                    " = \"" + o.schedule + "\": set the schedule to \"zb-h1\" or remove zb_max_pending_w");
+    }
+  }
   if (o.activation_checkpoint_interval > 0 && o.schedule == "zb-h1") {
     s.ctx().error(s.path_of("activation_checkpoint_interval") + " = " +
                   std::to_string(o.activation_checkpoint_interval) +

@@ -30,6 +30,10 @@ struct PipelineOptions {
   std::string schedule = "1f1b";
   /// zerotrain's key: model chunks per stage for the interleaved schedule. 1.
   int64_t virtual_stages = 1;
+  /// zerotrain's key, zb-h1 only: weight passes (W) a stage may keep pending, min(s, k) on
+  /// stage s; 0 = each W right after its B. -1 (absent) = the paper's ZB-H1 (s on stage s).
+  /// [ZB-H1 Pending Cap] in pipe/schedule.h.
+  int64_t zb_max_pending_w = -1;
   // seed_layers (must be false), pipe_partitioned and grad_partitioned (must be true: they
   // act only under tensor parallelism, which zerotrain does not have) are checked, not kept.
 };

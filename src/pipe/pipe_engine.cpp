@@ -131,15 +131,17 @@ nlohmann::json PipeReport::to_json() const {
                   {"weight_ms", t.weight_ms},
                   {"step_ms", t.step_ms}});
   }
-  return {{"pipeline_step", step},
-          {"loss", loss},
-          {"schedule", schedule},
-          {"stages", stages},
-          {"micro_batches", micro_batches},
-          {"virtual_stages", virtual_stages},
-          {"bubble", bubble},
-          {"bubble_formula", bubble_formula},
-          {"stage_timing", st}};
+  nlohmann::json j = {{"pipeline_step", step},
+                      {"loss", loss},
+                      {"schedule", schedule},
+                      {"stages", stages},
+                      {"micro_batches", micro_batches},
+                      {"virtual_stages", virtual_stages},
+                      {"bubble", bubble},
+                      {"bubble_formula", bubble_formula},
+                      {"stage_timing", st}};
+  if (zb_max_pending_w >= 0) j["zb_max_pending_w"] = zb_max_pending_w;
+  return j;
 }
 
 // Waits on posted sends in a helper thread, and keeps MPI moving the prefetched receives
@@ -433,7 +435,7 @@ PipeEngine::PipeEngine(const std::vector<LayerInfo>& layers, int model_tp,
              " data-parallel ranks but the topology has dp ", d.dp, ": parse it for the world size ", d.world());
   const ScheduleSpec spec{parse_schedule_kind(po.schedule), d.pp,
                           static_cast<int>(cfg_.config.gradient_accumulation_steps),
-                          static_cast<int>(po.virtual_stages)};
+                          static_cast<int>(po.virtual_stages), static_cast<int>(po.zb_max_pending_w)};
   schedule_ = make_schedule(spec);
   ZT_CHECK_T(!(po.activation_checkpoint_interval > 0 && splits_backward(spec.kind)), ConfigError,
              "pipeline.activation_checkpoint_interval > 0 cannot run with the zb-h1 schedule (a checkpointed range "
@@ -923,6 +925,7 @@ double PipeEngine::train_batch(const std::function<MicroBatch()>& next) {
   report_.stages = p;
   report_.micro_batches = spec.micro_batches;
   report_.virtual_stages = spec.virtual_stages;
+  report_.zb_max_pending_w = spec.max_pending_w;
   report_.bubble_formula = bubble_formula(spec);
   auto a = all.accessor<double, 1>();
   double max_wall = 0, max_busy = 0, loss = 0;
@@ -948,8 +951,9 @@ double PipeEngine::train_batch(const std::function<MicroBatch()>& next) {
       f << report_.to_json().dump() << "\n";
     }
     if (opts_.print) {
-      log::info("pipe step %lld: loss %.4f, %s p %d m %d v %d, bubble %.3f (formula %.3f)",
-                  static_cast<long long>(report_.step), report_.loss, report_.schedule.c_str(), p,
+      const std::string cap = spec.max_pending_w >= 0 ? " zb_max_pending_w " + std::to_string(spec.max_pending_w) : "";
+      log::info("pipe step %lld: loss %.4f, %s%s p %d m %d v %d, bubble %.3f (formula %.3f)",
+                  static_cast<long long>(report_.step), report_.loss, report_.schedule.c_str(), cap.c_str(), p,
                   spec.micro_batches, spec.virtual_stages, report_.bubble, report_.bubble_formula);
     }
   }

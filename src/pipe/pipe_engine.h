@@ -116,6 +116,7 @@ struct PipeReport {
   double loss = 0;  // mean over the batch's micro-batches (this data-parallel replica)
   std::string schedule;
   int stages = 1, micro_batches = 1, virtual_stages = 1;
+  int zb_max_pending_w = -1;        // pipeline.zb_max_pending_w (-1: not set; in the JSON only when set)
   std::vector<StageTiming> timing;  // per stage (pp rank)
   double bubble = 0;                // measured: (max wall - max busy) / max busy
   double bubble_formula = 0;        // bubble_formula(spec)

@@ -62,6 +62,7 @@ struct Case {
   double clip;
   int ckpt_interval = 0;  // pipeline.activation_checkpoint_interval
   bool bf16 = false;      // bf16 compute (fp32 master weights); looser tolerances, see below
+  int zb_max_pending_w = -1;  // pipeline.zb_max_pending_w (zb-h1; -1: not set)
 };
 
 nlohmann::json ds_json(const Case& c, bool pipeline) {
@@ -78,6 +79,7 @@ nlohmann::json ds_json(const Case& c, bool pipeline) {
     j["pipeline"] = {{"stages", c.pp}, {"schedule", c.schedule}};
     if (c.virtual_stages > 1) j["pipeline"]["virtual_stages"] = c.virtual_stages;
     if (c.ckpt_interval > 0) j["pipeline"]["activation_checkpoint_interval"] = c.ckpt_interval;
+    if (c.zb_max_pending_w >= 0) j["pipeline"]["zb_max_pending_w"] = c.zb_max_pending_w;
   }
   return j;
 }
@@ -156,6 +158,7 @@ TEST_P(PipelineEquivalence, MatchesTheNonPipelinedEngine) {
   po.device = torch::Device(torch::kCPU);
   PipeEngine pipe(full, pc, topo, po);
   EXPECT_EQ(pipe.schedule().spec.micro_batches, c.gas);
+  EXPECT_EQ(pipe.schedule().spec.max_pending_w, c.zb_max_pending_w) << c.name;  // the key reaches the schedule
 
   std::vector<double> losses;
   for (int s = 0; s < kSteps; ++s) {
@@ -228,7 +231,9 @@ INSTANTIATE_TEST_SUITE_P(
         // pp 4 x dp 1 (4 ranks).
         Case{"pp4_gpipe_z0", 4, 1, "gpipe", 1, 0, 4, 0.0}, Case{"pp4_1f1b_z1_clip", 4, 1, "1f1b", 1, 1, 6, 0.05},
         Case{"pp4_interleaved_z2", 4, 1, "interleaved", 2, 2, 4, 1.0},
-        Case{"pp4_zbh1_z2", 4, 1, "zb-h1", 1, 2, 4, 1.0}),
+        Case{"pp4_zbh1_z2", 4, 1, "zb-h1", 1, 2, 4, 1.0},
+        // [ZB-H1 Pending Cap] 1: stages 2 and 3 keep one W pending, not 2 and 3.
+        Case{"pp4_zbh1_w1_z1", 4, 1, "zb-h1", 1, 1, 4, 1.0, 0, false, 1}),
     case_name);
 
 // The measured bubble's report and JSON metrics: one line per batch with every stage's

@@ -30,8 +30,9 @@ namespace {
 constexpr int kSteps = 5, kGas = 4;
 constexpr int64_t kMicro = 2, kSeq = 16;
 
-nlohmann::json ds_json(const std::string& schedule, int zero_stage, double clip) {
-  return {
+// max_pending_w >= 0: pipeline.zb_max_pending_w ([ZB-H1 Pending Cap]).
+nlohmann::json ds_json(const std::string& schedule, int zero_stage, double clip, int max_pending_w = -1) {
+  nlohmann::json j = {
       {"train_micro_batch_size_per_gpu", kMicro},
       {"gradient_accumulation_steps", kGas},
       {"gradient_clipping", clip},
@@ -40,6 +41,8 @@ nlohmann::json ds_json(const std::string& schedule, int zero_stage, double clip)
       {"zero_optimization", {{"stage", zero_stage}, {"reduce_bucket_size", 5000}, {"allgather_bucket_size", 7000}}},
       {"pipeline", {{"stages", 2}, {"schedule", schedule}}},
   };
+  if (max_pending_w >= 0) j["pipeline"]["zb_max_pending_w"] = max_pending_w;
+  return j;
 }
 
 MicroBatch micro_batch(int step, int i) {
@@ -53,6 +56,7 @@ struct ZbRun {
   int64_t deferred = 0, fallback = 0, closures = 0;
   int stage = 0;
   int64_t closures_per_pass = 0;  // one per parameter, one per LayerNorm (weight and bias)
+  std::string last_stage_line;    // the schedule's compute order on the last stage
 };
 
 // kSteps batches of `schedule` at pp 2 over the first 2 world ranks; `make` builds the
@@ -72,6 +76,7 @@ ZbRun train(const MakePipe& make) {
   r.fallback = pipe->fallback_weight_passes();
   r.closures = pipe->deferred_closures_run();
   r.stage = pipe->stage();
+  r.last_stage_line = pipe->schedule().line(1);
   for (const auto& kv : pipe->module()->named_parameters())
     r.closures_per_pass += kv.key().find("ln_") == std::string::npos ? 2 : 1;
   r.closures_per_pass /= 2;
@@ -107,6 +112,7 @@ struct ZbCase {
   const char* name;
   int zero_stage;
   double clip;
+  int max_pending_w = -1;  // pipeline.zb_max_pending_w; 0: the last stage runs each W right after its B
 };
 
 class ZbWeightPass : public ::testing::TestWithParam<ZbCase> {};
@@ -114,7 +120,8 @@ class ZbWeightPass : public ::testing::TestWithParam<ZbCase> {};
 // GPT-2: every parameter of the last stage (LinearFn, LayerNormFn; the head's weight is the
 // tied copy, whose gradient B computes) has a closure, so every W of the last stage runs
 // from them. ZeRO 0 accumulates in place into the flat gradient buffer inside the closures;
-// ZeRO 2 hands fresh gradients to the reducer's hooks.
+// ZeRO 2 hands fresh gradients to the reducer's hooks. With zb_max_pending_w 0 the last
+// stage runs "B0 sg0 W0 F1 ..." (checked below): the schedule moves W, never the math.
 TEST_P(ZbWeightPass, Gpt2RunsFromTheClosuresAndTrainsAs1f1b) {
   const ZbCase& c = GetParam();
   if (!enough_ranks()) GTEST_SKIP() << "needs an even number of ranks";
@@ -124,10 +131,15 @@ TEST_P(ZbWeightPass, Gpt2RunsFromTheClosuresAndTrainsAs1f1b) {
       models::GPT2 full(gpt2_tiny());
       PipeOptions po;
       po.device = torch::Device(torch::kCPU);
-      return std::make_unique<PipeEngine>(full, pipeline_config(ds_json(schedule, c.zero_stage, c.clip), 2), topo, po);
+      const int cap = schedule == "zb-h1" ? c.max_pending_w : -1;
+      return std::make_unique<PipeEngine>(full, pipeline_config(ds_json(schedule, c.zero_stage, c.clip, cap), 2), topo,
+                                          po);
     };
   };
   const ZbRun zb = train(make("zb-h1"));
+  EXPECT_EQ(zb.last_stage_line, c.max_pending_w == 0 ? "F0 B0 W0 F1 B1 W1 F2 B2 W2 F3 B3 W3"
+                                                     : "F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3")
+      << c.name;
   const ZbRun ref = train(make("1f1b"));
   expect_same_training(zb, ref, c.name);
   EXPECT_EQ(ref.deferred + ref.fallback + ref.closures, 0) << "1f1b has no weight pass";
@@ -148,7 +160,7 @@ std::string zb_name(const ::testing::TestParamInfo<ZbCase>& info) { return info.
 
 INSTANTIATE_TEST_SUITE_P(Pipeline, ZbWeightPass,
                          ::testing::Values(ZbCase{"z0", 0, 0.0}, ZbCase{"z1_clip", 1, 0.05},
-                                           ZbCase{"z2_clip", 2, 0.05}),
+                                           ZbCase{"z2_clip", 2, 0.05}, ZbCase{"z2_clip_w0", 2, 0.05, 0}),
                          zb_name);
 
 // Llama on CPU: RMSNorm is the reference formulation (plain ATen ops), so the last stage's

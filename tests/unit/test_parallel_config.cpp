@@ -283,13 +283,29 @@ TEST(ParallelCli, TrainPipelineEqualsOneRank) {
   ASSERT_EQ(b.size(), 6u) << one.out;
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << "step " << i + 1;
   EXPECT_LT(a.back(), a.front() - 0.3) << "it trains";
+  // zb-h1 with each W right after its B ([ZB-H1 Pending Cap]) through --set: the same losses.
+  const CmdResult zb = run(kZt + " launch -n 2 -- " + kZt + flags +
+                           " --pp 2 --set pipeline.schedule=zb-h1 --set pipeline.zb_max_pending_w=0");
+  ASSERT_EQ(zb.rc, 0) << zb.out;
+  EXPECT_TRUE(contains(zb.out, "schedule zb-h1 (zb_max_pending_w 0)")) << zb.out;
+  const auto z = losses(zb.out);
+  ASSERT_EQ(z.size(), 6u) << zb.out;
+  for (size_t i = 0; i < z.size(); ++i) EXPECT_NEAR(z[i], b[i], 1e-5) << "zb-h1 step " << i + 1;
   // check-config takes the pipeline config train takes.
   const fs::path pcfg = write_config("pipe_cc", R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
       "pipeline": {"stages": 2}})");
   const CmdResult cc = run(kZt + " check-config " + pcfg.string() + " --world 2");
   EXPECT_EQ(cc.rc, 0) << cc.out;
+  // ... and names the cap without zb-h1.
+  const fs::path capped = write_config("pipe_cc_cap", R"({"train_micro_batch_size_per_gpu": 2,
+      "gradient_accumulation_steps": 4, "pipeline": {"stages": 2, "zb_max_pending_w": 0}})");
+  const CmdResult cc2 = run(kZt + " check-config " + capped.string() + " --world 2");
+  EXPECT_NE(cc2.rc, 0) << cc2.out;
+  EXPECT_TRUE(contains(cc2.out, "pipeline.zb_max_pending_w = 0 caps the pending weight passes of the zb-h1 schedule "
+                                "only")) << cc2.out;
   fs::remove(cfg);
   fs::remove(pcfg);
+  fs::remove(capped);
 }
 
 // [Pipeline Train] with a Llama ([Llama Pipeline] in src/pipe/llama_pipe.h): `train --model

@@ -43,7 +43,16 @@ TEST(PipeConfig, KeysAreRead) {
   EXPECT_EQ(d.partition, "parameters");
   EXPECT_EQ(d.schedule, "1f1b");
   EXPECT_EQ(d.virtual_stages, 1);
+  EXPECT_EQ(d.zb_max_pending_w, -1);  // not set: the paper's ZB-H1
   EXPECT_EQ(config::pipeline_options(json::object()).stages, 1);
+  // [ZB-H1 Pending Cap]
+  auto z = config::pipeline_options(
+      json::parse(R"({"pipeline": {"stages": 4, "schedule": "zb-h1", "zb_max_pending_w": 0}})"));
+  EXPECT_EQ(z.zb_max_pending_w, 0);
+  EXPECT_EQ(config::pipeline_options(
+                json::parse(R"({"pipeline": {"stages": 4, "schedule": "zb-h1", "zb_max_pending_w": 2}})"))
+                .zb_max_pending_w,
+            2);
 }
 
 TEST(PipeConfig, BadValuesAreNamedErrors) {
@@ -71,6 +80,19 @@ TEST(PipeConfig, BadValuesAreNamedErrors) {
                        "pipeline.activation_checkpoint_interval"));
   // Without a pipeline (stages 1) a pipeline key has nothing to act on.
   EXPECT_TRUE(contains(err(R"({"pipeline": {"schedule": "gpipe"}})"), "takes effect only with pipeline.stages > 1"));
+  // zb_max_pending_w: zb-h1 only (1f1b is the default schedule), not negative, needs stages > 1.
+  EXPECT_TRUE(contains(err(R"({"pipeline": {"stages": 2, "zb_max_pending_w": 0}})"),
+                       "pipeline.zb_max_pending_w = 0 caps the pending weight passes of the zb-h1 schedule only, "
+                       "but pipeline.schedule = \"1f1b\""));
+  EXPECT_TRUE(contains(err(R"({"pipeline": {"stages": 2, "schedule": "interleaved", "virtual_stages": 2,
+      "zb_max_pending_w": 1}})"),
+                       "set the schedule to \"zb-h1\" or remove zb_max_pending_w"));
+  EXPECT_TRUE(contains(err(R"({"pipeline": {"stages": 2, "schedule": "zb-h1", "zb_max_pending_w": -1}})"),
+                       "pipeline.zb_max_pending_w"));
+  EXPECT_TRUE(contains(err(R"({"pipeline": {"stages": 2, "schedule": "zb-h1", "zb_max_pending_w": "all"}})"),
+                       "pipeline.zb_max_pending_w"));
+  EXPECT_TRUE(contains(err(R"({"pipeline": {"schedule": "zb-h1", "zb_max_pending_w": 0}})"),
+                       "pipeline.zb_max_pending_w is set but takes effect only with pipeline.stages > 1"));
 }
 
 // Config::parse validates the same keys (check-config shows them), and the data-parallel
@@ -89,6 +111,12 @@ TEST(PipeConfig, ConfigParseAndPipelineConfig) {
   EXPECT_EQ(pc.config.train_batch_size, 16);
   EXPECT_EQ(pc.pipeline.schedule, "zb-h1");
   EXPECT_EQ(pc.pipeline.partition, "uniform");
+  EXPECT_EQ(pc.pipeline.zb_max_pending_w, -1);
+  json capped = j;
+  capped["pipeline"]["zb_max_pending_w"] = 0;
+  EXPECT_EQ(pipe::pipeline_config(capped, 4).pipeline.zb_max_pending_w, 0);
+  capped["pipeline"]["schedule"] = "1f1b";  // check-config (Config::parse) names it too
+  EXPECT_TRUE(contains(all_problems(capped, 4), "caps the pending weight passes of the zb-h1 schedule only"));
   // Other unsupported settings still throw through pipeline_config.
   json bad = j;
   bad["pipeline"]["seed_layers"] = true;
