@@ -146,11 +146,11 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-// The same two ops with one warp per row, the row held in registers (kPer 16-byte vectors
-// per lane, cols <= 32 * kVec * kPer): every load of a row is in flight at once, the row
-// is read from memory once, and the sum needs no __syncthreads. Used whenever a row fits
-// (Llama-3.2-1B's 2048 bf16 columns: 8 vectors per lane); the block-per-row kernels above
-// take wider rows and unaligned ones. The lane sums go through the warp in a fixed order:
+// The forward with one warp per row, the row held in registers (kPer 16-byte vectors per
+// lane, cols <= 32 * kVec * kPer): every load of a row is in flight at once, the row is
+// read from memory once, and the sum needs no __syncthreads. Used whenever a row fits
+// (Llama-3.2-1B's 2048 bf16 columns: 8 vectors per lane); the block-per-row kernel above
+// takes wider rows and unaligned ones. The lane sums go through the warp in a fixed order:
 // a row's result depends only on its values and the shape.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -217,61 +217,94 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-template <typename T, int kVec, int kPer, bool kResidual>
+// The backward over rows with each thread owning the same columns of every row (kPer
+// 16-byte vectors, cols <= kRowThreads * kVec * kPer), a grid of a few blocks per SM each
+// taking every gridDim.x-th row: the weight stays in registers, and with kWeight so does
+// this block's part of dL/dw = sum_rows dy * (x * r), written to `partial` (one fp32 row per
+// block) and summed over the blocks in order by rms_norm_weight_grad_final_kernel. dx,
+// dL/dw and the residual gradient in one read of dy and x (the separate LayerNorm-style
+// parameter-gradient kernel read both again).
+template <typename T, int kVec, int kPer, bool kResidual, bool kWeight>
 __global__ void __launch_bounds__(kRowThreads)
-    rms_norm_backward_input_warp_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
-                                        const float* __restrict__ rstd, const T* __restrict__ gsum, int64_t rows,
-                                        int cols, T* __restrict__ dx) {
+    rms_norm_backward_rows_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                                  const float* __restrict__ rstd, const T* __restrict__ gsum, int64_t rows, int cols,
+                                  T* __restrict__ dx, float* __restrict__ partial) {
   using P = Pack<T, kVec>;
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + static_cast<int64_t>(threadIdx.x) / kWarpSize;
-  if (row >= rows) return;
-  const int64_t base = row * cols;
-  P g[kPer], v[kPer];
+  __shared__ float scratch[kRowWarps + 1];
+  P pw[kPer];
+  float acc[kPer][kVec];
 #pragma unroll
-  for (int p = 0; p < kPer; ++p) {
-    const int c = (p * kWarpSize + lane) * kVec;
-    if (c < cols) {
-      g[p] = *reinterpret_cast<const P*>(dy + base + c);
-      v[p] = *reinterpret_cast<const P*>(x + base + c);
-    }
+  for (int j = 0; j < kPer; ++j) {
+    const int c = (static_cast<int>(threadIdx.x) + j * kRowThreads) * kVec;
+    if (c < cols) pw[j] = *reinterpret_cast<const P*>(w + c);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) acc[j][k] = 0.f;
   }
-  float dot = 0.f;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int64_t base = row * cols;
+    P g[kPer], v[kPer], gs[kPer];
 #pragma unroll
-  for (int p = 0; p < kPer; ++p) {
-    const int c = (p * kWarpSize + lane) * kVec;
-    if (c < cols) {
-      const P pw = *reinterpret_cast<const P*>(w + c);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) dot += to_float(g[p].v[k]) * to_float(pw.v[k]) * to_float(v[p].v[k]);
-    }
-  }
-  dot = warp_sum(dot);
-  const float r = rstd[row];
-  const float coef = dot * r * r * r / static_cast<float>(cols);
-#pragma unroll
-  for (int p = 0; p < kPer; ++p) {
-    const int c = (p * kWarpSize + lane) * kVec;
-    if (c < cols) {
-      const P pw = *reinterpret_cast<const P*>(w + c);
-      P o;
-      if constexpr (kResidual) {
-        const P gs = *reinterpret_cast<const P*>(gsum + base + c);
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          const float d =
-              to_float(from_float<T>(r * (to_float(g[p].v[k]) * to_float(pw.v[k])) - to_float(v[p].v[k]) * coef));
-          o.v[k] = from_float<T>(d + to_float(gs.v[k]));
-        }
-      } else {
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          o.v[k] = from_float<T>(r * (to_float(g[p].v[k]) * to_float(pw.v[k])) - to_float(v[p].v[k]) * coef);
-        }
+    for (int j = 0; j < kPer; ++j) {
+      const int c = (static_cast<int>(threadIdx.x) + j * kRowThreads) * kVec;
+      if (c < cols) {
+        g[j] = *reinterpret_cast<const P*>(dy + base + c);
+        v[j] = *reinterpret_cast<const P*>(x + base + c);
+        if constexpr (kResidual) gs[j] = *reinterpret_cast<const P*>(gsum + base + c);
       }
-      *reinterpret_cast<P*>(dx + base + c) = o;
+    }
+    const float r = rstd[row];
+    float dot = 0.f;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int c = (static_cast<int>(threadIdx.x) + j * kRowThreads) * kVec;
+      if (c < cols) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) dot += to_float(g[j].v[k]) * to_float(pw[j].v[k]) * to_float(v[j].v[k]);
+      }
+    }
+    dot = block_sum(dot, scratch);
+    const float coef = dot * r * r * r / static_cast<float>(cols);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int c = (static_cast<int>(threadIdx.x) + j * kRowThreads) * kVec;
+      if (c < cols) {
+        P o;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const float gk = to_float(g[j].v[k]), xk = to_float(v[j].v[k]);
+          const float d = r * (gk * to_float(pw[j].v[k])) - xk * coef;
+          if constexpr (kResidual) {
+            o.v[k] = from_float<T>(to_float(from_float<T>(d)) + to_float(gs[j].v[k]));
+          } else {
+            o.v[k] = from_float<T>(d);
+          }
+          if constexpr (kWeight) acc[j][k] += gk * (xk * r);
+        }
+        *reinterpret_cast<P*>(dx + base + c) = o;
+      }
     }
   }
+  if constexpr (kWeight) {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int c = (static_cast<int>(threadIdx.x) + j * kRowThreads) * kVec;
+      if (c < cols) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) partial[static_cast<int64_t>(blockIdx.x) * cols + c + k] = acc[j][k];
+      }
+    }
+  }
+}
+
+// dL/dw[c] = the blocks' partial sums added in block order, rounded once.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    rms_norm_weight_grad_final_kernel(const float* __restrict__ partial, int blocks, int cols, T* __restrict__ dw) {
+  const int c = static_cast<int>(blockIdx.x) * kThreads + static_cast<int>(threadIdx.x);
+  if (c >= cols) return;
+  float s = 0.f;
+  for (int b = 0; b < blocks; ++b) s += partial[static_cast<int64_t>(b) * cols + c];
+  dw[c] = from_float<T>(s);
 }
 
 // ---- RoPE ---------------------------------------------------------------------------
@@ -460,8 +493,6 @@ std::string rows_cols(int64_t rows, int64_t cols) {
   return "rows=" + std::to_string(rows) + " cols=" + std::to_string(cols);
 }
 
-}  // namespace
-
 // Vectors per lane for the warp-per-row kernels: the smallest of 2, 4, 8, 16 that holds a
 // row of `cols` (0: the row is too wide, the block-per-row kernel takes it).
 int warp_row_vecs(int64_t cols, int vec) {
@@ -481,6 +512,8 @@ void dispatch_per(int per, F&& f) {
     default: f(std::integral_constant<int, 16>{}); return;
   }
 }
+
+}  // namespace
 
 void rms_norm_forward(const RmsNormArgs& a, cudaStream_t stream) {
   constexpr const char* kFn = "rms_norm_forward";
@@ -526,12 +559,40 @@ void rms_norm_forward(const RmsNormArgs& a, cudaStream_t stream) {
   });
 }
 
-void rms_norm_backward_input(const RmsNormGradArgs& a, cudaStream_t stream) {
+namespace {
+
+// Vectors per thread for the rows backward: 1, 2 or 4 (cols <= 256 * vec * per), else 0.
+int rows_backward_vecs(int64_t cols, int vec) {
+  for (int per : {1, 2, 4}) {
+    if (cols <= static_cast<int64_t>(kRowThreads) * vec * per) return per;
+  }
+  return 0;
+}
+
+constexpr int kNormBlocksPerSm = 4;  // the rows backward's grid: one resident wave
+
+int64_t rows_backward_grid(int64_t rows, const char* fn) {
+  const int64_t cap = blocks_on_current_device(kNormBlocksPerSm, fn);
+  return rows < cap ? rows : cap;
+}
+
+bool rows_backward_fits(DType type, int64_t cols) {
+  const int vec = type == DType::kF32 ? 4 : 8;
+  return cols % vec == 0 && rows_backward_vecs(cols, vec) > 0;
+}
+
+}  // namespace
+
+int64_t rms_norm_weight_grad_workspace_floats(DType type, int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0 || !rows_backward_fits(type, cols)) return 0;
+  return rows_backward_grid(rows, "rms_norm_weight_grad_workspace_floats") * cols;
+}
+
+namespace {
+
+void launch_rms_backward(const RmsNormGradArgs& a, cudaStream_t stream) {
   constexpr const char* kFn = "rms_norm_backward_input";
-  require(a.rows >= 0 && a.cols >= 0 && a.rows <= 0x7fffffff && a.cols <= 0x7fffffff, kFn,
-          "bad shape " + rows_cols(a.rows, a.cols));
-  if (a.rows == 0 || a.cols == 0) return;
-  require(a.grad_out && a.x && a.weight && a.rstd && a.grad_x, kFn, "null pointer");
+  const bool want_dw = a.grad_weight != nullptr;
   dispatch(a.type, kFn, [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int kV = 16 / sizeof(T);
@@ -543,16 +604,35 @@ void rms_norm_backward_input(const RmsNormGradArgs& a, cudaStream_t stream) {
     const bool with_res = gs != nullptr;
     const bool vec = a.cols % kV == 0 && aligned(dy, 16) && aligned(x, 16) && aligned(w, 16) && aligned(dx, 16) &&
                      (!with_res || aligned(gs, 16));
-    const int per = vec ? warp_row_vecs(a.cols, kV) : 0;
+    const int per = vec ? rows_backward_vecs(a.cols, kV) : 0;
+    require(!want_dw || per > 0, kFn,
+            "dL/dw in the same pass needs 16-byte aligned rows of at most " + std::to_string(kRowThreads * kV * 4) +
+                " columns (" + rows_cols(a.rows, a.cols) + "): check rms_norm_weight_grad_workspace_floats first");
     const int cols = static_cast<int>(a.cols);
     auto go = [&](auto r) {
       constexpr bool kRes = decltype(r)::value;
       if (per > 0) {
-        const unsigned grid = static_cast<unsigned>((a.rows + kRowWarps - 1) / kRowWarps);
-        dispatch_per(per, [&](auto pc) {
-          rms_norm_backward_input_warp_kernel<T, kV, decltype(pc)::value, kRes>
-              <<<grid, kRowThreads, 0, stream>>>(dy, x, w, a.rstd, gs, a.rows, cols, dx);
-        });
+        const int64_t grid = rows_backward_grid(a.rows, kFn);
+        auto launch = [&](auto pc, auto wt) {
+          rms_norm_backward_rows_kernel<T, kV, decltype(pc)::value, kRes, decltype(wt)::value>
+              <<<static_cast<unsigned>(grid), kRowThreads, 0, stream>>>(dy, x, w, a.rstd, gs, a.rows, cols, dx,
+                                                                        a.workspace);
+        };
+        auto pick = [&](auto wt) {
+          if (per == 1) launch(std::integral_constant<int, 1>{}, wt);
+          else if (per == 2) launch(std::integral_constant<int, 2>{}, wt);
+          else launch(std::integral_constant<int, 4>{}, wt);
+        };
+        if (want_dw) {
+          pick(std::true_type{});
+          check_launch(std::string("rms_norm_backward_rows_kernel<") + DTypeName<T>::value + ", dw>",
+                       rows_cols(a.rows, a.cols));
+          rms_norm_weight_grad_final_kernel<T>
+              <<<static_cast<unsigned>((a.cols + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+                  a.workspace, static_cast<int>(grid), cols, static_cast<T*>(a.grad_weight));
+        } else {
+          pick(std::false_type{});
+        }
       } else if (vec) {
         rms_norm_backward_input_kernel<T, kV, kRes>
             <<<static_cast<unsigned>(a.rows), kRowThreads, 0, stream>>>(dy, x, w, a.rstd, gs, a.cols, dx);
@@ -563,10 +643,23 @@ void rms_norm_backward_input(const RmsNormGradArgs& a, cudaStream_t stream) {
     };
     if (with_res) go(std::true_type{});
     else go(std::false_type{});
-    check_launch(std::string("rms_norm_backward_input_kernel<") + DTypeName<T>::value +
-                     (per > 0 ? ", warp>" : vec ? ", vec>" : ">") + (with_res ? " + residual grad" : ""),
+    check_launch(std::string("rms_norm_backward_input<") + DTypeName<T>::value +
+                     (per > 0 ? ", rows>" : vec ? ", vec>" : ">") + (with_res ? " + residual grad" : "") +
+                     (want_dw ? " + dw" : ""),
                  rows_cols(a.rows, a.cols));
   });
+}
+
+}  // namespace
+
+void rms_norm_backward_input(const RmsNormGradArgs& a, cudaStream_t stream) {
+  constexpr const char* kFn = "rms_norm_backward_input";
+  require(a.rows >= 0 && a.cols >= 0 && a.rows <= 0x7fffffff && a.cols <= 0x7fffffff, kFn,
+          "bad shape " + rows_cols(a.rows, a.cols));
+  if (a.rows == 0 || a.cols == 0) return;
+  require(a.grad_out && a.x && a.weight && a.rstd && a.grad_x, kFn, "null pointer");
+  require(!a.grad_weight || a.workspace, kFn, "grad_weight needs a workspace");
+  launch_rms_backward(a, stream);
 }
 
 void rope(const RopeArgs& a, cudaStream_t stream) {

@@ -53,7 +53,17 @@ struct RmsNormGradArgs {
   // Optional: the gradient of the norm's input from its other uses (the residual stream),
   // added to dL/dx after it is rounded to `type` (what autograd's accumulation computes).
   const void* grad_sum = nullptr;
+  // Optional: dL/dw (cols, dtype `type`, written) from the same read of dy and x, with an
+  // fp32 `workspace` of rms_norm_weight_grad_workspace_floats(type, rows, cols) floats;
+  // only where that is > 0.
+  void* grad_weight = nullptr;
+  float* workspace = nullptr;
 };
+
+// The workspace rms_norm_backward_input needs to form dL/dw in its pass (floats), or 0
+// when it cannot for this shape (then form it separately: layer_norm_param_grads with mean
+// 0). Depends on the current device's SM count.
+int64_t rms_norm_weight_grad_workspace_floats(DType type, int64_t rows, int64_t cols);
 
 // Rows of a (batch, heads, seq, head_dim) tensor whose last dimension is contiguous, the
 // other three at the given element strides (q/k as the (B, T, H, hd) projection viewed

@@ -125,6 +125,17 @@ torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
   return projs({down_proj}, llama_swiglu(gu[0], gu[1]))[0];
 }
 
+torch::Tensor LlamaMLPImpl::forward_residual(const torch::Tensor& x, const torch::Tensor& residual) {
+  // On CUDA a plain down_proj reads the residual in its GEMM (residual_linear); elsewhere
+  // (the CPU's numerics pinned to transformers', an adapter, a bias) the add as written.
+  if (!x.is_cuda() || !llama_fused_enabled() || !plain(down_proj) || residual.scalar_type() != x.scalar_type() ||
+      residual.device() != x.device()) {
+    return residual + forward(x);
+  }
+  const auto gu = projs({gate_proj, up_proj}, x);
+  return residual_linear(llama_swiglu(gu[0], gu[1]), down_proj->weight, residual);
+}
+
 MixtralExpertImpl::MixtralExpertImpl(const LlamaConfig& c) {
   // HF's registration order: w1, w2, w3.
   w1 = register_module("w1", make_linear(c, c.hidden_size, c.intermediate_size, false));
@@ -164,7 +175,7 @@ torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch
   auto [y1, xs] = llama_rms_norm_keep(x, input_layernorm->weight, input_layernorm->eps);
   auto [h, y2] = llama_add_rms_norm(xs, self_attn(y1, cos, sin, mask), post_attention_layernorm->weight,
                                     post_attention_layernorm->eps);
-  if (!block_sparse_moe) return h + mlp(y2);
+  if (!block_sparse_moe) return mlp->forward_residual(y2, h);  // h + mlp(y2)
   auto out = block_sparse_moe(y2);  // [Mixtral]
   router_prob_mean = out.gate.prob_mean;
   router_choice_fraction = out.gate.choice_fraction;

@@ -179,6 +179,9 @@ TORCH_MODULE(LlamaAttention);
 struct LlamaMLPImpl : torch::nn::Module {
   explicit LlamaMLPImpl(const LlamaConfig& cfg);
   torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) * up(x))
+  // residual + forward(x); on CUDA with the fused ops on and a plain down_proj, the
+  // residual is added in down_proj's GEMM (residual_linear, [Residual Norm]).
+  torch::Tensor forward_residual(const torch::Tensor& x, const torch::Tensor& residual);
   torch::nn::Linear gate_proj{nullptr};  // (I, d)
   torch::nn::Linear up_proj{nullptr};    // (I, d)
   torch::nn::Linear down_proj{nullptr};  // (d, I)

@@ -98,7 +98,13 @@ std::pair<torch::Tensor, torch::Tensor> norm_backward(torch::autograd::AutogradC
   const auto &x2 = saved[0], &w = saved[1], &rstd = saved[2];
   const int64_t C = x2.size(1);
   const auto g = gy.reshape({-1, C}).contiguous().to(x2.scalar_type());
-  torch::Tensor dx, dw, go;
+  torch::Tensor dx, dw, go, ws;
+  const bool want_dw = ctx->needs_input_grad(w_index);
+  // dL/dw in the input gradient's pass where the kernel can (one read of dy and x).
+  const int64_t ws_floats =
+      input_grad && want_dw ? kernels::rms_norm_weight_grad_workspace_floats(kernels::dtype_of(x2.scalar_type()),
+                                                                             x2.size(0), C)
+                            : 0;
   if (input_grad) {
     dx = at::empty_like(x2, at::MemoryFormat::Contiguous);
     kernels::RmsNormGradArgs a;
@@ -114,11 +120,17 @@ std::pair<torch::Tensor, torch::Tensor> norm_backward(torch::autograd::AutogradC
       go = g_other.reshape({-1, C}).contiguous().to(x2.scalar_type());
       a.grad_sum = go.data_ptr();
     }
+    if (ws_floats > 0) {
+      dw = at::empty({C}, x2.options());
+      ws = at::empty({ws_floats}, rstd.options());
+      a.grad_weight = dw.data_ptr();
+      a.workspace = ws.data_ptr<float>();
+    }
     kernels::rms_norm_backward_input(a, kernels::current_stream(g.device()));
     dx = dx.view(shape);
   }
-  if (ctx->needs_input_grad(w_index)) {
-    dw = norm_weight_grad(g, x2, rstd);
+  if (want_dw) {
+    if (!dw.defined()) dw = norm_weight_grad(g, x2, rstd);  // the kernel could not form it in its pass
   } else if (ctx->saved_data.count("w")) {
     // zb-h1's input-gradient pass: the weight gradient later, in W. [Deferred Weight Gradients]
     defer_weight_grads({ctx->saved_data["w"].toTensor()},

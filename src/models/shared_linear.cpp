@@ -61,7 +61,43 @@ struct SharedInputLinearFn : torch::autograd::Function<SharedInputLinearFn> {
   }
 };
 
+// y = r + x2 W^T as one addmm (the residual read in the GEMM's epilogue). Inputs: x2
+// (N, in), W (out, in), r (N, out). Backward: r's gradient is dy itself, x2's dy W, W's
+// as SharedInputLinearFn's (into W.grad in the GEMM, or deferred in zb-h1's B).
+struct ResidualLinearFn : torch::autograd::Function<ResidualLinearFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x2, const torch::Tensor& w,
+                               const torch::Tensor& r2) {
+    ctx->save_for_backward({x2});
+    ctx->saved_data["w"] = w;
+    return at::addmm(r2, x2, w.t());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto x2 = ctx->get_saved_variables()[0];
+    auto w = ctx->saved_data["w"].toTensor();
+    const auto& g = grad_out[0];
+    torch::Tensor dx, dw;
+    if (ctx->needs_input_grad(0)) dx = at::mm(g, w);
+    if (ctx->needs_input_grad(1)) {
+      dw = SharedInputLinearFn::weight_grad(w, g, x2);
+    } else {
+      defer_weight_grads({w}, [w, g, x2] { return std::vector<torch::Tensor>{SharedInputLinearFn::weight_grad(w, g, x2)}; });
+    }
+    return {dx, dw, ctx->needs_input_grad(2) ? g : torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+torch::Tensor residual_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& residual) {
+  const int64_t in = x.size(-1);
+  ZT_CHECK(w.dim() == 2 && w.size(1) == in, "residual_linear: weight ", w.sizes(), " does not take x ", x.sizes());
+  auto sizes = x.sizes().vec();
+  sizes.back() = w.size(0);
+  ZT_CHECK(residual.sizes() == c10::IntArrayRef(sizes), "residual_linear: residual ", residual.sizes(),
+           " is not the output's ", c10::IntArrayRef(sizes));
+  const auto y = ResidualLinearFn::apply(x.reshape({-1, in}), w, residual.reshape({-1, w.size(0)}));
+  return y.view(sizes);
+}
 
 bool accumulates_in_place(const torch::Tensor& w, at::ScalarType dtype, const at::Device& device) {
   const auto& acc = w.grad();

@@ -30,6 +30,12 @@ namespace zt::models {
 // One autograd node for all of them. [Shared-Input Linears]
 std::vector<torch::Tensor> shared_input_linear(const torch::Tensor& x, const std::vector<torch::Tensor>& weights);
 
+// residual + x W^T as one addmm: the residual is read by the GEMM's epilogue instead of a
+// separate add (Llama's down_proj and its residual, on CUDA). Rounds once where the add
+// after a GEMM rounds twice. One node: dx = dy W, dW as shared_input_linear's (into W.grad
+// in the GEMM, or deferred in zb-h1's B), and the residual's gradient is dy itself.
+torch::Tensor residual_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& residual);
+
 // Whether a backward node may add its gradient for parameter w straight into w.grad instead of
 // returning it: w.grad exists as a contiguous tensor of w's sizes, of `dtype` and on `device`
 // (the gradient's), grad mode is off (no double backward), and the running backward will

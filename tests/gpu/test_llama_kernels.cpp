@@ -31,6 +31,7 @@
 
 #include "models/llama.h"
 #include "models/llama_fused.h"
+#include "models/shared_linear.h"
 #include "support/gpu_util.h"
 #include "support/tiny_llama.h"
 
@@ -230,6 +231,33 @@ TEST_F(LlamaKernels, EmbeddingGradAddsIntoGrad) {
         EXPECT_TRUE(close(f[1], r[1], grad_tol(dt), "grad"));
       }
       if (c.pad >= 0 && c.has_grad) EXPECT_TRUE(f[1][c.pad].equal(grad0[c.pad])) << "the pad row moved";
+    }
+  }
+}
+
+// residual_linear (down_proj with its residual in the GEMM) against r + x W^T as two ops:
+// the forward rounds once instead of twice (within an ulp of the element in bf16), the
+// gradients of x and W within the gradient tolerance, the residual's gradient is dy itself.
+TEST_F(LlamaKernels, ResidualLinearMatchesAdd) {
+  for (const auto dt : kDtypes) {
+    for (const bool preset : {false, true}) {
+      SCOPED_TRACE(std::string(c10::toString(dt)) + (preset ? " W.grad preset" : ""));
+      at::manual_seed(29);
+      const auto x0 = randn({2, 37, 64}, dt), w0 = randn({48, 64}, dt, 0.2), r0 = randn({2, 37, 48}, dt, 3.0);
+      const auto g0 = randn({48, 64}, dt), dy = randn({2, 37, 48}, dt);
+      auto run = [&](bool fused) {
+        auto x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+        auto r = r0.clone().requires_grad_(true);
+        if (preset) w.mutable_grad() = g0.clone();
+        auto y = fused ? residual_linear(x, w, r) : r + torch::nn::functional::linear(x, w);
+        y.backward(dy);
+        return std::vector<at::Tensor>{y.detach(), x.grad(), w.grad(), r.grad()};
+      };
+      const auto f = run(true), ref = run(false);
+      EXPECT_TRUE(close(f[0], ref[0], forward_tol(dt), "y"));
+      EXPECT_TRUE(close(f[1], ref[1], grad_tol(dt), "dx"));
+      EXPECT_TRUE(close(f[2], ref[2], grad_tol(dt), "dW"));
+      EXPECT_TRUE(f[3].equal(dy)) << "the residual's gradient is dy";
     }
   }
 }
