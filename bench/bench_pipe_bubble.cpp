@@ -43,7 +43,9 @@
 // (`bubble_simulated_per_stage`; each stage's F / B / W ms per batch in `stage_ms`), each
 // stage's busy fraction, the median batch
 // time (host clock, the optimizer step included) and tokens/s, and each stage's peak
-// device memory (the engine's phase peaks, CUDA caching allocator; CPU: not measured);
+// device memory (`peak_gib_per_stage`: the engine's phase peaks and zb-h1's input-gradient
+// passes, [Input Backward Peak]; `phase_peak_gib_per_stage`: the phases only, what this bench
+// reported before; CUDA caching allocator; CPU: not measured);
 // each batch's bubble, and on CPU the cores other processes used meanwhile and the rounds.
 #include <torch/torch.h>
 
@@ -131,10 +133,14 @@ std::vector<std::string> split(const std::string& s) {
 // The stage's peak device memory in its last batch: the engine restarts the allocator's
 // peak at every phase (each forward, backward and step), and keeps the largest peak of each
 // phase kind over the batch; a phase starts from what is allocated, so the largest of the
-// three is the batch's peak (the receive buffers, outside any phase, are one activation).
-double batch_peak_gib(zt::Engine& e) {
-  const auto& r = e.last_report();
-  const int64_t b = std::max({r.forward.mem_peak, r.backward.mem_peak, r.step_phase.mem_peak});
+// three is the batch's peak (the receive buffers, outside any phase, are one activation) --
+// with zb-h1's input-gradient passes (B), which run outside those phases, measured by the
+// pipeline engine itself ([Input Backward Peak] in pipe/pipe_engine.h).
+// `with_b` false: the engine's phases only (what this bench reported before B was measured).
+double batch_peak_gib(zt::pipe::PipeEngine& pipe, bool with_b = true) {
+  const auto& r = pipe.engine().last_report();
+  const int64_t b = std::max({r.forward.mem_peak, r.backward.mem_peak, r.step_phase.mem_peak,
+                              with_b ? pipe.input_backward_mem_peak() : int64_t{0}});
   return static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0);
 }
 
@@ -266,7 +272,7 @@ int main(int argc, char** argv) {
         return zt::pipe::MicroBatch{s.narrow(1, 0, T).contiguous(), s.narrow(1, 1, T).contiguous()};
       };
       for (int w = 0; w < a.warmup; ++w) pipe->train_batch(next);
-      double peak = 0, other_cores = -1;
+      double peak = 0, phase_peak = 0, other_cores = -1;
       std::vector<double> bubbles, predicted, predicted_per_stage, batch_ms;
       std::vector<std::vector<double>> stage_f(static_cast<size_t>(pp)), stage_b(static_cast<size_t>(pp)),
           stage_w(static_cast<size_t>(pp));
@@ -287,7 +293,8 @@ int main(int argc, char** argv) {
           const auto t0 = std::chrono::steady_clock::now();
           pipe->train_batch(next);  // returns after the loss is on the host: the batch is done
           batch_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-          peak = std::max(peak, dev.is_cuda() ? batch_peak_gib(pipe->engine()) : 0.0);
+          peak = std::max(peak, dev.is_cuda() ? batch_peak_gib(*pipe) : 0.0);
+          phase_peak = std::max(phase_peak, dev.is_cuda() ? batch_peak_gib(*pipe, false) : 0.0);
           const auto& r = pipe->last_report();
           bubbles.push_back(r.bubble);
           size_t hot = 0;
@@ -325,13 +332,14 @@ int main(int argc, char** argv) {
       }
       // Each stage's peak memory and the slowest rank's batch time, on every rank (CPU: MPI).
       // Every rank sends (its stage, its peak); a stage's peak is the largest of its dp replicas.
-      auto mine = torch::tensor({static_cast<double>(topo.coords().pp), peak}, torch::kDouble);
-      auto all = torch::empty({world->size() * 2}, torch::kDouble);
+      auto mine = torch::tensor({static_cast<double>(topo.coords().pp), peak, phase_peak}, torch::kDouble);
+      auto all = torch::empty({world->size() * 3}, torch::kDouble);
       world->all_gather(all, mine);
-      auto peaks = torch::zeros({pp}, torch::kDouble);
+      auto peaks = torch::zeros({pp}, torch::kDouble), phase_peaks = torch::zeros({pp}, torch::kDouble);
       for (int r = 0; r < world->size(); ++r) {
-        const auto s = static_cast<int64_t>(all[2 * r].item<double>());
-        peaks[s] = std::max(peaks[s].item<double>(), all[2 * r + 1].item<double>());
+        const auto s = static_cast<int64_t>(all[3 * r].item<double>());
+        peaks[s] = std::max(peaks[s].item<double>(), all[3 * r + 1].item<double>());
+        phase_peaks[s] = std::max(phase_peaks[s].item<double>(), all[3 * r + 2].item<double>());
       }
       auto ms = torch::tensor({median(batch_ms)}, torch::kDouble);
       world->all_reduce(ms, zt::comm::ReduceOp::kMax);
@@ -345,7 +353,9 @@ int main(int argc, char** argv) {
           sms += buf;
         }
         for (auto& v : busy) fr += (fr.empty() ? "" : ", ") + std::to_string(median(v));
+        std::string ppk;
         for (int s = 0; s < pp; ++s) pk += (s ? ", " : "") + std::to_string(peaks[s].item<double>());
+        for (int s = 0; s < pp; ++s) ppk += (s ? ", " : "") + std::to_string(phase_peaks[s].item<double>());
         const auto& r = pipe->last_report();
         const double batch = ms.item<double>();
         const double tokens_per_s = static_cast<double>(dp) * static_cast<double>(m * B * T) / (batch / 1000.0);
@@ -353,12 +363,12 @@ int main(int argc, char** argv) {
             "{\"bench\": \"pipe_bubble\", \"device\": \"%s\", \"model\": \"%s\", \"dtype\": \"%s\", \"schedule\": \"%s\", "
             "\"zb_max_pending_w\": %d, \"stages\": %d, \"tp\": %d, \"dp\": %d, \"zero_stage\": %d, \"micro_batches\": %d, \"micro_batch\": %lld, \"seq\": %lld, \"virtual_stages\": %d, "
             "\"bubble_measured\": %.4f, \"bubble_per_batch\": [%s], \"bubble_formula\": %.4f, \"bubble_simulated_from_measured_times\": %.4f, "
-            "\"bubble_simulated_per_stage\": %.4f, \"stage_ms\": [%s], \"stage_busy_fraction\": [%s], \"other_processes_cpu_cores\": %.2f, \"attempts\": %d, \"ms_per_batch\": %.2f, \"tokens_per_s\": %.1f, \"peak_gib_per_stage\": [%s], "
+            "\"bubble_simulated_per_stage\": %.4f, \"stage_ms\": [%s], \"stage_busy_fraction\": [%s], \"other_processes_cpu_cores\": %.2f, \"attempts\": %d, \"ms_per_batch\": %.2f, \"tokens_per_s\": %.1f, \"peak_gib_per_stage\": [%s], \"phase_peak_gib_per_stage\": [%s], "
             "\"loss_last\": %.4f, \"last_stage_ms\": {\"F\": %.2f, \"B\": %.2f, \"W\": %.2f, \"step\": %.2f}}\n",
             a.device.c_str(), a.model.empty() ? "tiny" : a.model.c_str(), a.dtype.c_str(), sched.c_str(),
             pipe->schedule().spec.max_pending_w, pp, tp, dp, static_cast<int>(a.zero), m,
             static_cast<long long>(B), static_cast<long long>(T), pipe->schedule().spec.virtual_stages,
-            median(bubbles), per.c_str(), r.bubble_formula, median(predicted), median(predicted_per_stage), sms.c_str(), fr.c_str(), other_cores, attempt, batch, tokens_per_s, pk.c_str(), r.loss,
+            median(bubbles), per.c_str(), r.bubble_formula, median(predicted), median(predicted_per_stage), sms.c_str(), fr.c_str(), other_cores, attempt, batch, tokens_per_s, pk.c_str(), ppk.c_str(), r.loss,
             r.timing.back().forward_ms, r.timing.back().backward_ms, r.timing.back().weight_ms,
             r.timing.back().step_ms);
         std::fflush(stdout);

@@ -75,7 +75,7 @@ ok = [d for d in dss if d.get("status") == "ok"]
 ds = min(ok, key=lambda d: d["ms_per_iter"]) if ok else {}
 dms = ds.get("ms_per_iter")  # the fastest DeepSpeed row is the one every ratio is against
 print(f"{model}, bf16, pp 2, micro-batch {mb} x seq {seq}, {m} micro-batches; device: {' / '.join(open(f'{R}/device.txt').read().split(chr(10))).strip(' /')}")
-print("| run | ms/batch | tokens/s | last stage F / B / W ms | bubble (formula; simulated on each stage's times) | peak GiB per stage | loss | DeepSpeed / this |")
+print("| run | ms/batch | tokens/s | last stage F / B / W ms | bubble (formula; simulated on each stage's times) | peak GiB per stage (engine phases only) | loss | DeepSpeed / this |")
 print("|---|---|---|---|---|---|---|---|")
 for r in rows:
     t = r.get("last_stage_ms", {})
@@ -85,7 +85,7 @@ for r in rows:
         f", partition {r.get('partition', 'default')}"
     print(f"| {name} | {r['ms_per_batch']:.1f} | {r['tokens_per_s']:.0f} | {t.get('F', 0):.1f} / {t.get('B', 0):.1f} / "
           f"{t.get('W', 0):.1f} | {r['bubble_measured']:.3f} ({r['bubble_formula']:.3f}; {r.get('bubble_simulated_per_stage', float('nan')):.3f}) | "
-          f"{gib(r['peak_gib_per_stage'])} | {r.get('loss_last', 0):.4f} | {ratio} |")
+          f"{gib(r['peak_gib_per_stage'])} ({gib(r.get('phase_peak_gib_per_stage'))}) | {r.get('loss_last', 0):.4f} | {ratio} |")
 for d in ok:
     print(f"| DeepSpeed PipelineEngine (1F1B, partition {d.get('partition', 'parameters')}, layers {d.get('parts')}) | "
           f"{d['ms_per_iter']:.1f} | {d['tokens_per_s']:.0f} | - | - | {gib(d['peak_gib_per_stage'])} | "

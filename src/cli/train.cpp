@@ -598,7 +598,8 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
   double first = 0, last = 0, timed_ms = 0;
   int64_t timed = 0;
   // This rank's peak device memory over the run: the largest phase peak of its stage engine's
-  // steps (CUDA caching allocator, as the non-pipelined summary; not measured on CPU).
+  // steps (CUDA caching allocator, as the non-pipelined summary; not measured on CPU), and of
+  // zb-h1's input-gradient passes, which run outside those phases ([Input Backward Peak]).
   const bool measure_peak = !a.summary.empty() && engine.engine().device().is_cuda();
   int64_t peak_bytes = 0;
   for (int64_t s = start + 1; s <= a.steps; ++s) {
@@ -608,7 +609,8 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
     last = engine.last_report().loss;  // this dp replica's mean: averaged over the replicas below
     if (measure_peak) {
       const StepReport& er = engine.engine().last_report();
-      peak_bytes = std::max({peak_bytes, er.forward.mem_peak, er.backward.mem_peak, er.step_phase.mem_peak});
+      peak_bytes = std::max({peak_bytes, er.forward.mem_peak, er.backward.mem_peak, er.step_phase.mem_peak,
+                             engine.input_backward_mem_peak()});
     }
     if (dp > 1) {
       auto l = torch::tensor({last}, torch::kDouble);

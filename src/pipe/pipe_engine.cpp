@@ -24,6 +24,7 @@
 
 #ifdef ZT_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -732,6 +733,12 @@ void PipeEngine::run(const Instr& in, size_t at, std::vector<MicroBatch>& mbs, s
     }
     case Op::kBackwardInput: {
       if (first_vs) break;  // token ids have no gradient: W does the whole backward
+      // [Input Backward Peak]: B is no phase of the stage engine (whose phases restart the
+      // allocator's peak when they begin), so its peak is taken here.
+      const bool cuda_peak = engine_->device().is_cuda();
+#ifdef ZT_WITH_CUDA
+      if (cuda_peak) c10::cuda::CUDACachingAllocator::resetPeakStats(engine_->device().index());
+#endif
       timed(t.backward_ms, [&] {
         std::vector<torch::Tensor> outs, grads;
         roots(outs, grads);
@@ -760,6 +767,15 @@ void PipeEngine::run(const Instr& in, size_t at, std::vector<MicroBatch>& mbs, s
           slot->out_grad = torch::Tensor();
         }
       });
+#ifdef ZT_WITH_CUDA
+      if (cuda_peak) {
+        const auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(engine_->device().index());
+        input_backward_peak_ = std::max<int64_t>(
+            input_backward_peak_,
+            st.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak);
+      }
+#endif
+      (void)cuda_peak;
       break;
     }
     case Op::kBackwardWeight: {
@@ -858,6 +874,7 @@ double PipeEngine::train_batch(const std::function<MicroBatch()>& next) {
   loss_sum_ = torch::Tensor();
   tied_grad_ = torch::Tensor();
   tied_grad_ready_ = false;
+  input_backward_peak_ = 0;
   StageTiming t;
   pp_->barrier();
   const auto t0 = Clock::now();

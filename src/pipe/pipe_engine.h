@@ -202,6 +202,11 @@ class PipeEngine {
   int64_t deferred_weight_passes() const { return deferred_weight_passes_; }
   int64_t fallback_weight_passes() const { return fallback_weight_passes_; }
   int64_t deferred_closures_run() const { return deferred_closures_run_; }
+  // [Input Backward Peak] The largest CUDA allocator peak (bytes) of zb-h1's input-gradient
+  // passes (B) in the last batch; 0 on CPU and for schedules without B. B runs outside the
+  // stage engine's phases (forward, backward, step), whose peaks engine().last_report()
+  // holds, so a stage's batch peak is the largest of those and this.
+  int64_t input_backward_mem_peak() const { return input_backward_peak_; }
 
  private:
   PipeEngine(const std::vector<LayerInfo>& layers, int model_tp,
@@ -251,6 +256,7 @@ class PipeEngine {
   void abandon_prefetched();
   int64_t p2p_bytes_ = 0;
   int64_t deferred_weight_passes_ = 0, fallback_weight_passes_ = 0, deferred_closures_run_ = 0;
+  int64_t input_backward_peak_ = 0;  // [Input Backward Peak], this batch's
   bool fallback_logged_ = false;
   bool defer_weight_pass_ = true;  // ZT_PIPE_ZB_DEFERRED_W (default on)
   torch::Tensor tied_grad_;      // last stage: accumulated tied-copy gradient (zb-h1); first: received
