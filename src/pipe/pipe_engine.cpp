@@ -59,7 +59,7 @@ std::function<TensorParallelSpec(const std::string&)> pipe_stage_tp_spec(const t
 }
 
 // A switch that is on unless the environment sets it to "0" (ZT_PIPE_EAGER_COMMS,
-// ZT_PIPE_ZB_DEFERRED_W).
+// ZT_PIPE_ZB_DEFERRED_W, ZT_PIPE_ZB_RELEASE_GRAPH).
 bool env_not_zero(const char* name) {
   const char* v = std::getenv(name);
   return v == nullptr || std::string(v) != "0";
@@ -463,6 +463,7 @@ PipeEngine::PipeEngine(const std::vector<LayerInfo>& layers, int model_tp,
   // [Deferred Weight Gradients]: on by default for zb-h1; ZT_PIPE_ZB_DEFERRED_W=0 runs every W
   // as the autograd pass through the stage (for A/B timing).
   defer_weight_pass_ = env_not_zero("ZT_PIPE_ZB_DEFERRED_W");
+  release_b_graph_ = env_not_zero("ZT_PIPE_ZB_RELEASE_GRAPH");  // [B Graph Release]
   if (!defer_weight_pass_ && splits_backward(spec.kind) && topo.parent()->rank() == 0) {
     log::warn("ZT_PIPE_ZB_DEFERRED_W=0: zb-h1's weight passes run as autograd passes through the stage "
               "(recomputing B's activation gradients) [Deferred Weight Gradients]");
@@ -748,17 +749,27 @@ void PipeEngine::run(const Instr& in, size_t at, std::vector<MicroBatch>& mbs, s
         // The parametered nodes leave their weight gradients to W as closures
         // ([Deferred Weight Gradients]); the graph is kept for a fallback W, freed below otherwise.
         if (defer_weight_pass_) slot->deferred = std::make_shared<models::WeightGradCollector>();
+        // [B Graph Release]: once a B's closures covered every parameter of the stage, B runs
+        // without retaining the graph -- autograd frees each node's saved tensors once it has
+        // run, as a plain backward does, instead of holding the whole micro-batch's until B
+        // returns -- since W will need only the closures. ZT_PIPE_ZB_RELEASE_GRAPH=0 keeps it.
+        const bool retain = !(slot->deferred && release_b_graph_ && closures_cover_stage_);
         torch::autograd::variable_list res;
         {
           models::CollectWeightGrads collect(slot->deferred.get());
-          res = torch::autograd::grad(outs, ins, grads, /*retain_graph=*/true, /*create_graph=*/false,
-                                      /*allow_unused=*/true);
+          res = torch::autograd::grad(outs, ins, grads, retain, /*create_graph=*/false, /*allow_unused=*/true);
         }
         slot->in_grad = res[0];
         if (tied && res[1].defined()) tied_grad_ = tied_grad_.defined() ? tied_grad_ + res[1] : res[1];
         if (slot->deferred && !weight_pass_covered(*slot->deferred)) {
+          ZT_CHECK_T(retain, InternalError, "pipeline stage ", stage_, ": micro-batch ", in.mb,
+                     "'s input-gradient pass left a parameter without a deferred weight gradient after earlier "
+                     "ones covered the stage, and its graph is already released [B Graph Release]; run with "
+                     "ZT_PIPE_ZB_RELEASE_GRAPH=0");
           slot->deferred.reset();  // W recomputes everything the closures hold
           ++fallback_weight_passes_;
+        } else if (slot->deferred) {
+          closures_cover_stage_ = true;
         }
         if (slot->deferred) {
           // W needs only the closures and what they captured: the rest of the graph (and

@@ -19,7 +19,8 @@
 //    (its gradient_accumulation_steps is m x virtual_stages): the chunk's full backward
 //    (gpipe, 1f1b, interleaved; Engine::backward(outputs, grads), the outputs being the
 //    loss on the head chunk) or its weight pass (zb-h1: the input gradient comes first
-//    from torch::autograd::grad(..., retain_graph), the weight gradient later from the
+//    from torch::autograd::grad(...; the graph retained until a B's closures have covered
+//    the stage, [B Graph Release] in pipe_engine.cpp), the weight gradient later from the
 //    closures the parametered nodes left in B, run as one Engine::backward over a root per
 //    parameter -- [Deferred Weight Gradients] in models/deferred_grad.h -- or, when a
 //    parameter got none, from Engine::backward(outputs, grads, parameters)). The loss gradient is
@@ -207,6 +208,9 @@ class PipeEngine {
   // stage engine's phases (forward, backward, step), whose peaks engine().last_report()
   // holds, so a stage's batch peak is the largest of those and this.
   int64_t input_backward_mem_peak() const { return input_backward_peak_; }
+  // [B Graph Release] in pipe_engine.cpp: whether B now runs without retaining the graph (a
+  // B's closures covered every parameter of the stage; ZT_PIPE_ZB_RELEASE_GRAPH=0: never).
+  bool releases_input_backward_graph() const { return release_b_graph_ && closures_cover_stage_; }
 
  private:
   PipeEngine(const std::vector<LayerInfo>& layers, int model_tp,
@@ -259,6 +263,8 @@ class PipeEngine {
   int64_t input_backward_peak_ = 0;  // [Input Backward Peak], this batch's
   bool fallback_logged_ = false;
   bool defer_weight_pass_ = true;  // ZT_PIPE_ZB_DEFERRED_W (default on)
+  bool release_b_graph_ = true;    // ZT_PIPE_ZB_RELEASE_GRAPH (default on), [B Graph Release]
+  bool closures_cover_stage_ = false;  // a B's closures covered every parameter of the stage
   torch::Tensor tied_grad_;      // last stage: accumulated tied-copy gradient (zb-h1); first: received
   bool tied_grad_ready_ = false;  // first stage: received, not yet added
   torch::Tensor loss_sum_;  // the head's losses of this batch, summed on the device (double)

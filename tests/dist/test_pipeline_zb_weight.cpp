@@ -57,6 +57,7 @@ struct ZbRun {
   int stage = 0;
   int64_t closures_per_pass = 0;  // one per parameter, one per LayerNorm (weight and bias)
   std::string last_stage_line;    // the schedule's compute order on the last stage
+  bool released = false;          // releases_input_backward_graph() after training
 };
 
 // kSteps batches of `schedule` at pp 2 over the first 2 world ranks; `make` builds the
@@ -77,6 +78,7 @@ ZbRun train(const MakePipe& make) {
   r.closures = pipe->deferred_closures_run();
   r.stage = pipe->stage();
   r.last_stage_line = pipe->schedule().line(1);
+  r.released = pipe->releases_input_backward_graph();
   for (const auto& kv : pipe->module()->named_parameters())
     r.closures_per_pass += kv.key().find("ln_") == std::string::npos ? 2 : 1;
   r.closures_per_pass /= 2;
@@ -148,7 +150,11 @@ TEST_P(ZbWeightPass, Gpt2RunsFromTheClosuresAndTrainsAs1f1b) {
     // Token ids have no gradient: the first stage's W is its whole backward.
     EXPECT_EQ(zb.deferred, 0) << c.name;
     EXPECT_EQ(zb.closures, 0) << c.name;
+    EXPECT_FALSE(zb.released) << c.name;
   } else {
+    // [B Graph Release]: after the first B every B of the last stage ran without the retained
+    // graph, and trained as 1f1b did (above).
+    EXPECT_TRUE(zb.released) << c.name;
     EXPECT_EQ(zb.deferred, kSteps * kGas) << c.name;
     // Per micro-batch: one closure per linear weight and bias, one per LayerNorm.
     EXPECT_GT(zb.closures_per_pass, 0);
@@ -193,6 +199,7 @@ TEST(PipelineZbWeightFallback, LlamaOnCpuFallsBackAndTrainsAs1f1b) {
   EXPECT_EQ(zb.deferred, 0);
   EXPECT_EQ(zb.closures, 0);
   EXPECT_EQ(zb.fallback, zb.stage == 0 ? 0 : kSteps * kGas);
+  EXPECT_FALSE(zb.released) << "the fallback W needs B's graph";
 }
 
 }  // namespace
