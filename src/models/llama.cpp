@@ -9,6 +9,8 @@
 #include <map>
 #include <mutex>
 #include <vector>
+#include <string>
+#include <tuple>
 
 #include "models/gpt2.h"  // linear(): addmm whose backward accumulates into W.grad
 #include "models/linear_adapter.h"
@@ -216,7 +218,7 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& cfg, comm::GroupPt
   if (!cfg.tie_word_embeddings) {
     lm_head = register_module("lm_head", make_linear(cfg, cfg.hidden_size, cfg.vocab_size, /*bias=*/false));
   }
-  inv_freq_ = llama_rope_inv_freq(cfg);
+  rope_tables_ = LlamaRopeTables(llama_rope_inv_freq(cfg));
   reset_parameters();
 }
 
@@ -375,11 +377,30 @@ void LlamaForCausalLMImpl::init_layerwise(const InitSink& sink) {
   skeleton_ = false;
 }
 
-std::pair<torch::Tensor, torch::Tensor> LlamaForCausalLMImpl::rope(int64_t T, const torch::Tensor& like,
-                                                                   const torch::Tensor& pos_ids) const {
-  // transformers: freqs = pos * inv_freq in fp32, emb = cat(freqs, freqs), cos/sin cast
-  // to the activations' dtype.
-  const auto inv = inv_freq_.to(like.device());
+struct LlamaRopeTables::Cache {
+  std::mutex mu;
+  std::map<std::string, torch::Tensor> inv;  // device -> inv_freq there
+  std::map<std::tuple<std::string, int, int64_t>, std::pair<torch::Tensor, torch::Tensor>> plain;
+};
+
+LlamaRopeTables::LlamaRopeTables(torch::Tensor inv_freq) : inv_(std::move(inv_freq)), cache_(std::make_shared<Cache>()) {}
+
+std::pair<torch::Tensor, torch::Tensor> LlamaRopeTables::operator()(int64_t T, const torch::Tensor& like,
+                                                                    const torch::Tensor& pos_ids) const {
+  ZT_CHECK(cache_ != nullptr, "LlamaRopeTables: not built");
+  torch::NoGradGuard no_grad;
+  const std::string dev = like.device().str();
+  torch::Tensor inv;
+  {
+    std::lock_guard<std::mutex> lock(cache_->mu);
+    auto it = cache_->inv.find(dev);
+    if (it == cache_->inv.end()) it = cache_->inv.emplace(dev, inv_.to(like.device())).first;
+    inv = it->second;
+    if (!pos_ids.defined()) {
+      const auto key = std::make_tuple(dev, static_cast<int>(like.scalar_type()), T);
+      if (auto t = cache_->plain.find(key); t != cache_->plain.end()) return t->second;
+    }
+  }
   if (pos_ids.defined()) {  // [SFT Attention]: the same values per position as below
     const auto freqs = pos_ids.to(like.device(), torch::kFloat).unsqueeze(-1) * inv;  // (B, T, hd/2)
     const auto emb = torch::cat({freqs, freqs}, -1).unsqueeze(1);                     // (B, 1, T, hd)
@@ -388,7 +409,16 @@ std::pair<torch::Tensor, torch::Tensor> LlamaForCausalLMImpl::rope(int64_t T, co
   const auto pos = torch::arange(T, torch::TensorOptions().device(like.device()).dtype(torch::kFloat));
   const auto freqs = pos.unsqueeze(1) * inv.unsqueeze(0);  // (T, hd/2)
   const auto emb = torch::cat({freqs, freqs}, -1);          // (T, hd)
-  return {emb.cos().to(like.scalar_type()), emb.sin().to(like.scalar_type())};
+  std::pair<torch::Tensor, torch::Tensor> out{emb.cos().to(like.scalar_type()), emb.sin().to(like.scalar_type())};
+  std::lock_guard<std::mutex> lock(cache_->mu);
+  if (cache_->plain.size() >= 8) cache_->plain.clear();  // varying lengths (generation): keep it small
+  cache_->plain[std::make_tuple(dev, static_cast<int>(like.scalar_type()), T)] = out;
+  return out;
+}
+
+std::pair<torch::Tensor, torch::Tensor> LlamaForCausalLMImpl::rope(int64_t T, const torch::Tensor& like,
+                                                                   const torch::Tensor& pos_ids) const {
+  return rope_tables_(T, like, pos_ids);  // [Rope Tables]
 }
 
 namespace {

@@ -151,6 +151,27 @@ int64_t llama_loss_chunk_rows(const LlamaConfig& cfg, int64_t logit_bytes);
 // them for the config's rope type.
 torch::Tensor llama_rope_inv_freq(const LlamaConfig& cfg);
 
+// [Rope Tables] A model's rotary tables: inv_freq (fp32, kept on the host), its copy on
+// each device made once, and cos/sin of positions 0..T-1 made once per (device, dtype, T)
+// (the 8 most recent shapes). transformers' formula: freqs = pos * inv_freq in fp32, emb =
+// cat(freqs, freqs), cos/sin cast to the activations' dtype. Copying the pageable inv_freq
+// to the device in every forward made ATen synchronise the stream each step (the host then
+// waited for the previous step's work before launching the next forward).
+class LlamaRopeTables {
+ public:
+  LlamaRopeTables() = default;
+  explicit LlamaRopeTables(torch::Tensor inv_freq);
+  // cos, sin: (T, hd) for positions 0..T-1, or (B, 1, T, hd) for position ids `pos` (B, T),
+  // in like's dtype on like's device. The cached tables are shared: never modify them.
+  std::pair<torch::Tensor, torch::Tensor> operator()(int64_t T, const torch::Tensor& like,
+                                                     const torch::Tensor& pos = {}) const;
+
+ private:
+  struct Cache;
+  torch::Tensor inv_;
+  std::shared_ptr<Cache> cache_;
+};
+
 struct RMSNormImpl : torch::nn::Module {
   RMSNormImpl(int64_t dim, double eps);
   // HF's LlamaRMSNorm: normalise in fp32, cast back to x's dtype, times weight.
@@ -327,7 +348,7 @@ struct LlamaForCausalLMImpl : torch::nn::Module {
   torch::Tensor last_aux_;  // [Mixtral] detached
   bool skeleton_ = false;  // built by skeleton(), init_layerwise not yet run
   std::vector<LlamaDecoderLayer> layers_;
-  torch::Tensor inv_freq_;  // (head_dim / 2) fp32, CPU; moved to the device per forward
+  LlamaRopeTables rope_tables_;  // [Rope Tables]
   bool ckpt_enabled_ = false;
   int64_t ckpt_count_ = 0;
   bool ckpt_cpu_ = false;

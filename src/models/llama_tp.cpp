@@ -148,7 +148,7 @@ LlamaTPImpl::LlamaTPImpl(const LlamaConfig& cfg, comm::GroupPtr g, bool sequence
     lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(w.size(1), w.size(0)).bias(false)));
     lm_head_weight = lm_head->weight;
   }
-  inv_freq_ = llama_rope_inv_freq(cfg);
+  rope_tables_ = LlamaRopeTables(llama_rope_inv_freq(cfg));
   gen.set_state(state);
   // Llama's init (LlamaForCausalLMImpl::init_parameter) on the full tensor, then the slice.
   torch::NoGradGuard no_grad;
@@ -221,11 +221,7 @@ torch::Tensor LlamaTPImpl::hidden(const torch::Tensor& idx) {
   auto x = model->embed_tokens(idx);  // (B, T or T/tp, d)
   // Attention sees the full sequence (the column-parallel q/k/v all-gather it), so the
   // rotary tables cover all T positions.
-  const auto inv = inv_freq_.to(x.device());
-  const auto pos = torch::arange(T, torch::TensorOptions().device(x.device()).dtype(torch::kFloat));
-  const auto freqs = pos.unsqueeze(1) * inv.unsqueeze(0);
-  const auto emb = torch::cat({freqs, freqs}, -1);
-  const auto cos = emb.cos().to(x.scalar_type()), sin = emb.sin().to(x.scalar_type());
+  const auto [cos, sin] = rope_tables_(T, x);  // [Rope Tables]
   for (size_t i = 0; i < layers_.size(); ++i) {
     const auto u = static_cast<int64_t>(i);
     // ZeRO-3: the layer is gathered around its forward (and around its recompute when it is

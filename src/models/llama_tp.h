@@ -116,7 +116,7 @@ struct LlamaTPImpl : torch::nn::Module, zt::ZeroModel {
   LlamaConfig cfg_;
   comm::GroupPtr group_;
   bool sp_ = false;
-  torch::Tensor inv_freq_;
+  LlamaRopeTables rope_tables_;  // [Rope Tables]
   std::vector<LlamaTPLayer> layers_;
   std::shared_ptr<TpCheckpointer> ckpt_;
   zt::UnitHooks hooks_;

@@ -46,7 +46,7 @@ LlamaStageImpl::LlamaStageImpl(const models::LlamaForCausalLM& full, std::vector
                  full->model->embed_tokens->weight.size(0) == cfg_.vocab_size,
              ConfigError, "Llama pipeline stages take a model with its values (not a skeleton or placeholders)");
   const StageLayers held = stage_layers(chunks_, num_layers_);
-  inv_freq_ = models::llama_rope_inv_freq(cfg_);
+  rope_tables_ = models::LlamaRopeTables(models::llama_rope_inv_freq(cfg_));
   layers_.assign(static_cast<size_t>(cfg_.num_hidden_layers), models::LlamaDecoderLayer(nullptr));
   // Registration order = the whole model's (model.embed_tokens, model.layers.*, model.norm,
   // lm_head), as the engine flattens and the checkpoint names them.
@@ -78,12 +78,7 @@ LlamaStageImpl::LlamaStageImpl(const models::LlamaForCausalLM& full, std::vector
 }
 
 std::pair<torch::Tensor, torch::Tensor> LlamaStageImpl::rope(int64_t T, const torch::Tensor& like) const {
-  // LlamaForCausalLMImpl::rope without position ids: the same ops, so the same values.
-  const auto inv = inv_freq_.to(like.device());
-  const auto pos = torch::arange(T, torch::TensorOptions().device(like.device()).dtype(torch::kFloat));
-  const auto freqs = pos.unsqueeze(1) * inv.unsqueeze(0);  // (T, hd/2)
-  const auto emb = torch::cat({freqs, freqs}, -1);          // (T, hd)
-  return {emb.cos().to(like.scalar_type()), emb.sin().to(like.scalar_type())};
+  return rope_tables_(T, like);  // LlamaForCausalLMImpl's tables ([Rope Tables]): the same values
 }
 
 torch::Tensor LlamaStageImpl::head_loss(const torch::Tensor& x, const torch::Tensor& targets) {

@@ -62,7 +62,7 @@ class LlamaStageImpl : public PipeStageImpl {
 
   models::LlamaConfig cfg_;
   int64_t ckpt_interval_ = 0;
-  torch::Tensor inv_freq_;  // (head_dim / 2) fp32, CPU
+  models::LlamaRopeTables rope_tables_;  // [Rope Tables]
   // Registered as the whole model's: "model" {embed_tokens, layers {"i": ...}, norm}, lm_head.
   std::shared_ptr<torch::nn::Module> model_;
   torch::nn::Embedding embed_tokens_{nullptr};
