@@ -139,6 +139,8 @@ const char* kTrainUsage =
     "                      --summary as moe_all_to_all_ms\n"
     "  --profile STEP      profile that step (0-based) with Kineto: writes PATH.rank<R>.json (Chrome\n"
     "                      trace) and PATH.rank<R>.txt (GPU time by kernel kind, top kernels)\n"
+    "  --profile-steps N   profile N consecutive steps from STEP (default 1): a step after the first\n"
+    "                      starts with work queued, as unprofiled steps do\n"
     "  --profile-out PATH  where (default zerotrain-profile)\n"
     "  --save DIR          write checkpoints to DIR (DIR/TAG/, DIR/latest) at the end of the run\n"
     "  --save-every N      ... and every N steps (needs --save)\n"
@@ -170,6 +172,7 @@ struct TrainArgs {
   int64_t save_every = 0;
   int64_t max_skipped_steps = 50;
   int64_t profile_step = -1;
+  int64_t profile_steps = 1;  // consecutive steps from profile_step
   int64_t eval_every = 0, eval_batches = 20;
   int64_t steps = 20, seq = 0, micro = 0, accum = 0, layers = 0, embd = 0, heads = 0, vocab = 0, print_every = 0,
           warmup = 2, seed = 1234, tp = -1, pp = -1, ep = -1;  // -1: flag not given
@@ -225,6 +228,7 @@ TrainArgs parse_train_args(int argc, char** argv) {
   f.flag("--qlora", a.qlora);
   f.choice("--device", a.device, {"cpu", "cuda"});
   f.count("--profile", a.profile_step);
+  f.count("--profile-steps", a.profile_steps, 1);
   f.text("--profile-out", a.profile_out);
   f.count("--tp", a.tp, 1);
   f.count("--pp", a.pp, 1);
@@ -474,7 +478,7 @@ int train_pipeline(const TrainArgs& a, const nlohmann::json& j, const comm::Grou
   refuse(!a.lora.empty() || a.qlora, "--lora/--qlora");
   refuse(!a.val_data.empty(), "--val-data");
   refuse(a.sft_attention != "causal", "--sft-attention per-example");
-  refuse(a.profile_step >= 0, "--profile");
+  refuse(a.profile_step >= 0 || a.profile_steps != 1, "--profile");
   ZT_CHECK_T(!a.checkpoint, ConfigError, "train: --checkpoint-activations with --pp: set "
              "pipeline.activation_checkpoint_interval in the config instead (the pipeline's own checkpointing)");
   pipe::PipeConfig pc = pipe::pipeline_config(j, world, a.config);
@@ -1190,6 +1194,7 @@ int cmd_train(int argc, char** argv) {
   double moe_dropped_sum = 0, moe_a2a_sum = 0;  // over the timed steps
   int64_t moe_timed = 0;
   StepProfiler profiler;
+  auto profile_t0 = std::chrono::steady_clock::now();  // --profile: the first profiled step's start
   auto sync_device = [&] {
 #ifdef ZT_WITH_CUDA
     if (device.is_cuda()) torch::cuda::synchronize(device.index());
@@ -1296,11 +1301,12 @@ int cmd_train(int argc, char** argv) {
       for (const auto& r : engine->take_reports(true)) consume(r);
       timed_t0 = std::chrono::steady_clock::now();
     }
+    const bool profile_last = a.profile_step >= 0 && s == a.profile_step + a.profile_steps - 1;
     if (s == a.profile_step) {
       sync_device();
       profiler.start(device.is_cuda());
+      profile_t0 = std::chrono::steady_clock::now();
     }
-    auto t0 = std::chrono::steady_clock::now();
     torch::Tensor step_loss;  // dp_mean_loss: this rank's micro-batch losses, summed
     for (int64_t k = 0; k < cfg.gradient_accumulation_steps; ++k) {
       auto [x, y, pos] = loader.next_batch();
@@ -1320,11 +1326,12 @@ int cmd_train(int argc, char** argv) {
       topo->dp()->all_reduce(step_loss, comm::ReduceOp::kSum);
       dp_loss[s] = step_loss / static_cast<double>(dp_size * cfg.gradient_accumulation_steps);
     }
-    if (s == a.profile_step) sync_device();  // the profiled step's device work, all of it
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (profile_last) sync_device();  // the profiled steps' device work, all of it
     epoch_of[engine->global_steps()] = loader.epoch();
-    if (s == a.profile_step) {
-      const std::string text = profiler.stop(a.profile_out, rank, ms);
+    if (profile_last) {
+      const double profiled_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - profile_t0).count();
+      const std::string text = profiler.stop(a.profile_out, rank, profiled_ms);
       if (rank == 0) std::printf("%s", text.c_str());
     }
     if (s >= first_timed) ++timed_steps;
