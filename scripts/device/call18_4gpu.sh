@@ -47,23 +47,6 @@ grep -E "FAILED  \]" $R/zt_gpu.txt | sort -u | head
 echo "== profile"; grep -aiE "error|what\(\)" $R/prof.log | head -3; head -40 $R/prof*.txt 2>/dev/null | cut -c1-140
 echo "== 1B rows: anchors"; tail -12 $R/rows.out
 echo "== 1B A/B"
-python3 - $R <<'PY'
-import glob, json, os, statistics, sys
-R = sys.argv[1]; d = {}
-for f in sorted(glob.glob(f"{R}/l1b-*.json")):
-    j = json.load(open(f)); tag, v = os.path.basename(f)[4:-5].rsplit("-", 1)
-    d.setdefault(v, []).append((j["ms_per_iter"], j.get("mfu", 0), j["peak_gib"], j.get("phase_ms", {}), tag))
-print("| Llama-3.2-1B, bf16, ZeRO-0, mb 4, seq 2048, 1 H100 | runs ms/iter (GPU) | median ms | MFU | peak GiB | fwd / bwd / step ms |")
-print("|---|---|---|---|---|---|")
-for v, name in (("base", "baseline"), ("new", "this tree")):
-    if v in d:
-        r = d[v]; ms = [x[0] for x in r]
-        ph = lambda k: statistics.median(x[3].get(k, 0) for x in r)
-        print(f"| {name} | {', '.join(f'{x[0]:.1f} ({x[4][1]})' for x in r)} | {statistics.median(ms):.1f} | "
-              f"{statistics.median(x[1] for x in r) * 100:.1f}% | {max(x[2] for x in r):.2f} | "
-              f"{ph('forward'):.1f} / {ph('backward'):.1f} / {ph('step'):.1f} |")
-med = {v: statistics.median(x[0] for x in d[v]) for v in d}
-if "new" in med and "base" in med: print(f"new / base: {med['new'] / med['base']:.3f}")
-PY
+python3 scripts/device/l1b_ab_table.py $R
 tar -czf $OUT/call18.tar.gz -C $OUT call18
 echo "total: $(( $(date +%s) - T0 )) s"
