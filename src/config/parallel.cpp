@@ -59,6 +59,17 @@ PipelineConfig parse_pipeline(Section s, std::vector<std::string>& not_supported
   return p;
 }
 
+bool is_partition_method(const std::string& method) {
+  const std::string m = lower(method);
+  return m == "parameters" || m == "best" || m == "uniform" || m == "compute" || m.rfind("type:", 0) == 0;
+}
+
+std::string not_a_partition_method(const std::string& key, const std::string& method) {
+  return key + " = \"" + method +
+         "\" is not a partition method: use \"parameters\" (the default), \"uniform\", \"type:REGEX\" or "
+         "\"compute\" (DeepSpeed's \"profile\" is not implemented there either)";
+}
+
 void read_pipeline_keys(Section& s, int64_t stages, PipelineOptions& o, std::vector<std::string>& not_supported) {
   const PipelineOptions def;
   o.stages = stages;
@@ -68,11 +79,8 @@ void read_pipeline_keys(Section& s, int64_t stages, PipelineOptions& o, std::vec
   const std::string lower_partition = lower(o.partition);
   if (lower_partition == "best") {
     o.partition = def.partition;
-  } else if (lower_partition != "parameters" && lower_partition != "uniform" && lower_partition != "compute" &&
-             lower_partition.rfind("type:", 0) != 0) {
-    s.ctx().error(s.path_of("partition") + " = \"" + o.partition +
-                  "\" is not a partition method: use \"parameters\" (the default), \"uniform\", "
-                  "\"type:REGEX\" or \"compute\" (DeepSpeed's \"profile\" is not implemented there either)");
+  } else if (!is_partition_method(o.partition)) {
+    s.ctx().error(not_a_partition_method(s.path_of("partition"), o.partition));
   }
   const bool seed_layers = s.get_bool("seed_layers", false);
   if (seed_layers) {

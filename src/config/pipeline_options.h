@@ -38,6 +38,12 @@ struct PipelineOptions {
   // act only under tensor parallelism, which zerotrain does not have) are checked, not kept.
 };
 
+// Whether `method` (any case) is a partition method: "parameters", "best" (= parameters),
+// "uniform", "compute" or "type:REGEX". Both the config check and pipe/partition.cpp use it.
+bool is_partition_method(const std::string& method);
+// The error for a method that is not one: names it and the choices.
+std::string not_a_partition_method(const std::string& key, const std::string& method);
+
 // Reads every key of the pipeline section except `stages` into `o`, recording type errors
 // in s.ctx() and settings zerotrain cannot honour in `not_supported` (each naming the key,
 // the value and the fix). With stages == 1 a key set to other than its default is "not

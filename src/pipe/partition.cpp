@@ -5,6 +5,7 @@
 #include <limits>
 #include <regex>
 
+#include "config/pipeline_options.h"
 #include "zerotrain/error.h"
 
 namespace zt::pipe {
@@ -103,9 +104,7 @@ std::vector<int> partition_layers(const std::vector<LayerInfo>& layers, int part
     }
     bounds = partition_balanced(w, parts);
   } else {
-    throw ConfigError("pipeline.partition = \"" + method +
-                      "\" is not a partition method: use \"parameters\" (the default), \"uniform\", "
-                      "\"type:REGEX\" or \"compute\" (DeepSpeed's \"profile\" is not implemented there either)");
+    throw ConfigError(config::not_a_partition_method("pipeline.partition", method));
   }
   for (int s = 0; s < parts; ++s) {
     ZT_CHECK_T(bounds[static_cast<size_t>(s) + 1] > bounds[static_cast<size_t>(s)], ConfigError,
