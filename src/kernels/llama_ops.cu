@@ -493,6 +493,22 @@ std::string rows_cols(int64_t rows, int64_t cols) {
   return "rows=" + std::to_string(rows) + " cols=" + std::to_string(cols);
 }
 
+// The grid-stride elementwise kernels' launch (SwiGLU, add_scaled): n elements as 16-byte
+// vectors of 16 / sizeof(T) when `vec` (n a multiple of it, every pointer aligned), else one
+// by one. go(width, grid, count) launches the kernel instantiated for that width.
+template <typename T, typename Go>
+void launch_elementwise(const char* fn, const char* kernel, int64_t n, bool vec, Go&& go) {
+  constexpr int kV = 16 / sizeof(T);
+  const int64_t count = vec ? n / kV : n;
+  const unsigned grid = static_cast<unsigned>(grid_for(count, fn));
+  if (vec) {
+    go(std::integral_constant<int, kV>{}, grid, count);
+  } else {
+    go(std::integral_constant<int, 1>{}, grid, count);
+  }
+  check_launch(std::string(kernel) + "<" + DTypeName<T>::value + (vec ? ", vec>" : ">"), "n=" + std::to_string(n));
+}
+
 // Vectors per lane for the warp-per-row kernels: the smallest of 2, 4, 8, 16 that holds a
 // row of `cols` (0: the row is too wide, the block-per-row kernel takes it).
 int warp_row_vecs(int64_t cols, int vec) {
@@ -716,15 +732,9 @@ void swiglu_forward(const SwigluArgs& a, cudaStream_t stream) {
     const T* u = static_cast<const T*>(a.up);
     T* o = static_cast<T*>(a.out);
     const bool vec = a.n % kV == 0 && aligned(g, 16) && aligned(u, 16) && aligned(o, 16);
-    const int64_t vecs = vec ? a.n / kV : a.n;
-    const unsigned grid = static_cast<unsigned>(grid_for(vecs, kFn));
-    if (vec) {
-      swiglu_forward_kernel<T, kV><<<grid, kThreads, 0, stream>>>(g, u, o, vecs);
-    } else {
-      swiglu_forward_kernel<T, 1><<<grid, kThreads, 0, stream>>>(g, u, o, vecs);
-    }
-    check_launch(std::string("swiglu_forward_kernel<") + DTypeName<T>::value + (vec ? ", vec>" : ">"),
-                 "n=" + std::to_string(a.n));
+    launch_elementwise<T>(kFn, "swiglu_forward_kernel", a.n, vec, [&](auto w, unsigned grid, int64_t count) {
+      swiglu_forward_kernel<T, decltype(w)::value><<<grid, kThreads, 0, stream>>>(g, u, o, count);
+    });
   });
 }
 
@@ -743,15 +753,9 @@ void swiglu_backward(const SwigluArgs& a, cudaStream_t stream) {
     T* du = static_cast<T*>(a.grad_up);
     const bool vec = a.n % kV == 0 && aligned(dy, 16) && aligned(g, 16) && aligned(u, 16) && aligned(dg, 16) &&
                      aligned(du, 16);
-    const int64_t vecs = vec ? a.n / kV : a.n;
-    const unsigned grid = static_cast<unsigned>(grid_for(vecs, kFn));
-    if (vec) {
-      swiglu_backward_kernel<T, kV><<<grid, kThreads, 0, stream>>>(dy, g, u, dg, du, vecs);
-    } else {
-      swiglu_backward_kernel<T, 1><<<grid, kThreads, 0, stream>>>(dy, g, u, dg, du, vecs);
-    }
-    check_launch(std::string("swiglu_backward_kernel<") + DTypeName<T>::value + (vec ? ", vec>" : ">"),
-                 "n=" + std::to_string(a.n));
+    launch_elementwise<T>(kFn, "swiglu_backward_kernel", a.n, vec, [&](auto w, unsigned grid, int64_t count) {
+      swiglu_backward_kernel<T, decltype(w)::value><<<grid, kThreads, 0, stream>>>(dy, g, u, dg, du, count);
+    });
   });
 }
 
@@ -765,15 +769,9 @@ void add_scaled(const AddScaledArgs& a, cudaStream_t stream) {
     constexpr int kV = 16 / sizeof(T);
     T* d = static_cast<T*>(a.dst);
     const bool vec = a.n % kV == 0 && aligned(d, 16) && aligned(a.src, sizeof(float) * kV);
-    const int64_t vecs = vec ? a.n / kV : a.n;
-    const unsigned grid = static_cast<unsigned>(grid_for(vecs, kFn));
-    if (vec) {
-      add_scaled_kernel<T, kV><<<grid, kThreads, 0, stream>>>(d, a.src, a.scale, vecs);
-    } else {
-      add_scaled_kernel<T, 1><<<grid, kThreads, 0, stream>>>(d, a.src, a.scale, vecs);
-    }
-    check_launch(std::string("add_scaled_kernel<") + DTypeName<T>::value + (vec ? ", vec>" : ">"),
-                 "n=" + std::to_string(a.n));
+    launch_elementwise<T>(kFn, "add_scaled_kernel", a.n, vec, [&](auto w, unsigned grid, int64_t count) {
+      add_scaled_kernel<T, decltype(w)::value><<<grid, kThreads, 0, stream>>>(d, a.src, a.scale, count);
+    });
   });
 }
 

@@ -137,9 +137,8 @@ struct LmHeadCrossEntropy : torch::autograd::Function<LmHeadCrossEntropy> {
       // W's AccumulateGrad then receives no gradient (its hooks still run). Saves the (V, C)
       // gradient in w's dtype and autograd's separate add of it (two passes over V x C).
       auto& g = w.mutable_grad();
-      if (g.is_cuda() && g.is_contiguous() && sum.is_contiguous() && sum.scalar_type() == at::kFloat &&
-          scale.scalar_type() == at::kFloat && scale.numel() == 1 && scale.device() == g.device() &&
-          kernels::kernels_available() && kernels::dtype_supported(g.scalar_type())) {
+      if (kernels::runs_on(g) && g.is_contiguous() && sum.is_contiguous() && sum.scalar_type() == at::kFloat &&
+          scale.scalar_type() == at::kFloat && scale.numel() == 1 && scale.device() == g.device()) {
         kernels::AddScaledArgs a;  // the same sum, one vectorized pass (ATen's addcmul_ of mixed dtypes is not)
         a.dst = g.data_ptr();
         a.src = sum.data_ptr<float>();
