@@ -13,21 +13,12 @@
 # .base and .whl. Results: $OUT/call18.tar.gz and $OUT/llama1b_rows.tar.gz; tables last.
 set -uo pipefail
 DEADLINE=${DEADLINE:-540}
-mkdir -p /tmp/base && tar -xzf .base/base.tar.gz -C /tmp/base || exit 1
-( cd /tmp/base && cmake -S . -B build-gpu -G Ninja -DZT_PYTHON=python3 -DZT_WERROR=OFF > /tmp/base_cmake.log 2>&1 \
-  && ninja -C build-gpu zerotrain_cli > /tmp/base_build.log 2>&1; echo "baseline build rc=$?" ) &
+source scripts/device/l1b_ab.sh
+base_build_start || exit 1
 source scripts/device/common.sh call18 zerotrain_cli zt_gpu || exit 1
 wait
 echo "all built: $(( $(date +%s) - T0 )) s"
-left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
-row() {  # gpu, label (base | new), tag
-  local g=$1 v=$2 tag=$3 Zv=$Z
-  [ $v = base ] && Zv=/tmp/base/build-gpu/zerotrain
-  [ $(left) -gt 45 ] || { echo "1B $tag ($v) on GPU $g: skipped (deadline)"; return; }
-  CUDA_VISIBLE_DEVICES=$g timeout 60 $Zv train --config bench/configs/llama_bf16_z0.json \
-    --model llama3.2-1b --seq 2048 --micro-batch 4 --steps 18 --warmup 3 --device cuda --summary $R/l1b-$tag-$v.json \
-    > $R/l1b-$tag-$v.log 2>&1
-}
+row() { l1b_row "$@"; }  # gpu, label (base | new), tag
 ( export CUDA_VISIBLE_DEVICES=2 SITE=/tmp/site_c
   DEADLINE=$(( $(left) - 5 )) DS_STAGES=${DS_STAGES:-1} bash scripts/device/llama1b_rows.sh > $R/rows.out 2>&1 ) &
 ( i=0; for v in base new new base base new; do i=$((i + 1)); row 3 $v g3r$i; done ) &

@@ -15,21 +15,12 @@
 # Results: $OUT/call19.tar.gz, $OUT/llama1b_rows.tar.gz, $OUT/zb_{parameters,compute}.tar.gz.
 set -uo pipefail
 DEADLINE=${DEADLINE:-540}
-mkdir -p /tmp/base && tar -xzf .base/base.tar.gz -C /tmp/base || exit 1
-( cd /tmp/base && cmake -S . -B build-gpu -G Ninja -DZT_PYTHON=python3 -DZT_WERROR=OFF > /tmp/base_cmake.log 2>&1 \
-  && ninja -C build-gpu zerotrain_cli > /tmp/base_build.log 2>&1; echo "baseline build rc=$?" ) &
+source scripts/device/l1b_ab.sh
+base_build_start || exit 1
 source scripts/device/common.sh call19 zerotrain_cli zt_gpu bench_pipe_bubble || exit 1
 wait
 echo "all built: $(( $(date +%s) - T0 )) s"
-left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
-row() {  # gpu, label (base | new), tag
-  local g=$1 v=$2 tag=$3 Zv=$Z
-  [ $v = base ] && Zv=/tmp/base/build-gpu/zerotrain
-  [ $(left) -gt 45 ] || { echo "1B $tag ($v) on GPU $g: skipped (deadline)"; return; }
-  CUDA_VISIBLE_DEVICES=$g timeout 60 $Zv train --config bench/configs/llama_bf16_z0.json \
-    --model llama3.2-1b --seq 2048 --micro-batch 4 --steps 18 --warmup 3 --device cuda --summary $R/l1b-$tag-$v.json \
-    > $R/l1b-$tag-$v.log 2>&1
-}
+row() { l1b_row "$@"; }  # gpu, label (base | new), tag
 ( for p in parameters compute; do
     L=$(left)
     CUDA_VISIBLE_DEVICES=0,1 SKIP_DS=1 NAME=zb_$p PARTITION=$p SCHEDULES="1f1b zb-h1" ZB_MAX_PENDING=0 \

@@ -6,21 +6,12 @@
 # DEADLINE (default 300 s from the start) bounds it. Carry .head and .base. Results: $OUT/verify18.tar.gz.
 set -uo pipefail
 DEADLINE=${DEADLINE:-300}
-mkdir -p /tmp/base && tar -xzf .base/base.tar.gz -C /tmp/base || exit 1
-( cd /tmp/base && cmake -S . -B build-gpu -G Ninja -DZT_PYTHON=python3 -DZT_WERROR=OFF > /tmp/base_cmake.log 2>&1 \
-  && ninja -C build-gpu zerotrain_cli > /tmp/base_build.log 2>&1; echo "baseline build rc=$?" ) &
+source scripts/device/l1b_ab.sh
+base_build_start || exit 1
 source scripts/device/common.sh verify18 zerotrain_cli zt_gpu || exit 1
 wait
 echo "all built: $(( $(date +%s) - T0 )) s"
-left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
-row() {  # gpu, label (base | new), tag
-  local g=$1 v=$2 tag=$3 Zv=$Z
-  [ $v = base ] && Zv=/tmp/base/build-gpu/zerotrain
-  [ $(left) -gt 35 ] || { echo "1B $tag ($v) on GPU $g: skipped (deadline)"; return; }
-  CUDA_VISIBLE_DEVICES=$g timeout 60 $Zv train --config bench/configs/llama_bf16_z0.json \
-    --model llama3.2-1b --seq 2048 --micro-batch 4 --steps 18 --warmup 3 --device cuda --summary $R/l1b-$tag-$v.json \
-    > $R/l1b-$tag-$v.log 2>&1
-}
+row() { l1b_row "$@" 35; }  # gpu, label (base | new), tag
 CUDA_VISIBLE_DEVICES=0,1 timeout 150 $Z launch -n 2 -- $B/zt_gpu > $R/zt_gpu.txt 2>&1; echo "zt_gpu rc=$?" > $R/zt_gpu.rc
 for g in 0 1; do ( i=0; for v in base new new base; do i=$((i + 1)); row $g $v g${g}r$i; done ) & done
 wait
