@@ -6,6 +6,8 @@
 // over all ranks' tokens, within 1e-6 (fp32). k 1 and 2 (and 3 when E >= 3). Runs at 1, 2
 // and 4 ranks (at 1 the ep path has no communication).
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -84,7 +86,13 @@ TEST(MixtralExpertParallel, EqualsTheOneProcessLayer) {
     zt::test_support::sum_reference_expert_grads(ref, g);
     for (const auto& eg : zt::test_support::local_expert_grads(ref, ep)) {
       ASSERT_TRUE(eg.got.defined()) << tag << " expert " << eg.expert;
-      EXPECT_LE(mixtral_ep_maxdiff(eg.got, eg.want), 1e-6) << tag << " expert " << eg.expert << " param " << eg.param;
+      // The ep layer forms an owned expert's gradient from every rank's tokens in one GEMM, the
+      // reference adds per-rank GEMMs over the ranks: fp32 sums in another order, which the CPU's
+      // BLAS blocking decides. Within 1e-6 of the largest |value| (at least 1e-6): on an AMD EPYC
+      // k=1 P=4 differs by 1.67e-6 where the gradient reaches 3.52 (4.7e-7 of it).
+      const double big = eg.want.abs().max().item<double>();
+      EXPECT_LE(mixtral_ep_maxdiff(eg.got, eg.want), 1e-6 * std::max(1.0, big))
+          << tag << " expert " << eg.expert << " param " << eg.param << " (max |grad| " << big << ")";
     }
   }
 }
