@@ -361,7 +361,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- dst += src * scale -------------------------------------------------------------
 
-template <typename T, int kVec>
+// kOverwrite: dst = src * scale (dst not read), the same value as adding it to a zero dst.
+template <typename T, int kVec, bool kOverwrite>
 __global__ void __launch_bounds__(kThreads)
     add_scaled_kernel(T* __restrict__ dst, const float* __restrict__ src, const float* __restrict__ scale,
                       int64_t vecs) {
@@ -370,11 +371,16 @@ __global__ void __launch_bounds__(kThreads)
   const float sc = *scale;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < vecs;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const P d = reinterpret_cast<const P*>(dst)[i];
     const F f = reinterpret_cast<const F*>(src)[i];
     P o;
+    if constexpr (kOverwrite) {
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) o.v[k] = from_float<T>(to_float(d.v[k]) + f.v[k] * sc);
+      for (int k = 0; k < kVec; ++k) o.v[k] = from_float<T>(f.v[k] * sc);
+    } else {
+      const P d = reinterpret_cast<const P*>(dst)[i];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) o.v[k] = from_float<T>(to_float(d.v[k]) + f.v[k] * sc);
+    }
     reinterpret_cast<P*>(dst)[i] = o;
   }
 }
@@ -770,7 +776,11 @@ void add_scaled(const AddScaledArgs& a, cudaStream_t stream) {
     T* d = static_cast<T*>(a.dst);
     const bool vec = a.n % kV == 0 && aligned(d, 16) && aligned(a.src, sizeof(float) * kV);
     launch_elementwise<T>(kFn, "add_scaled_kernel", a.n, vec, [&](auto w, unsigned grid, int64_t count) {
-      add_scaled_kernel<T, decltype(w)::value><<<grid, kThreads, 0, stream>>>(d, a.src, a.scale, count);
+      if (a.overwrite) {
+        add_scaled_kernel<T, decltype(w)::value, true><<<grid, kThreads, 0, stream>>>(d, a.src, a.scale, count);
+      } else {
+        add_scaled_kernel<T, decltype(w)::value, false><<<grid, kThreads, 0, stream>>>(d, a.src, a.scale, count);
+      }
     });
   });
 }

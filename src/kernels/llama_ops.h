@@ -103,6 +103,7 @@ struct AddScaledArgs {
   const float* scale = nullptr;  // one fp32 on the device
   DType type = DType::kBF16;
   int64_t n = 0;
+  bool overwrite = false;  // dst = src * *scale instead (dst is not read)
 };
 
 // An embedding's weight gradient added into an existing one: for each token t of `ids`,

@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "models/model_util.h"
-#include "models/shared_linear.h"  // accumulates_in_place
+#include "models/shared_linear.h"  // accumulates_in_place, accumulate_mm
 #include "models/checkpoint.h"
 #include "models/deferred_grad.h"
 #include "kernels/aten.h"
@@ -367,7 +367,7 @@ struct LinearFn : torch::autograd::Function<LinearFn> {
   // returned), else a fresh (out, in) gradient.
   static torch::Tensor weight_grad(torch::Tensor w, const torch::Tensor& g, const torch::Tensor& x2) {
     if (accumulates_in_place(w, g.scalar_type(), g.device())) {
-      w.mutable_grad().addmm_(g.t(), x2);  // W.grad += g^T x, in the GEMM's epilogue
+      accumulate_mm(w.mutable_grad(), g.t(), x2);  // W.grad += g^T x, in the GEMM's epilogue
       return {};
     }
     return at::mm(g.t(), x2);  // (out, in), contiguous

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/stale_grad.h"
 #include "kernels/aten.h"
 #include "kernels/layer_norm_grad.h"
 #include "kernels/llama_ops.h"
@@ -206,6 +207,9 @@ torch::Tensor embedding_weight_grad(torch::Tensor w, const torch::Tensor& g, con
   if (!accumulates_in_place(w, g.scalar_type(), g.device())) {
     return at::embedding_dense_backward(g, idx, w.size(0), pad, /*scale_grad_by_freq=*/false);
   }
+  // [Stale Gradients] the kernel only adds into the batch's rows: a stale .grad is zeroed
+  // first (with tied embeddings the LM head, earlier in backward, has already written it).
+  settle_grad(w.mutable_grad());
   const auto g2 = g.reshape({-1, C}).contiguous();
   auto [sorted, order] = at::sort(idx.reshape({-1}).to(at::kInt), /*stable=*/true, 0, /*descending=*/false);
   kernels::EmbeddingGradArgs a;

@@ -7,6 +7,7 @@
 #include "kernels/llama_ops.h"
 #include "kernels/softmax_xent.h"
 #include "models/deferred_grad.h"
+#include "common/stale_grad.h"
 #include "models/shared_linear.h"  // accumulates_in_place
 #include "zerotrain/error.h"
 
@@ -137,6 +138,7 @@ struct LmHeadCrossEntropy : torch::autograd::Function<LmHeadCrossEntropy> {
       // W's AccumulateGrad then receives no gradient (its hooks still run). Saves the (V, C)
       // gradient in w's dtype and autograd's separate add of it (two passes over V x C).
       auto& g = w.mutable_grad();
+      const bool overwrite = take_grad_stale(g);  // [Stale Gradients] the first write stores
       if (kernels::runs_on(g) && g.is_contiguous() && sum.is_contiguous() && sum.scalar_type() == at::kFloat &&
           scale.scalar_type() == at::kFloat && scale.numel() == 1 && scale.device() == g.device()) {
         kernels::AddScaledArgs a;  // the same sum, one vectorized pass (ATen's addcmul_ of mixed dtypes is not)
@@ -145,7 +147,10 @@ struct LmHeadCrossEntropy : torch::autograd::Function<LmHeadCrossEntropy> {
         a.scale = scale.data_ptr<float>();
         a.type = kernels::dtype_of(g.scalar_type());
         a.n = g.numel();
+        a.overwrite = overwrite;
         kernels::add_scaled(a, kernels::current_stream(g.device()));
+      } else if (overwrite) {
+        at::mul_out(g, sum, scale);
       } else {
         g.addcmul_(sum, scale);
       }

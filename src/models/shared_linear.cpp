@@ -54,7 +54,7 @@ struct SharedInputLinearFn : torch::autograd::Function<SharedInputLinearFn> {
   // returned), else a fresh (out, in) gradient.
   static torch::Tensor weight_grad(torch::Tensor w, const torch::Tensor& g, const torch::Tensor& x2) {
     if (accumulates_in_place(w, g.scalar_type(), g.device())) {
-      w.mutable_grad().addmm_(g.t(), x2);  // W.grad += g^T x, in the GEMM's epilogue
+      accumulate_mm(w.mutable_grad(), g.t(), x2);
       return {};
     }
     return at::mm(g.t(), x2);  // (out_i, in), contiguous
@@ -97,6 +97,14 @@ torch::Tensor residual_linear(const torch::Tensor& x, const torch::Tensor& w, co
            " is not the output's ", c10::IntArrayRef(sizes));
   const auto y = ResidualLinearFn::apply(x.reshape({-1, in}), w, residual.reshape({-1, w.size(0)}));
   return y.view(sizes);
+}
+
+void accumulate_mm(torch::Tensor grad, const torch::Tensor& a, const torch::Tensor& b) {
+  if (take_grad_stale(grad)) {
+    at::mm_out(grad, a, b);  // [Stale Gradients] the first write overwrites: a beta-0 GEMM
+  } else {
+    grad.addmm_(a, b);  // grad += a b, in the GEMM's epilogue
+  }
 }
 
 bool accumulates_in_place(const torch::Tensor& w, at::ScalarType dtype, const at::Device& device) {

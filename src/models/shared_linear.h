@@ -45,4 +45,10 @@ torch::Tensor residual_linear(const torch::Tensor& x, const torch::Tensor& w, co
 // [Shared-Input Linears]
 bool accumulates_in_place(const torch::Tensor& w, at::ScalarType dtype, const at::Device& device);
 
+// grad += a b in place (addmm_), or grad = a b (mm_out, a beta-0 GEMM that never reads grad)
+// when grad is marked stale ([Stale Gradients], common/stale_grad.h; the mark is cleared).
+// The in-place writers' one entry: every backward that adds into a W.grad goes through it or
+// through take_grad_stale itself.
+void accumulate_mm(torch::Tensor grad, const torch::Tensor& a, const torch::Tensor& b);
+
 }  // namespace zt::models

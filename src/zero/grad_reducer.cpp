@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "common/stale_grad.h"
 #include "zerotrain/error.h"
 
 namespace zt::zero {
@@ -15,6 +16,14 @@ GradReducer::GradReducer(const ShardLayout& layout, std::vector<torch::Tensor> p
   ZT_ASSERT(params_.size() == L_.flat.params.size() && user_index_.size() == params_.size(), "reducer parameters");
   ZT_ASSERT(opt_.stage >= 0 && opt_.stage <= 3, "reducer stage ", opt_.stage);
   world_ = group_->size();
+}
+
+GradReducer::~GradReducer() {
+  // Marks must not outlive the buffer they describe ([Stale Gradients]), nor hooks this object.
+  if (flat_grad_.defined()) {
+    for (size_t i = 0; i < params_.size(); ++i) forget_grad(L_.param_view(flat_grad_, static_cast<int>(i)));
+  }
+  for (const auto& [i, id] : stale_hooks_) params_[i].remove_hook(id);
 }
 
 torch::TensorOptions GradReducer::topt() const { return torch::TensorOptions().device(opt_.device).dtype(opt_.dtype); }
@@ -66,6 +75,9 @@ void GradReducer::begin_backward(bool boundary, bool first_micro_step) {
 }
 
 void GradReducer::on_grad_ready(int i) {
+  // Stages 0-1: a gradient still stale here got nothing in this backward (an unused
+  // parameter); it is zero before its bucket is reduced. [Stale Gradients]
+  if (opt_.stage <= 1 && flat_grad_.defined()) settle(i);
   if (opt_.stage >= 2) {
     // Move the fresh gradient into the bucket's staging buffer and free it.
     torch::NoGradGuard no_grad;
@@ -125,6 +137,7 @@ void GradReducer::launch_bucket(int b) {
 
 void GradReducer::launch_remaining() {
   in_backward_ = false;
+  settle_all();  // what no writer took in this backward is zero from here on
   if (!reducing_) return;
   torch::NoGradGuard no_grad;
   // Buckets whose parameters got no gradient in this backward (unused parameters):
@@ -158,6 +171,7 @@ DeviceSpan GradReducer::wait() {
 }
 
 void GradReducer::reduce_now() {
+  settle_all();  // a step without end_backward (or without any backward) reads zeros
   reduce_unreduced();
   if (opt_.grad_scale != 1.0) {
     torch::NoGradGuard no_grad;
@@ -191,18 +205,55 @@ torch::Tensor GradReducer::grad(int b) {
     if (!grad_shard_.defined()) grad_shard_ = torch::zeros({L_.flat.shard_numel}, topt());
     return L_.owned_view(grad_shard_, b);
   }
+  settle_all();
   return L_.owned_in_flat(flat_grad_, b);
+}
+
+void GradReducer::settle(size_t i) {
+  if (stale_count_ == 0) return;
+  if (take_grad_stale(L_.param_view(flat_grad_, static_cast<int>(i)))) {
+    torch::NoGradGuard no_grad;
+    L_.param_view(flat_grad_, static_cast<int>(i)).zero_();
+    --stale_count_;
+  }
+}
+
+void GradReducer::settle_all() {
+  if (!flat_grad_.defined() || stale_count_ == 0) return;
+  // stale_count_ counts this reducer's marks minus those it cleared: the writers' clears
+  // are not counted, so it is an upper bound until every parameter was looked at.
+  for (size_t i = 0; i < params_.size(); ++i) settle(i);
+  stale_count_ = 0;
+}
+
+void GradReducer::install_stale_hooks() {
+  // Before autograd's AccumulateGrad adds a fresh gradient into a stale .grad, the .grad
+  // is zeroed (the writers that overwrite took the mark before: see [Stale Gradients]).
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i].requires_grad()) continue;
+    const unsigned id = params_[i].register_hook([this, i](const torch::Tensor&) { settle(i); });
+    stale_hooks_.emplace_back(i, id);
+  }
+  stale_hooks_installed_ = true;
 }
 
 void GradReducer::zero_grad() {
   torch::NoGradGuard no_grad;
   if (flat_grad_.defined()) {
-    flat_grad_.zero_();
+    // [Stale Gradients] mark instead of fill: the next backward's first writers overwrite.
+    const bool mark = stale_grads_enabled();
+    if (mark && !stale_hooks_installed_) install_stale_hooks();
+    if (!mark) flat_grad_.zero_();
+    stale_count_ = 0;
     // Re-attach the views in case user code replaced or reset a .grad.
     for (size_t i = 0; i < params_.size(); ++i) {
       auto& g = params_[i].mutable_grad();
       auto view = L_.param_view(flat_grad_, static_cast<int>(i));
       if (!g.defined() || g.data_ptr() != view.data_ptr()) g = view.view(params_[i].sizes());
+      if (mark && view.numel() > 0) {
+        mark_grad_stale(view);
+        ++stale_count_;
+      }
     }
   }
   grad_shard_ = torch::Tensor();  // the next step's first reduction writes a fresh one

@@ -47,6 +47,7 @@ class GradReducer {
   // layout order; user_index: their indices as the user gave them (for messages).
   GradReducer(const ShardLayout& layout, std::vector<torch::Tensor> params, std::vector<int> user_index,
               comm::GroupPtr group, ReducerOptions options);
+  ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
 
@@ -80,7 +81,10 @@ class GradReducer {
   // of the flat buffer (stages 0-1) or of the gradient shard (stages 2-3, zero-filled if no
   // reduction wrote it yet).
   torch::Tensor grad(int b);
-  // Zeroes the flat gradients (re-attaching .grad views) and drops the gradient shard.
+  // Stages 0-1: marks the flat gradients stale (re-attaching .grad views): each counts as
+  // zero, and the next backward's first writer overwrites it ([Stale Gradients],
+  // common/stale_grad.h; `ZT_STALE_GRADS=0` zeroes them here instead). Drops the gradient
+  // shard (stages 2-3).
   void zero_grad();
   // Bytes of gradient memory as the ZeRO formulas count it (the shard at its full size).
   int64_t grad_bytes() const;
@@ -93,6 +97,10 @@ class GradReducer {
   void on_grad_ready(int layout_index);
   void launch_bucket(int b);
   void reduce_unreduced();  // reduce_now's reduction (stages 0-1 without overlap_comm)
+  // [Stale Gradients] zeroes parameter i's gradient if still marked stale (settle_all: all).
+  void settle(size_t i);
+  void settle_all();
+  void install_stale_hooks();
   torch::TensorOptions topt() const;
 
   const ShardLayout& L_;
@@ -114,6 +122,9 @@ class GradReducer {
   bool first_micro_ = true;
   bool boundary_ = true;                  // this backward ends the accumulation window
   bool in_backward_ = false;
+  size_t stale_count_ = 0;                // [Stale Gradients] this reducer's marks still set
+  bool stale_hooks_installed_ = false;
+  std::vector<std::pair<size_t, unsigned>> stale_hooks_;  // (parameter, tensor hook id)
   int64_t buckets_launched_ = 0, buckets_in_backward_ = 0;
 };
 

@@ -10,8 +10,11 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <limits>
+#include <string>
 #include <vector>
 
+#include "common/stale_grad.h"
 #include "zero/grad_reducer.h"
 #include "zero/partition.h"
 #include "zero/shard_layout.h"
@@ -186,6 +189,43 @@ TEST(GradReducer, WithoutOverlapReducesAtTheStep) {
     EXPECT_FALSE(f.reducer->reducing());
     f.reducer->reduce_now();
     f.expect_owned(f.expected_flat(mean_of_ranks_plus_one(g->size()), kAll), "reduce_now");
+  }
+}
+
+// [Stale Gradients] zero_grad() marks the stage 0-1 gradients stale instead of zeroing
+// them. Whatever they still hold (NaN here) must read as zero: for a parameter the next
+// backward does not use (zeroed at the end of backward, before its bucket is reduced) and
+// for those autograd adds into (zeroed by the reducer's hook before the add), over a
+// window of two micro-steps. Once the reducer is gone, none of its marks is left.
+TEST(GradReducer, StaleGradientsReadAsZero) {
+  auto g = world();
+  set_stale_grads_enabled(true);
+  const size_t before = stale_grad_count();
+  for (int stage : {0, 1}) {
+    for (bool overlap : {true, false}) {
+      const std::string what = "stage " + std::to_string(stage) + (overlap ? " overlap" : " at the step");
+      ReducerOptions o;
+      o.stage = stage;
+      o.overlap_comm = overlap;
+      {
+        Fixture f(g, o);
+        f.backward(g->rank(), true, true, kAll);
+        f.reducer->reduce_now();
+        f.reducer->zero_grad();
+        EXPECT_EQ(stale_grad_count(), before + kNumels.size()) << what;
+        for (auto& p : f.params) {
+          ASSERT_TRUE(p.grad().defined()) << what;
+          p.grad().fill_(std::numeric_limits<float>::quiet_NaN());  // last step's values, as far as anyone knows
+        }
+        const std::vector<int> used{0, 1, 2};  // parameter 3 gets nothing
+        f.backward(g->rank(), false, true, used);
+        f.backward(g->rank(), true, false, used);
+        f.reducer->reduce_now();
+        f.expect_owned(f.expected_flat(2 * mean_of_ranks_plus_one(g->size()), used), what.c_str());
+        f.reducer->zero_grad();  // marked again: the destructor must drop them
+      }
+      EXPECT_EQ(stale_grad_count(), before) << what;
+    }
   }
 }
 
