@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -94,6 +95,32 @@ inline int64_t blocks_on_current_device(int per_sm, const char* kernel) {
   int dev = 0;
   check(cudaGetDevice(&dev), kernel, "cudaGetDevice");
   return static_cast<int64_t>(sm_count(dev, kernel)) * per_sm;
+}
+
+// [Streaming Grids] The grid of the grid-stride streaming kernels (the fused Adam, SwiGLU,
+// add_scaled): one thread per work item (the loop runs once) unless ZT_KERNEL_GRID=resident,
+// which caps the grid at `resident` blocks (the earlier launch: one resident wave, each thread
+// looping). Measured on an H100 at the Llama-3.2-1B step's Adam (1.236e9 elements in 25
+// launches, 28 B each): 11.64 ms with one item per thread, 12.57 ms with the resident grid and
+// 12.32 ms with 4x it (scripts/device/adam_bw.sh, bench/results/2026-11-27_call20_h100).
+// Read once per process.
+inline bool resident_grids() {
+  static const bool resident = [] {
+    const char* v = std::getenv("ZT_KERNEL_GRID");
+    return v != nullptr && std::string(v) == "resident";
+  }();
+  return resident;
+}
+
+// Blocks of `threads` for `work` items of a grid-stride kernel: ceil(work / threads), capped
+// at `resident_cap` under ZT_KERNEL_GRID=resident and at 2^31 - 1 (the grid's x limit; the
+// loop covers the rest). At least 1.
+inline int64_t streaming_grid(int64_t work, int threads, int64_t resident_cap) {
+  int64_t want = (work + threads - 1) / threads;
+  if (resident_grids() && want > resident_cap) want = resident_cap;
+  const int64_t kMaxGridX = 0x7fffffff;
+  if (want > kMaxGridX) want = kMaxGridX;
+  return want < 1 ? 1 : want;
 }
 
 inline bool aligned(const void* p, std::uintptr_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }

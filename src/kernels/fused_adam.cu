@@ -41,7 +41,9 @@ using detail::cached_per_device;
 using detail::DTypeName;
 using detail::from_float;
 using detail::kMaxCachedDevices;
+using detail::resident_grids;
 using detail::sm_count;
+using detail::streaming_grid;
 using detail::to_float;
 
 constexpr int kThreads = 256;
@@ -49,7 +51,7 @@ constexpr int kVec = 4;         // elements per thread per iteration
 // kVec elements of T loaded or stored as one access (16 bytes for fp32, 8 for 16-bit types).
 template <typename T>
 using Pack = detail::Pack<T, kVec>;
-constexpr int kBlocksPerSm = 8;  // cap: 8 x 256 = 2048 threads, an SM's maximum on sm_80 and sm_90
+constexpr int kBlocksPerSm = 8;  // ZT_KERNEL_GRID=resident's cap: 8 x 256 = 2048 threads, an SM's maximum on sm_80 and sm_90
 
 struct NoOut {};  // param_out == nullptr: nothing is written
 
@@ -229,19 +231,23 @@ void launch(const AdamArgs& a, cudaStream_t stream) {
   }
   const int64_t n_scalar = n - nvec * kVec;
   const int64_t work = std::max(nvec, n_scalar);
-  // Grid: as many blocks as can be resident at once (at most kBlocksPerSm per SM), so
-  // the grid-stride loop runs in a single wave.
-  int dev = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  static std::atomic<int> resident_cache[kMaxCachedDevices];  // one per instantiation
-  const int per_sm = cached_per_device(resident_cache, dev, [] {
-    int nb = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, fused_adam_kernel<G, P, kAdamW>, kThreads, 0),
-          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    return nb;
-  });
-  const int64_t max_blocks = static_cast<int64_t>(sm_count(dev, kName)) * std::min(per_sm, kBlocksPerSm);
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((work + kThreads - 1) / kThreads, max_blocks));
+  // Grid: one group of kVec (or one scalar element) per thread ([Streaming Grids],
+  // common.cuh); under ZT_KERNEL_GRID=resident at most the blocks resident at once (up to
+  // kBlocksPerSm per SM), each thread looping.
+  int64_t resident_cap = 0;
+  if (resident_grids()) {
+    int dev = 0;
+    check(cudaGetDevice(&dev), "cudaGetDevice");
+    static std::atomic<int> resident_cache[kMaxCachedDevices];  // one per instantiation
+    const int per_sm = cached_per_device(resident_cache, dev, [] {
+      int nb = 0;
+      check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, fused_adam_kernel<G, P, kAdamW>, kThreads, 0),
+            "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+      return nb;
+    });
+    resident_cap = static_cast<int64_t>(sm_count(dev, kName)) * std::min(per_sm, kBlocksPerSm);
+  }
+  const int64_t blocks = streaming_grid(work, kThreads, resident_cap);
 
   fused_adam_kernel<G, P, kAdamW><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(b, s, n, vec_begin, nvec);
   const cudaError_t rc = cudaGetLastError();

@@ -25,6 +25,8 @@ namespace {
 
 using detail::aligned;
 using detail::blocks_on_current_device;
+using detail::resident_grids;
+using detail::streaming_grid;
 using detail::DTypeName;
 using detail::from_float;
 using detail::Pack;
@@ -490,9 +492,9 @@ void dispatch(DType t, const char* fn, F&& f) {
 }
 
 int64_t grid_for(int64_t work, const char* fn) {
-  const int64_t want = (work + kThreads - 1) / kThreads;
-  const int64_t cap = blocks_on_current_device(kBlocksPerSm, fn);
-  return want < cap ? want : cap;
+  // One vector per thread ([Streaming Grids], common.cuh); the resident cap only under
+  // ZT_KERNEL_GRID=resident (asked of the device only then).
+  return streaming_grid(work, kThreads, resident_grids() ? blocks_on_current_device(kBlocksPerSm, fn) : 0);
 }
 
 std::string rows_cols(int64_t rows, int64_t cols) {
