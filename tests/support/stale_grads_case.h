@@ -81,8 +81,8 @@ inline StaleRun stale_grads_run(const std::string& model, int stage, bool stale,
   auto engine = zt::initialize(module, cfg, o);
   if (llama) zt::models::attach_llama_engine(*llama, *engine);
   StaleRun r;
-  auto g = at::make_generator<at::CPUGeneratorImpl>(7);
   for (int s = 0; s < 3; ++s) {
+    auto g = at::make_generator<at::CPUGeneratorImpl>(7);  // the same window every step: the loss must fall
     for (int k = 0; k < kGas; ++k) {
       auto idx = at::randint(0, vocab, {kMicro * world, kSeq + 1}, g);
       auto x = idx.narrow(0, rank * kMicro, kMicro).narrow(1, 0, kSeq).contiguous().to(dev);
