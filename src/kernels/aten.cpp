@@ -1,5 +1,7 @@
 #include "kernels/aten.h"
 
+#include "kernels/layer_norm_grad.h"
+
 #include <stdexcept>
 #include <string>
 
@@ -29,6 +31,32 @@ cudaStream_t current_stream(c10::Device device) {
   (void)device;
   return nullptr;
 #endif
+}
+
+std::pair<at::Tensor, at::Tensor> norm_param_grads(const at::Tensor& g, const at::Tensor& x2, const at::Tensor& mean,
+                                                   const at::Tensor& rstd, bool need_w, bool need_b) {
+  const int64_t C = x2.size(1);
+  at::Tensor dw, db;
+  LayerNormParamGradArgs a;
+  a.grad_out = g.data_ptr();
+  a.input = x2.data_ptr();
+  a.mean = mean.data_ptr<float>();
+  a.rstd = rstd.data_ptr<float>();
+  a.type = dtype_of(x2.scalar_type());
+  a.rows = x2.size(0);
+  a.cols = C;
+  if (need_w) {
+    dw = at::empty({C}, x2.options());
+    a.grad_weight = dw.data_ptr();
+  }
+  if (need_b) {
+    db = at::empty({C}, x2.options());
+    a.grad_bias = db.data_ptr();
+  }
+  auto ws = at::empty({layer_norm_param_grad_workspace_floats(a.rows, C)}, x2.options().dtype(at::kFloat));
+  a.workspace = ws.data_ptr<float>();
+  layer_norm_param_grads(a, current_stream(g.device()));
+  return {dw, db};
 }
 
 }  // namespace zt::kernels

@@ -15,7 +15,6 @@
 #include "models/deferred_grad.h"
 #include "kernels/aten.h"
 #include "kernels/column_sum.h"
-#include "kernels/layer_norm_grad.h"
 #include "models/linear_adapter.h"
 #include "models/lm_head_loss.h"
 #include "zerotrain/error.h"
@@ -276,7 +275,7 @@ struct LayerNormFn : torch::autograd::Function<LayerNormFn> {
     const bool need_w = ctx->needs_input_grad(1), need_b = ctx->needs_input_grad(2);
     auto [dx, dw, db] = at::native_layer_norm_backward(g, x2, {C}, mean, rstd, w, b,
                                                        {ctx->needs_input_grad(0), !fused && need_w, !fused && need_b});
-    if (fused && (need_w || need_b)) std::tie(dw, db) = fused_param_grads(g, x2, mean, rstd, need_w, need_b);
+    if (fused && (need_w || need_b)) std::tie(dw, db) = kernels::norm_param_grads(g, x2, mean, rstd, need_w, need_b);
     if (dx.defined()) dx = dx.view(grad_out[0].sizes());
     // zb-h1's input-gradient pass: the weight and bias gradients later, in W.
     // [Deferred Weight Gradients]
@@ -285,7 +284,7 @@ struct LayerNormFn : torch::autograd::Function<LayerNormFn> {
       auto later = [g, x2, mean, rstd, w, b, fused, defer_w, defer_b] {
         torch::Tensor gw, gb;
         if (fused) {
-          std::tie(gw, gb) = fused_param_grads(g, x2, mean, rstd, defer_w, defer_b);
+          std::tie(gw, gb) = kernels::norm_param_grads(g, x2, mean, rstd, defer_w, defer_b);
         } else {
           auto r = at::native_layer_norm_backward(g, x2, {x2.size(1)}, mean, rstd, w, b, {false, defer_w, defer_b});
           gw = std::get<1>(r);
@@ -296,34 +295,6 @@ struct LayerNormFn : torch::autograd::Function<LayerNormFn> {
       defer_weight_grads({defer_w ? w : torch::Tensor(), defer_b ? b : torch::Tensor()}, std::move(later));
     }
     return {dx, need_w ? dw : torch::Tensor(), need_b ? db : torch::Tensor(), torch::Tensor()};
-  }
-  // The weight and bias gradients from zerotrain's kernel (those asked for; the others undefined).
-  static std::pair<torch::Tensor, torch::Tensor> fused_param_grads(const torch::Tensor& g, const torch::Tensor& x2,
-                                                                    const torch::Tensor& mean,
-                                                                    const torch::Tensor& rstd, bool need_w,
-                                                                    bool need_b) {
-    const int64_t C = x2.size(1);
-    torch::Tensor dw, db;
-    kernels::LayerNormParamGradArgs a;
-    a.grad_out = g.data_ptr();
-    a.input = x2.data_ptr();
-    a.mean = mean.data_ptr<float>();
-    a.rstd = rstd.data_ptr<float>();
-    a.type = kernels::dtype_of(g.scalar_type());
-    a.rows = g.size(0);
-    a.cols = C;
-    if (need_w) {
-      dw = at::empty({C}, g.options());
-      a.grad_weight = dw.data_ptr();
-    }
-    if (need_b) {
-      db = at::empty({C}, g.options());
-      a.grad_bias = db.data_ptr();
-    }
-    auto ws = at::empty({kernels::layer_norm_param_grad_workspace_floats(a.rows, C)}, g.options().dtype(at::kFloat));
-    a.workspace = ws.data_ptr<float>();
-    kernels::layer_norm_param_grads(a, kernels::current_stream(g.device()));
-    return {dw, db};
   }
 };
 

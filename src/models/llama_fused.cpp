@@ -8,7 +8,6 @@
 
 #include "common/stale_grad.h"
 #include "kernels/aten.h"
-#include "kernels/layer_norm_grad.h"
 #include "kernels/llama_ops.h"
 #include "log/log.h"
 #include "models/deferred_grad.h"
@@ -66,22 +65,8 @@ NormOut norm_forward(const torch::Tensor& x, const torch::Tensor& delta, const t
 
 // dw_j = sum_i dy_ij * x_ij * r_i: LayerNorm's dgamma with mean 0 (layer_norm_grad.h).
 torch::Tensor norm_weight_grad(const torch::Tensor& g, const torch::Tensor& x2, const torch::Tensor& rstd) {
-  const int64_t C = x2.size(1);
-  auto dw = at::empty({C}, x2.options());
   const auto zero_mean = at::zeros({x2.size(0)}, rstd.options());
-  auto ws = at::empty({kernels::layer_norm_param_grad_workspace_floats(x2.size(0), C)}, rstd.options());
-  kernels::LayerNormParamGradArgs a;
-  a.grad_out = g.data_ptr();
-  a.input = x2.data_ptr();
-  a.mean = zero_mean.data_ptr<float>();
-  a.rstd = rstd.data_ptr<float>();
-  a.type = kernels::dtype_of(x2.scalar_type());
-  a.rows = x2.size(0);
-  a.cols = C;
-  a.grad_weight = dw.data_ptr();
-  a.workspace = ws.data_ptr<float>();
-  kernels::layer_norm_param_grads(a, kernels::current_stream(g.device()));
-  return dw;
+  return kernels::norm_param_grads(g, x2, zero_mean, rstd, /*need_w=*/true, /*need_b=*/false).first;
 }
 
 // Saves what norm_backward reads: the rows normalised, the weight, r, and the parameter.
