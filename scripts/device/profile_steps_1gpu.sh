@@ -19,13 +19,13 @@ ev = d["traceEvents"]
 k = sorted((e for e in ev if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")),
            key=lambda e: e["ts"])
 t0 = k[0]["ts"]
-# steps end after the last fused Adam launch of a group followed by the grad fill: split at the
-# first kernel after the fill that follows an Adam
+# a step ends with the report's copy to host memory (the first device-to-host copy after its
+# fused Adam launches); the next step's kernels follow. (Before [Stale Gradients] the split was
+# the gradient fill after the Adam, which no longer runs.)
 ends, seen_adam = [], False
 for i, e in enumerate(k):
     if "fused_adam" in e["name"]: seen_adam = True
-    elif seen_adam and "FillFunctor<c10::BFloat16>" in e["name"]:
-        if i + 1 < len(k) and "FillFunctor<c10::BFloat16>" in k[i + 1]["name"]: continue
+    elif seen_adam and e.get("cat") == "gpu_memcpy" and "DtoH" in e["name"]:
         ends.append(i + 1); seen_adam = False
 starts = [0] + ends[:-1]
 for n, (a, b) in enumerate(zip(starts, ends)):
