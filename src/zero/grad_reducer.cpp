@@ -250,7 +250,9 @@ void GradReducer::zero_grad() {
       auto& g = params_[i].mutable_grad();
       auto view = L_.param_view(flat_grad_, static_cast<int>(i));
       if (!g.defined() || g.data_ptr() != view.data_ptr()) g = view.view(params_[i].sizes());
-      if (mark && view.numel() > 0) {
+      if (!mark) {
+        forget_grad(view);  // a mark left from a zero_grad with the marks on (no backward since)
+      } else if (view.numel() > 0) {
         mark_grad_stale(view);
         ++stale_count_;
       }

@@ -227,6 +227,22 @@ TEST(GradReducer, StaleGradientsReadAsZero) {
       EXPECT_EQ(stale_grad_count(), before) << what;
     }
   }
+  // Marked, then filled with the marks off (ZT_STALE_GRADS=0 mid-run) before any backward: no
+  // mark is left for a later micro-step's writer to take (it would overwrite the first's sum).
+  {
+    ReducerOptions o;
+    Fixture f(g, o);
+    f.backward(g->rank(), true, true, kAll);
+    f.reducer->zero_grad();
+    set_stale_grads_enabled(false);
+    f.reducer->zero_grad();
+    EXPECT_EQ(stale_grad_count(), before);
+    f.backward(g->rank(), false, true, kAll);
+    f.backward(g->rank(), true, false, kAll);
+    f.reducer->reduce_now();
+    f.expect_owned(f.expected_flat(2 * mean_of_ranks_plus_one(g->size()), kAll), "marks off after marks");
+    set_stale_grads_enabled(true);
+  }
 }
 
 // The reducer's group is any group: over a sub-group of two ranks (even ranks with even,
