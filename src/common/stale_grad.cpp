@@ -22,11 +22,9 @@ const void* stale_key(const torch::Tensor& g) {
   return g.defined() && g.numel() > 0 ? g.data_ptr() : nullptr;
 }
 
-}  // namespace
-
 // -1: not read yet; 0 off; 1 on.
-namespace {
 std::atomic<int> g_stale_enabled{-1};
+
 }  // namespace
 
 bool stale_grads_enabled() {

@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <limits>
 
+#include "common/stale_grad.h"
 #include "kernels/aten.h"
 #include "kernels/llama_ops.h"
 #include "kernels/softmax_xent.h"
 #include "models/deferred_grad.h"
-#include "common/stale_grad.h"
 #include "models/shared_linear.h"  // accumulates_in_place
 #include "zerotrain/error.h"
 

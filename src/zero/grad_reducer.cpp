@@ -210,12 +210,7 @@ torch::Tensor GradReducer::grad(int b) {
 }
 
 void GradReducer::settle(size_t i) {
-  if (stale_count_ == 0) return;
-  if (take_grad_stale(L_.param_view(flat_grad_, static_cast<int>(i)))) {
-    torch::NoGradGuard no_grad;
-    L_.param_view(flat_grad_, static_cast<int>(i)).zero_();
-    --stale_count_;
-  }
+  if (stale_count_ > 0 && settle_grad(L_.param_view(flat_grad_, static_cast<int>(i)))) --stale_count_;
 }
 
 void GradReducer::settle_all() {
